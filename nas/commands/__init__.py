@@ -1,0 +1,1 @@
+"""One module per `dreams-nas` subcommand: a parser builder plus one library call."""

@@ -1,0 +1,34 @@
+"""dreams_nas.supernet: what a subnet is, the target adapter, the elastic draft and decoding.
+
+Names are imported lazily so that light uses (specs, the run folder, the CLI's --help)
+never pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "InputError": ".errors",
+    "MissingArtefactError": ".errors",
+    "SubnetSpec": ".space",
+    "SearchSpace": ".space",
+    "SPEC_FIELDS": ".space",
+    "RunFolder": ".runfolder",
+    "DEFAULT_RUN_DIR": ".runfolder",
+    "library_versions": ".versions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
