@@ -167,6 +167,11 @@ class CrossHardware:
     best_spec_ids: tuple[str, ...]
     speedup: tuple[tuple[float | None, ...], ...]
 
+    def relative(self, i: int, j: int) -> float | None:
+        """speedup[i][j] as a fraction of hardware j's own best (1.0 on the diagonal)."""
+        value, own = self.speedup[i][j], self.speedup[j][j]
+        return None if value is None or not own else value / own
+
 
 @dataclass(frozen=True)
 class ReportData:

@@ -18,6 +18,7 @@ from pathlib import Path
 import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .data import ReportData, Subnet, pareto_mask
 
@@ -132,16 +133,34 @@ def _baseline(ax, data: ReportData) -> None:
                 fontsize=8, color="#777")
 
 
-def _mark_best(ax, data: ReportData, x: float | None, y: float | None) -> None:
-    """Label the best subnet below-left of its star (the best sits at the top of the plot)."""
+def _mark_best(ax, data: ReportData, x: float | None, y: float | None,
+               others: Sequence[tuple[float, float]] = ()) -> None:
+    """Label the best subnet's star where the label covers the fewest other points."""
     if x is None or y is None:
         return
-    x0, x1 = ax.get_xlim()
-    right = (x - x0) > 0.5 * (x1 - x0) if x1 > x0 else False
+    fig = ax.figure
+    to_px = ax.transData.transform
+    bx, by = to_px((x, y))
+    pts = [to_px(p) for p in others]
+    scale = fig.dpi / 72.0
+    w, h = 165 * scale, 30 * scale        # the two-line label's size, roughly
+    x0, y0 = to_px((ax.get_xlim()[0], ax.get_ylim()[0]))
+    x1, y1 = to_px((ax.get_xlim()[1], ax.get_ylim()[1]))
+    best_choice, best_cost = None, None
+    for dx, dy in ((-18, -18), (18, -18), (-18, -60), (18, -60), (-18, 18), (18, 18)):
+        left = bx + dx * scale - (w if dx < 0 else 0)
+        top = by + dy * scale + (h if dy > 0 else 0)
+        box = (left, top - h, left + w, top)
+        inside = box[0] >= x0 and box[2] <= x1 and box[1] >= y0 and box[3] <= y1
+        covered = sum(box[0] <= px <= box[2] and box[1] <= py <= box[3] for px, py in pts)
+        cost = covered + (0 if inside else 1000)
+        if best_cost is None or cost < best_cost:
+            best_choice, best_cost = (dx, dy), cost
+    dx, dy = best_choice
     ax.annotate(f"best {data.best.spec_id}\n{data.best.predicted_speedup:.2f}× predicted",
-                xy=(x, y), xytext=(-16 if right else 16, -16), textcoords="offset points",
-                ha="right" if right else "left", va="top", fontsize=9, fontweight="bold",
-                color=BEST_COLOR, zorder=7,
+                xy=(x, y), xytext=(dx, dy), textcoords="offset points",
+                ha="right" if dx < 0 else "left", va="top" if dy < 0 else "bottom", fontsize=9,
+                fontweight="bold", color=BEST_COLOR, zorder=7,
                 bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": "none", "alpha": 0.85},
                 arrowprops={"arrowstyle": "-", "color": BEST_COLOR, "lw": 0.8})
 
@@ -158,7 +177,8 @@ def pareto_latency_figure(data: ReportData) -> Figure:
     _frontier(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
     _scatter_subnets(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
     b = data.best_subnet
-    _mark_best(ax, data, b.draft_ms if b else None, b.speedup if b else None)
+    _mark_best(ax, data, b.draft_ms if b else None, b.speedup if b else None,
+               [(s.draft_ms, s.speedup) for s in data.subnets if s is not b])
     ax.set_xlabel("draft step latency (ms, predicted)")
     ax.set_ylabel("expected speedup over target alone (×)")
     ax.set_title(f"Expected speedup vs draft latency — {data.hardware_id}", loc="left")
@@ -200,11 +220,12 @@ def acceptance_figure(data: ReportData) -> Figure | None:
         return None
     fig, ax = _new()
     cmap = matplotlib.colormaps["tab10"]
+    palette = [cmap(k) for k in (0, 1, 2, 4, 5, 6, 7, 8, 9)]  # no red: red is the best
     for i, curve in enumerate(data.acceptance[:10]):
         is_best = curve.spec_id == data.best.spec_id
         positions = range(1, len(curve.rates) + 1)
         ax.plot(positions, curve.rates, marker="o", ms=4 if not is_best else 6,
-                lw=2.6 if is_best else 1.3, color=BEST_COLOR if is_best else cmap(i % 10),
+                lw=2.6 if is_best else 1.3, color=BEST_COLOR if is_best else palette[i % len(palette)],
                 label=f"{curve.spec_id}{'  (best)' if is_best else ''}", zorder=4 if is_best else 3)
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate")
@@ -232,9 +253,13 @@ def parity_figure(data: ReportData) -> Figure | None:
         pts = [p for p in pred.holdout if p.kind == kind]
         ax.scatter([p.measured_ms for p in pts], [p.predicted_ms for p in pts], s=22,
                    color=cmap(i), label=kind, zorder=3, alpha=0.85)
-    if hi / max(lo, 1e-9) > 20:
+    if hi / max(lo, 1e-9) > 5:  # draft steps and target steps differ by an order of magnitude
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(span)
     ax.set_ylim(span)
     ax.set_xlabel("measured (ms)")
@@ -302,18 +327,22 @@ def verified_figure(data: ReportData) -> Figure | None:
     fig, ax = _new()
     pred = [v.predicted_speedup for v in data.verified]
     meas = [v.measured_speedup for v in data.verified]
-    lo, hi = min(pred + meas + [1.0]), max(pred + meas)
-    span = [lo - 0.1 * (hi - lo + 0.1), hi + 0.1 * (hi - lo + 0.1)]
+    lo, hi = min(pred + meas), max(pred + meas)
+    pad = 0.12 * (hi - lo) + 0.05
+    span = [lo - pad, hi + pad]
     ax.plot(span, span, color="#444", lw=1.0, label="measured = predicted")
     ax.fill_between(span, [v * 0.85 for v in span], [v * 1.15 for v in span], color="#999",
                     alpha=0.15, lw=0, label="±15%")
-    for v in data.verified:
+    ordered = sorted(data.verified, key=lambda v: v.predicted_speedup)
+    for k, v in enumerate(ordered):
         is_best = v.spec_id == data.best.spec_id
         ax.scatter([v.predicted_speedup], [v.measured_speedup], s=160 if is_best else 36,
                    marker="*" if is_best else "o", color=BEST_COLOR if is_best else "#1f77b4",
                    zorder=4, edgecolors="white" if is_best else "none")
-        ax.annotate(v.spec_id, (v.predicted_speedup, v.measured_speedup), xytext=(6, -3),
-                    textcoords="offset points", fontsize=8)
+        # Alternate above/below so neighbouring labels do not overprint each other.
+        ax.annotate(v.spec_id, (v.predicted_speedup, v.measured_speedup),
+                    xytext=(-6, 7 if k % 2 == 0 else -12), textcoords="offset points",
+                    fontsize=8, ha="right", color=BEST_COLOR if is_best else "#333")
     ax.set_xlim(span)
     ax.set_ylim(span)
     ax.set_xlabel("predicted speedup (×)")
@@ -328,25 +357,28 @@ def cross_hardware_figure(data: ReportData) -> Figure | None:
     if cross is None:
         return None
     n = len(cross.hardware_ids)
-    fig, ax = _new(max(5.2, 1.6 * n + 2.6), max(3.0, 0.8 * n + 1.6))
-    values = [[v if v is not None else float("nan") for v in row] for row in cross.speedup]
-    im = ax.imshow(values, cmap="Blues", vmin=min([1.0] + [v for r in cross.speedup
-                                                           for v in r if v is not None]))
+    fig, ax = _new(max(5.6, 1.7 * n + 2.8), max(3.0, 0.85 * n + 1.6))
+    # Colour: share of that column's own best, so machines with different speedup scales compare.
+    rel = [[cross.relative(i, j) for j in range(n)] for i in range(n)]
+    known = [v for row in rel for v in row if v is not None]
+    low = min(known + [0.9])
+    im = ax.imshow([[float("nan") if v is None else v for v in row] for row in rel],
+                   cmap="Blues", vmin=low - 0.02, vmax=1.0)
     for i in range(n):
         for j in range(n):
-            v = cross.speedup[i][j]
-            text = "not evaluated" if v is None else f"{v:.2f}×"
-            ax.text(j, i, text, ha="center", va="center", fontsize=9,
+            v, r = cross.speedup[i][j], rel[i][j]
+            text = "not\nevaluated" if v is None else f"{v:.2f}×\n{100 * r:.1f}%"
+            dark = r is not None and r > low + 0.6 * (1.0 - low)
+            ax.text(j, i, text, ha="center", va="center", fontsize=8.5,
                     fontweight="bold" if i == j else "normal",
-                    color="#777" if v is None else ("white" if v > 0.6 * max(
-                        x for r in cross.speedup for x in r if x is not None) + 0.4 else "#111"))
+                    color="#777" if v is None else ("white" if dark else "#111"))
     ax.set_xticks(range(n), cross.hardware_ids, rotation=15, ha="right")
     ax.set_yticks(range(n), [f"{hw}\nbest {sid}" for hw, sid in
                              zip(cross.hardware_ids, cross.best_spec_ids, strict=True)])
     ax.set_xlabel("evaluated on")
     ax.set_ylabel("best subnet of")
     ax.grid(False)
-    fig.colorbar(im, ax=ax, shrink=0.8, label="expected speedup (×)")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="share of that hardware's best speedup")
     ax.set_title("The best draft depends on the hardware", loc="left")
     return fig
 

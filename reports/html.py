@@ -60,8 +60,8 @@ table.front th:hover { background:#e1e6ee; }
 table.front th[aria-sort=ascending]::after { content:" \\25B2"; font-size:10px; }
 table.front th[aria-sort=descending]::after { content:" \\25BC"; font-size:10px; }
 table.front td.id, table.front th.id { text-align:left; font-family:ui-monospace, "DejaVu Sans Mono", monospace; }
-table.front td.cmd { text-align:left; white-space:normal; }
-table.front td.cmd code { font-size:11.5px; color:#333; word-break:break-all; }
+table.front td.cmd { text-align:left; }
+table.front td.cmd code { font-size:11.5px; color:#333; }
 table.front tr.best td { background:#fdecec; font-weight:600; }
 .scroll { overflow:auto; max-height:520px; border:1px solid var(--line); border-radius:8px; }
 .tag { display:inline-block; font-size:11px; padding:0 5px; border-radius:4px; background:#e7ebf2;
@@ -103,8 +103,10 @@ def generate_command(data: ReportData, spec_id: str) -> str:
     """The command that generates with an exported subnet of this run."""
     target = str(data.target.get("id") or "builtin")
     spec_dir = data.run_dir / "specs" / spec_id
-    return (f"dreams-nas generate --target {shlex.quote(target)} --drafter "
-            f"{shlex.quote(str(spec_dir))} --image IMAGE.png --prompt \"...\"")
+    # --target builtin is generate's default: leave it out to keep the line short.
+    target_opt = "" if target == "builtin" else f" --target {shlex.quote(target)}"
+    return (f"dreams-nas generate{target_opt} --drafter {shlex.quote(str(spec_dir))} "
+            f"--image IMAGE.png --prompt \"...\"")
 
 
 def _when(stamp: str | None) -> str:
@@ -199,7 +201,9 @@ def _front_table(data: ReportData) -> str:
             ("measured ×", "num", ""), ("τ", "num", ""), ("τ 95% CI", "num", ""),
             ("draft ms", "num", ""), ("verify ms", "num", ""), ("params M", "num", ""),
             ("generate with it", "str", "cmd")]
-    head = "".join(f'<th data-type="{t}" class="{c}" title="sort by {_e(n)}">{_e(n)}</th>'
+    # Rows arrive best speedup first: the header says so.
+    head = "".join(f'<th data-type="{t}" class="{c}" title="sort by {_e(n)}"'
+                   f'{" aria-sort=descending" if n == "speedup ×" else ""}>{_e(n)}</th>'
                    for n, t, c in cols)
 
     def cell(value: object, text: str, cls: str = "") -> str:
@@ -218,7 +222,7 @@ def _front_table(data: ReportData) -> str:
         rows.append(
             f'<tr{" class=best" if is_best else ""} data-spec="{_e(s.spec_id)}">'
             + cell(s.spec_id, _e(s.spec_id) + tag, "id") + cell(s.heads, str(s.heads))
-            + cell(s.visual_keep, f"{s.visual_keep:g}") + cell(s.inject_layer, str(s.inject_layer))
+            + cell(s.visual_keep, f"{s.visual_keep:.2f}") + cell(s.inject_layer, str(s.inject_layer))
             + cell(s.draft_len, str(s.draft_len)) + cell(s.speedup, f"{s.speedup:.3f}")
             + cell(m, _f(m, ".3f")) + cell(s.tau, f"{s.tau:.2f}") + cell(s.tau_lo, ci)
             + cell(s.draft_ms, f"{s.draft_ms:.2f}") + cell(s.verify_ms, _f(s.verify_ms))
@@ -243,7 +247,8 @@ def _cross_table(data: ReportData) -> str:
     for i, (hw, sid) in enumerate(zip(cross.hardware_ids, cross.best_spec_ids, strict=True)):
         cells = "".join(
             f'<td data-v="{"" if v is None else v}">'
-            f'{"<b>" if i == j else ""}{"–" if v is None else f"{v:.2f}×"}{"</b>" if i == j else ""}</td>'
+            f'{"<b>" if i == j else ""}{"–" if v is None else f"{v:.2f}×"}{"</b>" if i == j else ""}'
+            f'{"" if v is None or i == j else f" <span class=note>({100 * cross.relative(i, j):.1f}%)</span>"}</td>'
             for j, v in enumerate(cross.speedup[i]))
         rows.append(f'<tr><td class="id" data-v="{_e(hw)}">{_e(hw)}</td>'
                     f'<td class="id" data-v="{_e(sid)}">{_e(sid)}</td>{cells}</tr>')
@@ -252,7 +257,8 @@ def _cross_table(data: ReportData) -> str:
 <th data-type="str" class="id">hardware</th><th data-type="str" class="id">its best subnet</th>{head}
 </tr></thead><tbody>{"".join(rows)}</tbody></table></div>
 <p class="note">Expected speedup of each hardware's best subnet on every searched hardware,
-looked up in that hardware's trials.csv (– where it was not evaluated there).</p></section>"""
+looked up in that hardware's trials.csv (– where it was not evaluated there); in brackets, the
+share of that hardware's own best.</p></section>"""
 
 
 def render_html(data: ReportData, figures: Sequence[RenderedFigure],

@@ -85,7 +85,7 @@ def spec_id(h: int, v: float, lyr: int, g: int) -> str:
 
 def accept_rates(h: int, v: float, lyr: int, g: int, num_layers: int = 16) -> list[float]:
     """Per-position acceptance (conditional on the previous positions being accepted)."""
-    quality = 0.52 + 0.035 * h + 0.1 * v + 0.12 * (1 - abs(lyr - 0.75 * num_layers) / num_layers)
+    quality = 0.47 + 0.03 * h + 0.1 * v + 0.12 * (1 - abs(lyr - 0.75 * num_layers) / num_layers)
     return [min(0.95, quality) * (0.93 ** i) for i in range(g)]
 
 

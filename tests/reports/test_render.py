@@ -93,7 +93,7 @@ def test_best_card_and_front_table(rendered) -> None:
     assert rows == [s.spec_id for s in data.front]
     assert re.search(rf'<tr class=best data-spec="{re.escape(data.best.spec_id)}"', table)
     for sid in rows:
-        assert f"dreams-nas generate --target builtin --drafter {run}/specs/{sid} " in table
+        assert f"dreams-nas generate --drafter {run}/specs/{sid} " in table
     assert CPU.name in page and data.supernet_hash in page and "transformers 5.24.0" in page
 
 
