@@ -9,6 +9,7 @@ Pareto front drawn solid with a dark edge, everything else faint, the best subne
 
 from __future__ import annotations
 
+import html
 import io
 import re
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from .data import ReportData, Subnet, pareto_mask
 HEAD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "p", "<", ">")
 BEST_COLOR = "#d62728"
 FRONT_EDGE = "#1a1a1a"
+INFEASIBLE = "#b0b0b0"
 STYLE = {
     "font.family": "sans-serif",
     "font.sans-serif": ["DejaVu Sans", "Helvetica", "Arial", "sans-serif"],
@@ -74,13 +76,16 @@ def _encoding_legend(ax, data: ReportData, best: bool = True) -> None:
     markers = _head_markers([s.heads for s in data.subnets])
     handles = [Line2D([], [], ls="", marker="s", ms=7, color=c, label=f"keep {k:g}")
                for k, c in colors.items()]
-    handles += [Line2D([], [], ls="", marker=m, ms=6, mfc="white", mec="#444", label=f"{h} heads")
-                for h, m in markers.items()]
+    handles += [Line2D([], [], ls="", marker=m, ms=6, mfc="white", mec="#444",
+                       label=f"{h} head{'' if h == 1 else 's'}") for h, m in markers.items()]
     handles += [Line2D([], [], ls="", marker="o", ms=6, mfc="#bbb", mec=FRONT_EDGE, mew=1.2,
                        label="Pareto front")]
     if best:
         handles += [Line2D([], [], ls="", marker="*", ms=12, mfc=BEST_COLOR, mec="white",
                            label="best")]
+    if not all(s.feasible for s in data.subnets):
+        handles += [Line2D([], [], ls="", marker="x", ms=6, color=INFEASIBLE,
+                           label="infeasible (constraint)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), handletextpad=0.3,
               borderaxespad=0.0, title="colour: visual_keep\nmarker: heads", title_fontsize=8.5,
               alignment="left")
@@ -88,14 +93,23 @@ def _encoding_legend(ax, data: ReportData, best: bool = True) -> None:
 
 def _scatter_subnets(ax, data: ReportData, x: Callable[[Subnet], float | None],
                      y: Callable[[Subnet], float | None]) -> None:
-    """All subnets faint, the front solid with a dark edge, the best as a red star."""
+    """All subnets faint, the front solid with a dark edge, the best as a red star.
+
+    Subnets that break the search's constraint (feasible = 0, e.g. over --max-draft-ms) are grey
+    crosses: they were evaluated but could not be picked.
+    """
     colors = _keep_colors([s.visual_keep for s in data.subnets])
     markers = _head_markers([s.heads for s in data.subnets])
+    bad = [(x(s), y(s)) for s in data.subnets
+           if not s.feasible and x(s) is not None and y(s) is not None]
+    if bad:
+        ax.scatter(*zip(*bad, strict=True), s=18, marker="x", color=INFEASIBLE, linewidths=0.9,
+                   zorder=2)
     for front in (False, True):
         for (heads, keep) in sorted({(s.heads, s.visual_keep) for s in data.subnets}):
             pts = [(x(s), y(s)) for s in data.subnets
                    if s.on_front == front and s.heads == heads and s.visual_keep == keep
-                   and x(s) is not None and y(s) is not None]
+                   and (s.feasible or s.on_front) and x(s) is not None and y(s) is not None]
             if not pts:
                 continue
             xs, ys = zip(*pts, strict=True)
@@ -210,7 +224,7 @@ def tau_cost_figure(data: ReportData) -> Figure:
                     fmt="none", ecolor="#333", elinewidth=0.9, capsize=2.5, zorder=3)
     _scatter_subnets(ax, data, lambda s: s.cycle_draft_ms, lambda s: s.tau)
     ax.set_xlabel("draft cost per cycle: draft_len × draft step (ms)")
-    ax.set_ylabel("acceptance length τ (tokens / target forward)")
+    ax.set_ylabel("τ (tokens per target forward)")
     ax.set_title("τ vs draft cost (front with 95% interval)", loc="left")
     return fig
 
@@ -417,7 +431,7 @@ _ID = re.compile(r'\sid="([^"]+)"')
 _ID_USE = re.compile(r'(\sid="|href="#|url\(#)([^"\)]+)(["\)])')
 
 
-def figure_to_svg(fig: Figure, salt: str) -> tuple[str, str]:
+def figure_to_svg(fig: Figure, salt: str, label: str = "") -> tuple[str, str]:
     """The figure as (inline <svg> element that scales with its container, standalone document).
 
     Inline, every element id is prefixed with `salt` so ids stay unique across the figures of
@@ -433,7 +447,8 @@ def figure_to_svg(fig: Figure, salt: str) -> tuple[str, str]:
                       if m.group(2) in ids else m.group(0), svg)
     head = _SVG_START.match(svg).group(0)
     new_head = re.sub(r'\s(width|height)="[^"]*"', "", head)
-    new_head = new_head.replace("<svg", f'<svg class="fig" role="img" data-figure="{salt}"', 1)
+    new_head = new_head.replace(
+        "<svg", f'<svg class="fig" role="img" data-figure="{salt}" aria-label="{html.escape(label)}"', 1)
     return new_head + svg[len(head):], document
 
 
@@ -445,7 +460,7 @@ def render_figures(data: ReportData) -> list[RenderedFigure]:
             fig = draw(data)
         if fig is None:
             continue
-        inline, document = figure_to_svg(fig, name)
+        inline, document = figure_to_svg(fig, name, title)
         out.append(RenderedFigure(name, title, caption, inline, document, fig))
     return out
 

@@ -91,6 +91,10 @@ document.querySelectorAll("table.sortable th").forEach(function (th) {
 """
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
@@ -146,7 +150,7 @@ def _header(data: ReportData) -> str:
 <span>target <b>{target}</b>{f" ({target_bits})" if target_bits else ""}</span>
 <span>supernet <b>{supernet}</b></span>
 <span>hardware <b>{_e(data.hardware_id)}</b>{f" ({hw_bits})" if hw_bits else ""}</span>
-<span>search <b>{_e(data.best.method)}</b>, objective {_e(data.best.objective)}, {searched} subnets, front {len(data.front)}</span>
+<span>search <b>{_e(data.best.method)}</b>, objective {_e(data.best.objective)}, {_n(searched, "subnet")}, front {len(data.front)}</span>
 <span>searched {_e(_when(data.best.created))} · report {_e(data.generated)}</span>
 <span>{versions}</span>
 </div></div></header>"""
@@ -179,7 +183,7 @@ def _best_card(data: ReportData) -> str:
     return f"""<div class="panel card" id="best">
 <h2>Best subnet · {_e(data.hardware_id)}</h2>
 <div class="spec">{_e(b.spec_id)}</div>
-<div class="fields">heads {b.heads} · visual_keep {b.visual_keep:g} · inject_layer {b.inject_layer} · draft_len γ={b.draft_len}</div>
+<div class="fields">heads {b.heads} · visual_keep {b.visual_keep:.2f} · inject_layer {b.inject_layer} · draft_len γ={b.draft_len}</div>
 <div class="big">
 <div class="pred"><div class="v" id="best-predicted">{b.predicted_speedup:.2f}×</div><div class="l">predicted speedup</div></div>
 <div class="meas"><div class="v" id="best-measured">{measured}</div><div class="l">measured end to end</div></div>
@@ -230,7 +234,7 @@ def _front_table(data: ReportData) -> str:
                    _f(s.draft_params / 1e6 if s.draft_params else None, ".2f"))
             + cell(s.spec_id, f"<code>{cmd}</code>", "cmd") + "</tr>")
     source = "" if data.front_source == "pareto.csv" else f" Front {_e(data.front_source)}."
-    return f"""<section id="front"><h2>Pareto front ({len(data.front)} of {len(data.subnets)} subnets)</h2>
+    return f"""<section id="front"><h2>Pareto front ({len(data.front)} of {_n(len(data.subnets), "subnet")})</h2>
 <div class="scroll"><table class="front sortable" id="front-table"><thead><tr>{head}</tr></thead>
 <tbody>{"".join(rows)}</tbody></table></div>
 <p class="note">Click a column to sort. Speedup is predicted: τ · T_decode / (γ · T_draft + T_verify);

@@ -163,7 +163,8 @@ def hardware_json(hw: Hardware) -> dict[str, Any]:
 
 def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int, int]], *,
                  optuna: bool = False, seed: int = 0, verified_top: int = 3,
-                 measured: bool = True, extra_columns: bool = False) -> list[dict[str, Any]]:
+                 measured: bool = True, extra_columns: bool = False,
+                 max_draft_ms: float | None = None) -> list[dict[str, Any]]:
     """search/<hw>/{trials,pareto}.csv, best.json (+ history.csv for Optuna) and specs/<best>/."""
     method = "optuna" if optuna else "exhaustive"
     rng = np.random.default_rng(seed)
@@ -173,7 +174,7 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
         picks = rng.choice(len(order), size=max(1, int(0.6 * len(order))), replace=False)
         order = [max(specs), min(specs)] + [order[i] for i in picks if order[i] not in
                                             (max(specs), min(specs))]
-    rows = [trial_row(i, hw, s, method, "pareto") for i, s in enumerate(order)]
+    rows = [trial_row(i, hw, s, method, "pareto", max_draft_ms) for i, s in enumerate(order)]
     if optuna and len(rows) > 3:
         rows.append({**rows[2], "number": len(rows), "state": "pruned", "tau": "", "speedup": ""})
     if extra_columns:
@@ -185,7 +186,7 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
     _write_csv(d / "trials.csv", columns, rows)
     _write_csv(d / "pareto.csv", columns, [r for r in rows if r["spec_id"] in ids])
     complete = [r for r in rows if r["state"] == "complete"]
-    best = max(complete, key=lambda r: r["speedup"])
+    best = max((r for r in complete if r["feasible"]), key=lambda r: r["speedup"])
     if optuna:
         hist, best_so_far = [], -math.inf
         for r in rows:
@@ -310,7 +311,8 @@ def write_run_json(root: Path, space: Space, aifd: bool = True) -> None:
 
 def make_run(root: Path, *, hardware: Sequence[Hardware] = (CPU,), space: Space | None = None,
              optuna: bool = False, aifd: bool = True, predictor: bool = True,
-             measured: bool = True, acceptance: bool = True, extra_columns: bool = False) -> Path:
+             measured: bool = True, acceptance: bool = True, extra_columns: bool = False,
+             max_draft_ms: float | None = None) -> Path:
     """Write a complete run folder under `root` and return it."""
     space = space or Space()
     specs = space.specs()
@@ -321,7 +323,7 @@ def make_run(root: Path, *, hardware: Sequence[Hardware] = (CPU,), space: Space 
     for i, hw in enumerate(hardware):
         write_latency(root, hw, specs, seed=i, predictor=predictor)
         write_search(root, hw, specs, optuna=optuna, seed=i, measured=measured,
-                     extra_columns=extra_columns)
+                     extra_columns=extra_columns, max_draft_ms=max_draft_ms)
     return root
 
 

@@ -220,3 +220,18 @@ def test_pareto_mask_matches_brute_force_with_infinities() -> None:
         assert pareto_mask(list(a), list(b)) == brute
     with pytest.raises(ValueError, match="equal lengths"):
         pareto_mask([1.0], [])
+
+
+def test_infeasible_subnets_are_kept_but_never_front_or_best(tmp_path) -> None:
+    # --max-draft-ms 11: the 8-head subnets (and some 6-head ones) break the constraint.
+    run = make_run(tmp_path / "run", max_draft_ms=11.0)
+    data = build_report_data(run)
+    infeasible = {s.spec_id for s in data.subnets if not s.feasible}
+    assert infeasible and len(data.subnets) == len(Space().specs())
+    assert all(s.draft_ms > 11.0 for s in data.subnets if not s.feasible)
+    assert not infeasible & {s.spec_id for s in data.front}
+    assert data.best.spec_id not in infeasible
+    (run / "search" / CPU.hardware_id / "pareto.csv").unlink()
+    computed = build_report_data(run)
+    assert not infeasible & {s.spec_id for s in computed.front}
+    assert computed.best.spec_id in {s.spec_id for s in computed.front}

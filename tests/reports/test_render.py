@@ -112,7 +112,7 @@ def test_single_subnet_run_renders_and_is_deterministic(tmp_path) -> None:
     assert {f.name for f in figures} >= {"pareto_latency", "tau_cost"}
     assert [f.svg for f in render_figures(data)] == [f.svg for f in figures]
     page = render_report(data, tmp_path / "out" / "one.html").read_text(encoding="utf-8")
-    assert "Pareto front (1 of 1 subnets)" in page
+    assert "Pareto front (1 of 1 subnet)" in page
 
 
 def test_stale_figure_copies_are_removed(tmp_path) -> None:
