@@ -13,10 +13,25 @@ import csv
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from .values import (
+    AcceptanceCurve,
+    AifdInfo,
+    BestSubnet,
+    CrossHardware,
+    HistoryPoint,
+    HoldoutPoint,
+    MissingResultsError,
+    PredictorInfo,
+    ReportData,
+    ReportError,
+    Subnet,
+    Verified,
+)
 
 # The documented run-folder layout (re-derived here on purpose: reports imports no other package).
 RUN_JSON = "run.json"
@@ -26,201 +41,11 @@ ACCEPTANCE_DIR = "acceptance"
 SPECS_DIR = "specs"
 REPORT_HTML = "report.html"
 
-
-class ReportError(ValueError):
-    """A run folder or an option the report cannot be built from; the message says the fix."""
-
-
-class MissingResultsError(ReportError, FileNotFoundError):
-    """The run has no search results yet (or lacks another file the report cannot do without)."""
-
-
-# --- the values ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Subnet:
-    """One evaluated subnet (a row of search/<hardware-id>/trials.csv)."""
-
-    spec_id: str
-    heads: int
-    visual_keep: float
-    inject_layer: int
-    draft_len: int
-    tau: float
-    tau_lo: float | None
-    tau_hi: float | None
-    draft_ms: float
-    verify_ms: float | None
-    decode_ms: float | None
-    speedup: float
-    draft_params: int | None
-    feasible: bool
-    on_front: bool
-    number: int | None = None
-
-    @property
-    def cycle_draft_ms(self) -> float:
-        """Draft time per speculative cycle: draft_len steps of draft_ms."""
-        return self.draft_len * self.draft_ms
-
-
-@dataclass(frozen=True)
-class BestSubnet:
-    """search/<hardware-id>/best.json, flattened."""
-
-    spec_id: str
-    heads: int
-    visual_keep: float
-    inject_layer: int
-    draft_len: int
-    objective: str
-    method: str
-    spec_dir: str
-    predicted_speedup: float
-    predicted_tau: float | None
-    tau_ci: tuple[float, float] | None
-    draft_ms: float | None
-    verify_ms: float | None
-    decode_ms: float | None
-    measured_speedup: float | None
-    measured_tau: float | None
-    tokens_per_s: float | None
-    baseline_tokens_per_s: float | None
-    created: str | None
-    exported: bool
-
-    @property
-    def speedup_gap(self) -> float | None:
-        """(measured - predicted) / predicted, when the best subnet was measured."""
-        if self.measured_speedup is None or not self.predicted_speedup:
-            return None
-        return (self.measured_speedup - self.predicted_speedup) / self.predicted_speedup
-
-
-@dataclass(frozen=True)
-class Verified:
-    """A subnet measured end to end after the search."""
-
-    spec_id: str
-    predicted_speedup: float
-    measured_speedup: float
-    measured_tau: float | None
-
-
-@dataclass(frozen=True)
-class AcceptanceCurve:
-    """Per-position acceptance rates of one subnet (positions 1..draft_len)."""
-
-    spec_id: str
-    rates: tuple[float, ...]
-    tau: float | None
-
-
-@dataclass(frozen=True)
-class HoldoutPoint:
-    kind: str
-    spec_id: str | None
-    measured_ms: float
-    predicted_ms: float
-
-
-@dataclass(frozen=True)
-class PredictorInfo:
-    """latency/<hardware-id>/predictor.json: the latency predictor's held-out quality."""
-
-    regressor: str
-    mape: float | None
-    rmse: float | None
-    within_10pct: float | None
-    kendall_tau: float | None
-    n_train: int | None
-    n_holdout: int | None
-    holdout: tuple[HoldoutPoint, ...]
-
-
-@dataclass(frozen=True)
-class AifdInfo:
-    """Attention entropy (AE) and its change (ΔAE) per target layer, and the chosen layer(s)."""
-
-    layers: tuple[int, ...]
-    ae: tuple[float, ...]
-    delta_ae: tuple[float, ...]
-    chosen: tuple[int, ...]
-    rule: str
-
-
-@dataclass(frozen=True)
-class HistoryPoint:
-    number: int
-    value: float | None
-    best_so_far: float | None
-
-
-@dataclass(frozen=True)
-class CrossHardware:
-    """Each hardware's best subnet and its predicted speedup on every searched hardware.
-
-    speedup[i][j] is the speedup of hardware_ids[i]'s best subnet on hardware_ids[j], looked up
-    in hardware_ids[j]'s trials.csv; None where that subnet was not evaluated there.
-    """
-
-    hardware_ids: tuple[str, ...]
-    best_spec_ids: tuple[str, ...]
-    speedup: tuple[tuple[float | None, ...], ...]
-
-    def relative(self, i: int, j: int) -> float | None:
-        """speedup[i][j] as a fraction of hardware j's own best (1.0 on the diagonal)."""
-        value, own = self.speedup[i][j], self.speedup[j][j]
-        return None if value is None or not own else value / own
-
-
-@dataclass(frozen=True)
-class ReportData:
-    """Everything the report shows, for one hardware id of one run."""
-
-    run_dir: Path
-    hardware_id: str
-    generated: str
-    target: Mapping[str, Any]
-    supernet_hash: str | None
-    supernet_params: int | None
-    hardware: Mapping[str, Any]
-    versions: Mapping[str, Any]
-    subnets: tuple[Subnet, ...]
-    best: BestSubnet
-    verified: tuple[Verified, ...]
-    acceptance_dataset: str | None
-    acceptance: tuple[AcceptanceCurve, ...]
-    predictor: PredictorInfo | None
-    aifd: AifdInfo | None
-    history: tuple[HistoryPoint, ...]
-    cross_hardware: CrossHardware | None
-    searched_hardware_ids: tuple[str, ...]
-    exported_specs: frozenset[str] = field(default_factory=frozenset)
-    front_source: str = "pareto.csv"
-
-    @property
-    def front(self) -> tuple[Subnet, ...]:
-        """The Pareto front, by predicted speedup, best first."""
-        return tuple(sorted((s for s in self.subnets if s.on_front),
-                            key=lambda s: (-s.speedup, s.draft_ms, s.spec_id)))
-
-    @property
-    def best_subnet(self) -> Subnet | None:
-        """The best subnet's trials row (None if best.json names a subnet missing from trials)."""
-        return next((s for s in self.subnets if s.spec_id == self.best.spec_id), None)
-
-    def summary(self) -> dict[str, Any]:
-        """Short JSON-able summary (what `dreams-nas report --json` prints besides the paths)."""
-        return {
-            "hardware_id": self.hardware_id,
-            "best": self.best.spec_id,
-            "predicted_speedup": round(self.best.predicted_speedup, 4),
-            "measured_speedup": (None if self.best.measured_speedup is None
-                                 else round(self.best.measured_speedup, 4)),
-            "n_subnets": len(self.subnets),
-            "front": [s.spec_id for s in self.front],
-            "hardware_ids": list(self.searched_hardware_ids),
-        }
+__all__ = [
+    "AcceptanceCurve", "AifdInfo", "BestSubnet", "CrossHardware", "HistoryPoint", "HoldoutPoint",
+    "MissingResultsError", "PredictorInfo", "ReportData", "ReportError", "Subnet", "Verified",
+    "build_report_data", "pareto_mask", "searched_hardware_ids",
+]
 
 
 # --- reading files ------------------------------------------------------------------------
@@ -404,15 +229,19 @@ def _load_best(search_dir: Path, run_dir: Path, subnets: Sequence[Subnet]) -> tu
             raise ReportError(f"{path} has no predicted speedup; rerun `dreams-nas search`")
         predicted_speedup = row.speedup
     spec_dir = str(raw.get("spec_dir") or f"{SPECS_DIR}/{spec_id}")
+
+    def predicted_or_row(name: str) -> float | None:
+        # best.json's prediction; the trials row when an older writer left the field out.
+        value = _num(pred.get(name))
+        return value if value is not None or row is None else getattr(row, name)
+
     best = BestSubnet(
         spec_id=spec_id, heads=heads, visual_keep=keep, inject_layer=layer, draft_len=gamma,
         objective=str(raw.get("objective") or "speedup"), method=str(raw.get("method") or "?"),
         spec_dir=spec_dir, predicted_speedup=predicted_speedup,
-        predicted_tau=_num(pred.get("tau")) if pred.get("tau") is not None else (row.tau if row else None),
-        tau_ci=tau_ci,
-        draft_ms=_num(pred.get("draft_ms")) if pred.get("draft_ms") is not None else (row.draft_ms if row else None),
-        verify_ms=_num(pred.get("verify_ms")) if pred.get("verify_ms") is not None else (row.verify_ms if row else None),
-        decode_ms=_num(pred.get("decode_ms")) if pred.get("decode_ms") is not None else (row.decode_ms if row else None),
+        predicted_tau=predicted_or_row("tau"), tau_ci=tau_ci,
+        draft_ms=predicted_or_row("draft_ms"), verify_ms=predicted_or_row("verify_ms"),
+        decode_ms=predicted_or_row("decode_ms"),
         measured_speedup=_num(meas.get("speedup")) if meas else None,
         measured_tau=_num(meas.get("tau")) if meas else None,
         tokens_per_s=_num(meas.get("tokens_per_s")) if meas else None,

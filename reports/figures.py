@@ -21,7 +21,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from .data import ReportData, Subnet, pareto_mask
+from .data import pareto_mask
+from .values import ReportData, Subnet
 
 HEAD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "p", "<", ">")
 BEST_COLOR = "#d62728"
