@@ -27,7 +27,7 @@ from .target import TargetAdapter, VerifyOutput
 class GenerationStats:
     new_tokens: int
     target_forwards: int  # prefill + one per verify (or decode) step
-    cycle_lengths: tuple[int, ...]  # tokens produced by each verify forward (accepted + 1)
+    cycle_lengths: tuple[int, ...]  # tokens kept from each verify forward (accepted + 1, cut at EOS)
     proposed: tuple[int, ...]  # draft tokens proposed in each cycle
     prefill_s: float
     draft_s: float
@@ -124,7 +124,8 @@ def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampli
             draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
         else:
             draft_probs = proposal.draft_probs[0].to(target_probs)
-        n, token = rejection_accept(drafts, draft_probs, target_probs, generator)
+        n_t, token_t = rejection_accept(drafts[None], draft_probs[None], target_probs[None], generator)
+        n, token = int(n_t[0]), int(token_t[0])
     target.rollback(k - n)
     return n, torch.tensor([[token]], device=last_token.device), out.head(n + 1)
 
@@ -172,7 +173,7 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
         accepted, n, k = step(target, drafter, last, room, sampling, generator, clock)
         new, done = _truncate_at_eos(accepted[0].tolist(), target.eos_token_ids)
         tokens.extend(new)
-        lengths.append(n + 1)
+        lengths.append(len(new))  # accepted + 1, less anything after an EOS
         proposed.append(k)
         last = accepted[:, -1:]
         clock.lap("other")
