@@ -103,6 +103,8 @@ def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator 
 
 def draft(drafter: Drafter, last_token: Tensor, gamma: int, sampling: SamplingConfig,
           generator: torch.Generator | None) -> Proposal:
+    if gamma == 0:  # one token of budget left: a plain target step
+        return Proposal(last_token.new_empty(1, 0))
     proposal = drafter.propose(last_token, gamma, sampling, generator)
     if proposal.tokens.shape[1] > gamma:
         raise RuntimeError(f"drafter proposed {proposal.tokens.shape[1]} tokens for gamma={gamma}")
