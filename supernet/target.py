@@ -93,8 +93,11 @@ class TargetAdapter:
 
         target_id = str(target)
         if target_id == "builtin":
-            from .demo_target import ensure_demo_target  # written on the demo branch
-
+            try:
+                from .demo_target import ensure_demo_target  # the built-in demo target
+            except ImportError as exc:
+                raise InputError("the builtin demo target is not part of this build; "
+                                 "pass --target PATH or a hub id") from exc
             target = ensure_demo_target()
         model, processor, tokenizer, path = load_model_and_processor(target, device=device, dtype=dtype)
         return cls(model, processor, tokenizer, target_id=target_id, path=path)
