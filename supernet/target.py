@@ -150,6 +150,18 @@ class TargetAdapter:
         batch = self.processor(images=[image], text=[text], return_tensors="pt")
         return self._to_device(dict(batch))
 
+    def extend_inputs(self, inputs: dict[str, Tensor], tokens: Tensor) -> dict[str, Tensor]:
+        """`inputs` with tokens (1, n) appended as text (input_ids, attention_mask and, for Qwen-VL,
+        mm_token_type_ids grow together): teacher forcing a continuation in one prefill."""
+        tokens = tokens.to(inputs["input_ids"].device).view(1, -1)
+        out = dict(inputs)
+        out["input_ids"] = torch.cat([inputs["input_ids"], tokens], dim=1)
+        for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
+            if key in inputs and isinstance(inputs[key], Tensor):
+                fill = 1 if key == "attention_mask" else 0
+                out[key] = torch.cat([inputs[key], torch.full_like(tokens, fill).to(inputs[key].dtype)], dim=1)
+        return out
+
     def _to_device(self, inputs: dict[str, Any]) -> dict[str, Any]:
         moved = {}
         for key, value in inputs.items():

@@ -118,3 +118,14 @@ def test_build_inputs_rejects_bad_images(tiny_target, tmp_path) -> None:
     bad.write_text("not an image")
     with pytest.raises(InputError, match="cannot be read as an image"):
         adapter.build_inputs(bad, "hi")
+
+
+@pytest.mark.parametrize("family", ("llava", "qwen2_5_vl"))
+def test_teacher_forced_prefill_equals_incremental_logits(family, tiny_target) -> None:
+    adapter = tiny_target(family)
+    inputs = adapter.build_inputs(tiny_image(3), PROMPTS[3])
+    continuation = torch.tensor([[20, 21, 22, 23]])
+    full = adapter.prefill(adapter.extend_inputs(inputs, continuation), all_logits=True)
+    adapter.prefill(inputs)
+    step = adapter.verify(continuation)
+    torch.testing.assert_close(full.logits[:, -4:], step.logits, rtol=1e-4, atol=1e-5)
