@@ -142,3 +142,18 @@ def test_bad_arguments(tiny_target, tmp_path) -> None:
         load_drafter("eagle", adapter)
     with pytest.raises(InputError, match="holds no spec.json"):
         load_drafter(tmp_path, adapter)
+
+
+@pytest.mark.parametrize("name", ["oracle", "lookup", "fixed-distribution"])
+def test_shipped_drafters_meet_the_contract(name, tiny_target) -> None:
+    from drafter_contract import assert_drafter_contract
+
+    adapter = tiny_target("qwen2_vl")
+    cases = []
+    for i in range(2):
+        inputs = adapter.build_inputs(tiny_image(i), PROMPTS[i])
+        cases.append((inputs, plain_generate(adapter, inputs, max_new_tokens=10).tokens))
+    probs = torch.softmax(torch.randn(adapter.vocab_size, generator=torch.Generator().manual_seed(0)), -1)
+    make = {"oracle": lambda: OracleDrafter(10), "lookup": PromptLookupDrafter,
+            "fixed-distribution": lambda: FixedDistributionDrafter(probs)}[name]
+    assert_drafter_contract(adapter, make, cases)
