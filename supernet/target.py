@@ -184,6 +184,8 @@ class TargetAdapter:
         visual_positions = (input_ids[0] == self.info.image_token_id).nonzero().flatten()
         scores: list[Tensor] = []
         extra = [self._score_hook(input_ids[0], visual_positions, scores)] if len(visual_positions) else []
+        if self.info.uses_mrope:
+            self.model.model.rope_deltas = None  # computed afresh from this prompt (stale otherwise)
         hidden, layer_hidden = self._forward(inputs, layers, extra_hooks=extra, fresh=True)
         logits = self.lm_head(hidden if all_logits else hidden[:, -1])
         if not scores:

@@ -129,3 +129,16 @@ def test_teacher_forced_prefill_equals_incremental_logits(family, tiny_target) -
     adapter.prefill(inputs)
     step = adapter.verify(continuation)
     torch.testing.assert_close(full.logits[:, -4:], step.logits, rtol=1e-4, atol=1e-5)
+
+
+def test_text_only_prefill_after_an_image_prompt(tiny_vlm, tiny_target) -> None:
+    """Qwen keeps M-RoPE deltas on the model: a later text-only prompt must not inherit them."""
+    model, _ = tiny_vlm("qwen2_vl")
+    adapter = tiny_target("qwen2_vl")
+    adapter.prefill(adapter.build_inputs(tiny_image(0, (32, 16)), PROMPTS[0]))
+    text = torch.randint(30, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    adapter.prefill({"input_ids": text[:, :8]})
+    step = adapter.verify(text[:, 8:])
+    with torch.inference_mode():
+        full = model(input_ids=text).logits
+    torch.testing.assert_close(step.logits, full[:, 8:].float(), rtol=1e-4, atol=1e-5)
