@@ -138,8 +138,11 @@ class TargetAdapter:
         checkpoint's own processor and chat template (image first); ``<image>\\n{prompt}``
         when the checkpoint has no chat template."""
         if self.processor is None:
-            raise InputError("this target has no processor, so images cannot be encoded; "
-                             "load a checkpoint folder that holds preprocessor/tokenizer files")
+            why = getattr(self.model, "_dreams_processor_error", None)
+            raise InputError("this target has no processor, so images cannot be encoded"
+                             + (f" (loading it failed: {why})" if why else "")
+                             + "; load a checkpoint folder with its processor files and install what "
+                             "the processor needs (e.g. torchvision)")
         image = _open_image(image)
         template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
         if template:
