@@ -91,13 +91,19 @@ def test_pixtral_family_detected_and_break_tokens_are_not_text(tiny_target) -> N
     assert {vocab["[IMG_BREAK]"], vocab["[IMG_END]"]} <= adapter._structural
 
 
-def test_load_from_folder(tmp_path) -> None:
-    folder = save_tiny_vlm("llava", tmp_path / "ckpt")
+@pytest.mark.parametrize(("family", "n_visual"), [("llava", 16), ("llava_next", 36), ("idefics3", 4)])
+def test_load_from_folder(family, n_visual, tmp_path, tiny_target) -> None:
+    """Families whose HF processor needs no optional library round-trip through save_pretrained."""
+    folder = save_tiny_vlm(family, tmp_path / "ckpt")
     adapter = TargetAdapter.load(folder)
-    assert adapter.family == "llava" and adapter.processor is not None
+    assert adapter.family == family and adapter.processor is not None
     assert adapter.path == str(folder.resolve())
     inputs = adapter.build_inputs(tiny_image(0), "what is in the image ?")
-    assert (inputs["input_ids"] == adapter.info.image_token_id).sum() == 16
+    assert (inputs["input_ids"] == adapter.info.image_token_id).sum() == n_visual
+    reference = tiny_target(family)
+    ref_inputs = reference.build_inputs(tiny_image(0), "what is in the image ?")
+    assert torch.equal(inputs["input_ids"], ref_inputs["input_ids"])
+    torch.testing.assert_close(adapter.prefill(inputs).logits, reference.prefill(ref_inputs).logits)
 
 
 def test_load_rejects_folders_without_a_vlm(tmp_path) -> None:
