@@ -157,3 +157,23 @@ def test_shipped_drafters_meet_the_contract(name, tiny_target) -> None:
     make = {"oracle": lambda: OracleDrafter(10), "lookup": PromptLookupDrafter,
             "fixed-distribution": lambda: FixedDistributionDrafter(probs)}[name]
     assert_drafter_contract(adapter, make, cases)
+
+
+@pytest.mark.cuda
+def test_lossless_and_sampling_on_cuda(tiny_models) -> None:
+    """Same loop on a GPU: greedy equals HF generate; sampling runs with a CUDA generator."""
+    from dreams_nas.supernet.target import TargetAdapter
+
+    model, processor = tiny_models.build_tiny_vlm("qwen2_vl")
+    adapter = TargetAdapter.from_model(model.to("cuda"), processor)
+    for i in range(3):
+        inputs = adapter.build_inputs(tiny_image(i), PROMPTS[i])
+        with torch.inference_mode():
+            ref = model.generate(**inputs, max_new_tokens=12, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        for drafter in (OracleDrafter(12), PromptLookupDrafter()):
+            out = generate(adapter, inputs, drafter, gamma=3, max_new_tokens=12)
+            assert out.tokens.tolist() == ref.cpu().tolist()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = generate(adapter, inputs, PromptLookupDrafter(), gamma=3, max_new_tokens=12,
+                   sampling=SamplingConfig(temperature=1.0, top_p=0.9), generator=gen)
+    assert 1 <= out.stats.new_tokens <= 12
