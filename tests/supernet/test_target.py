@@ -11,7 +11,7 @@ from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.target import TargetAdapter
 from tiny_models import PROMPTS, save_tiny_vlm, tiny_image
 
-HOOK_FAMILIES = ("llava", "pixtral", "qwen2_vl", "idefics3")
+HOOK_FAMILIES = ("llava", "pixtral", "mistral3", "qwen2_vl", "idefics3")
 
 
 @pytest.mark.parametrize("family", HOOK_FAMILIES)
@@ -40,7 +40,7 @@ def test_prefill_and_verify_match_hf_hidden_states(family, tiny_vlm, tiny_target
     assert adapter.cache_len == seq + 3
 
 
-@pytest.mark.parametrize("family", ("llava", "pixtral", "qwen2_vl"))
+@pytest.mark.parametrize("family", ("llava", "pixtral", "mistral3", "qwen2_vl"))
 def test_visual_scores_match_eager_attention(family, tiny_vlm, tiny_target) -> None:
     model, _ = tiny_vlm(family)
     adapter = tiny_target(family)
