@@ -18,6 +18,23 @@ _EXPORTS = {
     "RunFolder": ".runfolder",
     "DEFAULT_RUN_DIR": ".runfolder",
     "library_versions": ".versions",
+    "TargetAdapter": ".target",
+    "PrefillOutput": ".target",
+    "VerifyOutput": ".target",
+    "Drafter": ".drafting",
+    "Proposal": ".drafting",
+    "OracleDrafter": ".drafting",
+    "ReplayDrafter": ".drafting",
+    "PromptLookupDrafter": ".drafting",
+    "load_drafter": ".drafting",
+    "SamplingConfig": ".sampling",
+    "logits_to_probs": ".sampling",
+    "greedy_accept": ".sampling",
+    "rejection_accept": ".sampling",
+    "generate": ".decoding",
+    "plain_generate": ".decoding",
+    "GenerationResult": ".decoding",
+    "GenerationStats": ".decoding",
 }
 
 __all__ = sorted(_EXPORTS)
