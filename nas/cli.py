@@ -25,7 +25,9 @@ PROG = "dreams-nas"
 log = logging.getLogger("dreams_nas")
 
 # Subcommand name -> its module. Each feature adds its line here.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "profile": "dreams_nas.nas.commands.profile",
+}
 
 
 class _Parser(argparse.ArgumentParser):
