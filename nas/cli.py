@@ -26,6 +26,7 @@ log = logging.getLogger("dreams_nas")
 
 # Subcommand name -> its module. Each feature adds its line here.
 COMMANDS: dict[str, str] = {
+    "generate": "dreams_nas.nas.commands.generate",
     "profile": "dreams_nas.nas.commands.profile",
 }
 
