@@ -28,6 +28,8 @@ log = logging.getLogger("dreams_nas")
 COMMANDS: dict[str, str] = {
     "generate": "dreams_nas.nas.commands.generate",
     "profile": "dreams_nas.nas.commands.profile",
+    "data": "dreams_nas.nas.commands.data",
+    "target": "dreams_nas.nas.commands.target",
 }
 
 
