@@ -59,7 +59,7 @@ def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
 def test_bad_inputs(small_run, tiny_llava, tmp_path, capsys) -> None:
     base = ["profile", "--run", str(small_run.root)]
     assert cli.main([*base, "--target", str(tmp_path), *FAST]) == 2
-    assert "no Hugging Face checkpoint there" in capsys.readouterr().err
+    assert "holds no config.json, so it is not a Hugging Face checkpoint" in capsys.readouterr().err
     assert cli.main([*base, "--fit-only", *FAST]) == 2
     assert "no latency profile in" in capsys.readouterr().err
     assert cli.main([*base, "--target", tiny_llava, "--clock", "cpu", "--device", "cpu"]) == 2
