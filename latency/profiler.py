@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from .hardware import HardwareInfo, NvmlDevice
 from .plan import StepKey
 from .store import ProfileStore, make_row
@@ -59,8 +61,13 @@ def run_profile(
     settings: TimingSettings = TimingSettings(),
     *,
     show_progress: bool | None = None,
+    shuffle_seed: int | None = 0,
 ) -> ProfileResult:
     """Time each key not yet in `store` and append its row at once (kill-safe, resumable).
+
+    The keys are timed in an order shuffled by `shuffle_seed` (None: as given), so that a slow
+    drift of the machine (other load, heat) spreads over the grid as noise instead of
+    correlating with one axis of it.
 
     A step that runs out of memory is recorded with status ``oom`` (``failed`` for other
     runtime errors) and profiling goes on.
@@ -69,6 +76,9 @@ def run_profile(
 
     done = store.done_keys()
     todo = [k for k in keys if k.ident not in done]
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(len(todo))
+        todo = [todo[i] for i in order]
     skipped = len(keys) - len(todo)
     if skipped:
         log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
