@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .hardware import HardwareInfo, NvmlDevice
+from .hardware import CpuFreqProbe, HardwareInfo, NvmlDevice, cpu_throttle_probe
 from .plan import StepKey
 from .store import ProfileStore, make_row
 from .timing import measure
@@ -84,7 +84,8 @@ def run_profile(
         log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
     measured = failed = 0
     cuda_index = int(hw.device.split(":")[1]) if hw.kind == "cuda" else None
-    with NvmlDevice(cuda_index) if cuda_index is not None else _NoProbe() as probe:
+    cpu_probe = CpuFreqProbe() if cpu_throttle_probe() is not None else None
+    with NvmlDevice(cuda_index) if cuda_index is not None else _NoProbe(cpu_probe) as probe:
         bar = progress(total=len(todo), desc=f"profile {hw.hardware_id}", unit="step",
                        disable=None if show_progress is None else not show_progress)
         try:
@@ -100,7 +101,7 @@ def run_profile(
 
 
 def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: TimingSettings,
-              probe: NvmlDevice | None) -> dict:
+              probe: NvmlDevice | CpuFreqProbe | None) -> dict:
     try:
         step = builder.build(key)
         timing = measure(step, device=hw.device, warmup=settings.warmup,
@@ -126,8 +127,13 @@ def _free_cuda(hw: HardwareInfo) -> None:
 
 
 class _NoProbe:
-    def __enter__(self) -> None:
-        return None
+    """Stands in for the NVML context on the CPU (yields the cpufreq probe, if any)."""
+
+    def __init__(self, probe: CpuFreqProbe | None = None) -> None:
+        self.probe = probe
+
+    def __enter__(self) -> CpuFreqProbe | None:
+        return self.probe
 
     def __exit__(self, *exc: object) -> None:
         return None
