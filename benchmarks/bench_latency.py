@@ -154,7 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     spread = (rows.p90_ms / rows.p10_ms).median()
     print(f"profile: {summary.get('measured', 0)} steps timed ({summary.get('resumed', 0)} resumed) "
           f"in {profile_s:.1f} s wall; median p90/p10 spread of a row's samples {spread:.3f}")
-    results = {"profile_s": round(profile_s, 1)}
+    halves = []
+    for text in rows.samples_ms:
+        samples = np.array([float(v) for v in str(text).split()])
+        if len(samples) >= 4:
+            a, b = np.median(samples[0::2]), np.median(samples[1::2])
+            halves.append(abs(a - b) / np.median(samples))
+    floor = float(np.mean(halves)) if halves else float("nan")
+    print(f"noise floor: two halves of a row's own samples differ by {floor:.2%} on average "
+          "(a predictor cannot be more exact than its measurements)")
+    results = {"profile_s": round(profile_s, 1), "noise_floor": round(floor, 4)}
     for stat in ("median_ms", "p10_ms"):
         fit_start = time.perf_counter()
         pred = LatencyPredictor.fit(rows[train], summary["hardware_id"], stat=stat,
