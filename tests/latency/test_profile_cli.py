@@ -112,3 +112,17 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     keys = list(zip(rows.kind, rows.spec_id, rows.context_len, rows.k, strict=True))
     assert len(keys) == len(set(keys)) == total  # nothing twice, nothing missing
     assert summary["resumed"] == partial and summary["measured"] == total - partial
+
+
+@pytest.mark.cuda
+def test_profile_on_the_gpu(small_run, tiny_llava, capsys) -> None:
+    argv = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json",
+            "--device", "cuda:0", "--repeats", "5", "--context-lengths", "12", "36"]
+    assert cli.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    folder, store = _profile_dir(small_run)
+    hw = json.loads((folder / "hardware.json").read_text())
+    assert hw["kind"] == "cuda" and hw["dtype"] == "bfloat16" and summary["hardware_id"] == hw["hardware_id"]
+    rows = store.read()
+    assert len(rows) == 2 * 2 * 2 + 2 + 2 * 7 and set(rows.status) == {"ok"}
+    assert set(rows.clock) == {"cuda-events"}
