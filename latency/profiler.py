@@ -110,8 +110,8 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
                          clock=settings.clock if hw.kind == "cpu" else "wall")
         del step
         return make_row(hw, key, timing, clock=settings.clock)
-    except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
-        status = "oom" if _is_oom(exc) else "failed"
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        status = "oom" if isinstance(exc, MemoryError) or _is_oom(exc) else "failed"
         log.warning("%s step %s at context %d, k=%d: %s (%s); recorded, continuing",
                     key.kind, key.spec_id, key.context_len, key.k, status, exc)
         _free_cuda(hw)
