@@ -111,14 +111,17 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     result = None
     if options.fit_only:
         if not store.exists():
+            others = run.hardware_ids()
+            hint = (f" (profiled in this run: {', '.join(others)}; give the --device and "
+                    "--threads they were timed with)") if others else ""
             raise MissingArtefactError(
                 f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
-                "without --fit-only first"
+                f"without --fit-only first{hint}"
             )
         plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
         visual_tokens = int(plan_info.get("visual_tokens", 0))
     else:
-        _check_same_hardware(folder, hw)
+        _check_same_hardware(folder, hw, options.clock)
         target_id = options.target or run.read_run().get("target", {}).get("path") or "builtin"
         torch.manual_seed(options.seed)
         adapter = load_target(target_id, device, dtype)
@@ -157,14 +160,21 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     return summary
 
 
-def _check_same_hardware(folder: Path, hw: HardwareInfo) -> None:
-    """Refuse to append rows timed in another dtype or clock setting to an existing profile."""
+def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
+    """Refuse to append rows timed in another dtype or with another clock to a profile."""
     path = folder / "hardware.json"
-    if not path.is_file():
-        return
-    old = read_json(path)
-    if old.get("dtype") != hw.dtype:
-        raise InputError(
-            f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for {hw.dtype}; "
-            f"pass --dtype {old.get('dtype')} or use another --run folder"
-        )
+    if path.is_file():
+        old = read_json(path)
+        if old.get("dtype") != hw.dtype:
+            raise InputError(
+                f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "
+                f"{hw.dtype}; pass --dtype {old.get('dtype')} or use another --run folder"
+            )
+    plan = folder / "plan.json"
+    if plan.is_file() and hw.kind == "cpu":
+        old_clock = read_json(plan).get("clock", "wall")
+        if old_clock != clock:
+            raise InputError(
+                f"the profile in {folder} was timed with --clock {old_clock}, this run asks for "
+                f"--clock {clock}; pass --clock {old_clock} or use another --run folder"
+            )

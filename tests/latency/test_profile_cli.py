@@ -47,6 +47,13 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     assert again["measured"] == 0 and again["resumed"] == 36 and again["rows"] == 36
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 36
+    # the same profile cannot grow rows timed with another clock
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--clock", "cpu",
+                     *FAST]) == 2
+    assert "was timed with --clock wall, this run asks for --clock cpu" in capsys.readouterr().err
+    # --fit-only with another thread count names what is profiled
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
+    assert f"profiled in this run: {hw['hardware_id']}" in capsys.readouterr().err
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
