@@ -4,12 +4,19 @@ import time
 
 import pytest
 import torch
-from _draft_fixtures import HIDDEN, tiny_draft, tiny_prompt, tiny_shared
+from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt, tiny_shared
 from dreams_nas.supernet.draft import DraftCache, DraftConfig, DreamDraft
 from dreams_nas.supernet.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.extract import CompactDraft, extract
 from dreams_nas.supernet.space import SubnetSpec
 from dreams_nas.supernet.store import load_supernet, read_supernet_config, save_supernet
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
 
 SPECS = [SubnetSpec(1, 0.25, 1, 1), SubnetSpec(2, 0.5, 2, 3), SubnetSpec(3, 0.75, 1, 5),
          SubnetSpec(4, 1.0, 2, 7)]
