@@ -103,4 +103,4 @@ def test_sampling_keeps_the_targets_distribution(trained):
     assert counts[~support].sum() == 0
     _, p = chisquare(counts[support].numpy(), expected[support].numpy() * runs)
     assert p > 1e-3, (counts[support], expected[support] * runs)
-    assert accepted > runs * 0.2  # the draft's proposals, not only resamples, produce tokens
+    assert accepted > runs * 0.1  # the draft's proposals, not only resamples, produce tokens
