@@ -163,7 +163,9 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                   "batch_size": config.batch_size, "lr": config.lr,
                   "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
                               "feat": config.weights.feat},
-                  "n_samples": len(data.samples), "loss_curve": outcome.loss_curve},
+                  "n_samples": len(data.samples), "distill": distill,
+                  "seconds": round(time.perf_counter() - start, 1),
+                  "loss_curve": outcome.loss_curve},
     }
     run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
                    aifd=data.aifd.to_dict())
