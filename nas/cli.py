@@ -26,11 +26,9 @@ log = logging.getLogger("dreams_nas")
 
 # Subcommand name -> its module. Each feature adds its line here.
 COMMANDS: dict[str, str] = {
-COMMANDS: dict[str, str] = {
     "data": "dreams_nas.nas.commands.data",
     "target": "dreams_nas.nas.commands.target",
     "train": "dreams_nas.nas.commands.train",
-}
 }
 
 
