@@ -80,6 +80,13 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if isinstance(known.get("weights"), dict):
+            known["weights"] = LossWeights(**known["weights"])
+        return cls(**known)
+
 
 @dataclass
 class TrainState:

@@ -163,7 +163,9 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                   "batch_size": config.batch_size, "lr": config.lr,
                   "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
                               "feat": config.weights.feat},
-                  "n_samples": len(data.samples), "distill": distill,
+                  "n_samples": len(data.samples), "n_examples": len(examples),
+                  "max_new_tokens": max_new_tokens, "distill": distill,
+                  "config": config.to_dict(),
                   "seconds": round(time.perf_counter() - start, 1),
                   "loss_curve": outcome.loss_curve},
     }
