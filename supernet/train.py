@@ -246,6 +246,10 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     if not samples:
         raise InputError("no training samples; give a dataset with at least one prompt")
     device = next(model.parameters()).device
+    # The target's embedding and LM head are shared and frozen: no gradients accumulate on them.
+    for module in (model.shared.embed_tokens, model.shared.lm_head):
+        for param in module.parameters():
+            param.requires_grad_(False)
     space = training_space(model)
     optimizer = make_optimizer(model, config)
     fingerprint = fingerprint_of(model, samples, distill_layers, config)
