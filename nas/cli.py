@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "data": "dreams_nas.nas.commands.data",
     "target": "dreams_nas.nas.commands.target",
     "train": "dreams_nas.nas.commands.train",
+    "generate": "dreams_nas.nas.commands.generate",
 }
 
 
