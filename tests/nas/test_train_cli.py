@@ -54,3 +54,28 @@ def test_bad_input_is_a_one_line_error(setup, capsys, argv, message):
     assert main(base + argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_generate_with_an_extracted_spec_folder(setup, capsys):
+    from dreams_nas.supernet.extract import extract
+    from dreams_nas.supernet.io import atomic_write_json
+    from dreams_nas.supernet.space import SubnetSpec
+    from dreams_nas.supernet.store import load_supernet
+
+    root, target, jsonl = setup
+    run = root / "run"
+    if not (run / "supernet" / "model.safetensors").is_file():
+        pytest.skip("needs the run of test_train_writes_the_run_and_prints_a_summary")
+    spec = SubnetSpec(2, 0.5, 2, 3)
+    folder = run / "specs" / spec.id
+    extract(load_supernet(run / "supernet"), spec).save_pretrained(folder)
+    atomic_write_json(folder / "spec.json", {"schema_version": 1, "spec": spec.to_dict()})
+    image = next((jsonl.parent / "images").glob("*.png"))
+    base = ["generate", "--target", str(target), "--image", str(image), "--prompt",
+            "what color is the car ?", "--max-new-tokens", "8", "--json", "-q"]
+    outputs = []
+    for drafter in ("none", str(folder)):
+        assert main(base + ["--drafter", drafter]) == 0
+        outputs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert outputs[1]["tokens"] == outputs[0]["tokens"]
+    assert outputs[1]["draft_len"] == 3
