@@ -358,7 +358,9 @@ class DreamDraft(nn.Module):
 
     def logits(self, feature: Tensor) -> Tensor:
         """feature: (..., hidden) -> (..., vocab) through the target's LM head."""
-        return self.shared.lm_head(feature)
+        head = self.shared.lm_head
+        weight = getattr(head, "weight", None)
+        return head(feature if weight is None else feature.to(weight.dtype))
 
     # --- forward --------------------------------------------------------------------
     def memory(self, layer_hidden: Tensor, visual_mask: Tensor, visual_scores: Tensor,
@@ -418,6 +420,19 @@ class DreamDraft(nn.Module):
                 raise ValueError("attention_mask is for training without a cache")
             mask = mask & attention_mask[:, None, None, :]
         return mask
+
+    @classmethod
+    def initialised(cls, config: DraftConfig, shared: SharedTargetModules | None, seed: int
+                    ) -> DreamDraft:
+        """A fresh draft whose random init depends on `seed` only (the global RNG is untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return cls(config, shared)
+
+    def attentions(self) -> list[ElasticAttention]:
+        """Every elastic attention, in forward order (each sorts its own heads)."""
+        layers = [self.layer_in, *([self.cross] if self.cross is not None else []), self.layer_out]
+        return [layer.attn for layer in layers]
 
     def num_params(self, spec: SubnetSpec | None = None) -> int:
         """Parameters a subnet really uses (the shared embedding/LM head excluded)."""

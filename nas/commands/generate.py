@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     inputs = target.build_inputs(args._image, args.prompt)
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
                                                                max_new_tokens=args.max_new_tokens)
-    gamma = args.draft_len or getattr(drafter, "draft_len", None) or 5
+    gamma = args.draft_len or getattr(drafter, "default_gamma", None) or 5
     generator = torch.Generator(device=target.device).manual_seed(args.seed)
     result = generate(target, inputs, drafter, gamma=gamma, max_new_tokens=args.max_new_tokens,
                       sampling=sampling, generator=generator)

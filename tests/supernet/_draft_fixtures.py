@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
 from torch import nn
@@ -46,3 +48,47 @@ def tiny_prompt(batch: int = 1, prompt_len: int = 12, num_visual: int = 6, seed:
     scores = torch.rand(batch, prompt_len, generator=gen)
     layer_hidden = torch.randn(batch, prompt_len, HIDDEN, generator=gen)
     return layer_hidden, visual_mask, scores
+
+
+def tiny_llava(seed: int = 0, layers: int = 4):
+    """A random tiny LlavaForConditionalGeneration (CLIP 16x16 / patch 4 -> 16 visual tokens)."""
+    import transformers as tf
+
+    clip = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                image_size=16, patch_size=4, projection_dim=32)
+    text = dict(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2,
+                pad_token_id=0, tie_word_embeddings=False)
+    cfg = tf.LlavaConfig(vision_config=tf.CLIPVisionConfig(**clip),
+                         text_config=tf.LlamaConfig(**text), image_token_id=4,
+                         vision_feature_layer=-1, vision_feature_select_strategy="default")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.LlavaForConditionalGeneration(cfg).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def tiny_prompts(n: int, seed: int = 0):
+    """Batch-1 LLaVA inputs: [bos, w, <image> x 16, w, w] with random pixels."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(n):
+        words = torch.randint(5, 60, (3,), generator=gen)
+        ids = torch.cat((torch.tensor([1]), words[:1], torch.full((16,), 4), words[1:]))[None]
+        prompts.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                        "pixel_values": torch.randn(1, 3, 16, 16, generator=gen)})
+    return prompts
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP
+    oversubscription (40x slower steps under load); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

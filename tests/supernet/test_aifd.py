@@ -4,12 +4,20 @@ import math
 
 import pytest
 import torch
+from _draft_fixtures import one_torch_thread
 from dreams_nas.supernet.aifd import (
     EntropyMeter,
     aifd_from_entropy,
     choose_layers,
     measure_target_entropy,
 )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
 
 
 def _uniform_map(width: int, queries: int = 6, keys: int = 8, heads: int = 2) -> torch.Tensor:

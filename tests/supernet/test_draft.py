@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _draft_fixtures import HIDDEN, tiny_draft, tiny_prompt
+from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
 from dreams_nas.supernet.draft import (
     DraftCache,
     gather_rows,
@@ -11,6 +11,13 @@ from dreams_nas.supernet.draft import (
 )
 from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.space import SubnetSpec
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
 
 
 def test_visual_tokens_ranked_by_attention_received_in_original_order():
