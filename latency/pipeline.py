@@ -38,6 +38,7 @@ class ProfileOptions:
     repeats: int = 30
     threads: int | None = None
     clock: str = "wall"
+    passes: int = 1
     holdout: float = 0.2
     fit_only: bool = False
     seed: int = 0
@@ -138,9 +139,12 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
             "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
             "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
             "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
+            "passes": options.passes,
         })
+        if options.passes < 1:
+            raise InputError(f"--passes {options.passes} must be at least 1")
         settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
-                                  threads=hw.threads, clock=options.clock)
+                                  threads=hw.threads, clock=options.clock, passes=options.passes)
         steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed)
         log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)

@@ -41,3 +41,17 @@ def test_programming_errors_are_not_swallowed(tmp_path) -> None:
     with pytest.raises(TypeError, match="a bug"):
         run_profile(Broken(hidden=32), build_plan(SPACE, [24]), ProfileStore(tmp_path / "p.csv"),
                     detect_hardware("cpu", threads=1), FAST, show_progress=False)
+
+
+def test_interleaved_passes_pool_their_samples(tmp_path) -> None:
+    keys = build_plan(SPACE, [24, 40], verify_ks=(2,))
+    store = ProfileStore(tmp_path / "profile.csv")
+    settings = TimingSettings(warmup=1, min_repeats=3, repeats=6, budget_s=5.0, threads=1,
+                              passes=3, chunk=4)
+    result = run_profile(ToyBuilder(hidden=32, heads=8, visual_tokens=8, fail_heads=8), keys, store,
+                         detect_hardware("cpu", threads=1), settings, show_progress=False)
+    rows = store.read()
+    assert result.measured == len(rows) == len(keys) and result.failed == 4
+    ok = rows[rows.status == "ok"]
+    assert (ok.n_samples == 6).all()  # 3 passes x 2 repeats, pooled into one row per key
+    assert all(len(s.split()) == 6 for s in ok.samples_ms)
