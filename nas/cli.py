@@ -26,7 +26,11 @@ log = logging.getLogger("dreams_nas")
 
 # Subcommand name -> its module. Each feature adds its line here.
 COMMANDS: dict[str, str] = {
+    "data": "dreams_nas.nas.commands.data",
+    "target": "dreams_nas.nas.commands.target",
+    "train": "dreams_nas.nas.commands.train",
     "generate": "dreams_nas.nas.commands.generate",
+    "profile": "dreams_nas.nas.commands.profile",
     "report": "dreams_nas.nas.commands.report",
 }
 

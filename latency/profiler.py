@@ -1,0 +1,184 @@
+"""Time every planned step on one device and append each row to the profile as it is measured.
+
+The profiler knows nothing about models: a `StepBuilder` turns a `StepKey` into a callable
+that runs that one step (state such as a prefilled KV cache is set up by the builder and
+restored by the callable, so every repeat times the same work).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .hardware import CpuFreqProbe, HardwareInfo, NvmlDevice, cpu_throttle_probe
+from .plan import StepKey
+from .store import ProfileStore, make_row
+from .timing import Timing, measure
+
+log = logging.getLogger("dreams_nas.latency")
+
+
+class StepBuilder(Protocol):
+    """Builds the callable that runs one step of `key` on the builder's device."""
+
+    visual_tokens: int  # visual tokens in one prompt of the target (for featurisation)
+
+    def build(self, key: StepKey) -> Callable[[], object]: ...
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    warmup: int = 3
+    min_repeats: int = 5
+    repeats: int = 30  # at most this many timed repeats per step
+    budget_s: float = 2.0  # ... or until this many seconds have passed
+    threads: int | None = None  # CPU: fixed torch thread count (None: leave as is)
+    clock: str = "wall"  # CPU: "wall" (perf_counter) or "cpu" (thread CPU time, threads=1)
+    passes: int = 1  # > 1: interleave the repeats of `chunk` keys over this many passes
+    chunk: int = 16  # keys timed together (and appended together) when passes > 1
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    measured: int  # rows written by this call
+    skipped: int  # keys already in the profile (resumed)
+    failed: int  # rows written with status oom/failed
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def run_profile(
+    builder: StepBuilder,
+    keys: Sequence[StepKey],
+    store: ProfileStore,
+    hw: HardwareInfo,
+    settings: TimingSettings = TimingSettings(),
+    *,
+    show_progress: bool | None = None,
+    shuffle_seed: int | None = 0,
+) -> ProfileResult:
+    """Time each key not yet in `store` and append its row at once (kill-safe, resumable).
+
+    With ``settings.passes > 1`` keys are timed in blocks of ``settings.chunk`` whose repeats
+    are interleaved over the passes (see `_time_block`); a block's rows are appended together,
+    so a kill loses at most the block in flight.
+
+    The keys are timed in an order shuffled by `shuffle_seed` (None: as given), so that a slow
+    drift of the machine (other load, heat) spreads over the grid as noise instead of
+    correlating with one axis of it.
+
+    A step that runs out of memory is recorded with status ``oom`` (``failed`` for other
+    runtime errors) and profiling goes on.
+    """
+    from dreams_nas.supernet.progress import progress
+
+    done = store.done_keys()
+    todo = [k for k in keys if k.ident not in done]
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(len(todo))
+        todo = [todo[i] for i in order]
+    skipped = len(keys) - len(todo)
+    if skipped:
+        log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
+    measured = failed = 0
+    cuda_index = int(hw.device.split(":")[1]) if hw.kind == "cuda" else None
+    cpu_probe = CpuFreqProbe() if cpu_throttle_probe() is not None else None
+    with NvmlDevice(cuda_index) if cuda_index is not None else _NoProbe(cpu_probe) as probe:
+        bar = progress(total=len(todo), desc=f"profile {hw.hardware_id}", unit="step",
+                       disable=None if show_progress is None else not show_progress)
+        try:
+            size = 1 if settings.passes <= 1 else max(1, settings.chunk)
+            for start in range(0, len(todo), size):
+                block = todo[start:start + size]
+                key = block[0]
+                bar.set_postfix_str(f"{key.kind} {key.spec_id or ''} ctx={key.context_len} k={key.k}")
+                rows = _time_block(builder, block, hw, settings, probe)
+                measured += store.append(rows)
+                failed += sum(row["status"] != "ok" for row in rows)
+                bar.update(len(block))
+        finally:
+            bar.close()
+    return ProfileResult(measured=measured, skipped=skipped, failed=failed)
+
+
+def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo,
+                settings: TimingSettings, probe: NvmlDevice | CpuFreqProbe | None) -> list[dict]:
+    """Rows of `block`: each key timed in `settings.passes` interleaved passes (a pass times
+    every key of the block once with its share of the repeats), so that the machine's drift
+    over the block's time spreads over all its keys; the samples of the passes are pooled."""
+    passes = max(1, settings.passes)
+    share = TimingSettings(
+        warmup=settings.warmup, min_repeats=math.ceil(settings.min_repeats / passes),
+        repeats=math.ceil(settings.repeats / passes), budget_s=settings.budget_s / passes,
+        threads=settings.threads, clock=settings.clock)
+    timings: dict[tuple, list[Timing]] = {k.ident: [] for k in block}
+    failures: dict[tuple, dict] = {}
+    for p in range(passes):
+        for key in (block if p % 2 == 0 else block[::-1]):
+            if key.ident not in failures:
+                result = _time_one(builder, key, hw, share, probe)
+                if isinstance(result, dict):
+                    failures[key.ident] = result
+                else:
+                    timings[key.ident].append(result)
+    rows = []
+    for key in block:
+        if key.ident in failures:
+            rows.append(failures[key.ident])
+            continue
+        parts = timings[key.ident]
+        pooled = Timing(samples_ms=tuple(s for t in parts for s in t.samples_ms),
+                        warmup=sum(t.warmup for t in parts),
+                        throttled=any(t.throttled for t in parts),
+                        clock_mhz=tuple(c for t in parts for c in t.clock_mhz))
+        rows.append(make_row(hw, key, pooled, clock=settings.clock))
+    return rows
+
+
+def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: TimingSettings,
+              probe: NvmlDevice | CpuFreqProbe | None) -> Timing | dict:
+    """The step's timing, or the row recording why it could not be timed."""
+    try:
+        step = builder.build(key)
+        timing = measure(step, device=hw.device, warmup=settings.warmup,
+                         min_repeats=settings.min_repeats, max_repeats=settings.repeats,
+                         budget_s=settings.budget_s, threads=settings.threads, probe=probe,
+                         clock=settings.clock if hw.kind == "cpu" else "wall")
+        del step
+        return timing
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        status = "oom" if isinstance(exc, MemoryError) or _is_oom(exc) else "failed"
+        log.warning("%s step %s at context %d, k=%d: %s (%s); recorded, continuing",
+                    key.kind, key.spec_id, key.context_len, key.k, status, exc)
+        _free_cuda(hw)
+        return make_row(hw, key, None, status=status, error=f"{type(exc).__name__}: {exc}",
+                        clock=settings.clock)
+
+
+def _free_cuda(hw: HardwareInfo) -> None:
+    if hw.kind == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+class _NoProbe:
+    """Stands in for the NVML context on the CPU (yields the cpufreq probe, if any)."""
+
+    def __init__(self, probe: CpuFreqProbe | None = None) -> None:
+        self.probe = probe
+
+    def __enter__(self) -> CpuFreqProbe | None:
+        return self.probe
+
+    def __exit__(self, *exc: object) -> None:
+        return None
