@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
 from dreams_nas.supernet.acceptance_table import AcceptanceRow
 from dreams_nas.supernet.space import SubnetSpec
 

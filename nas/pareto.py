@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
-
 from dreams_nas.supernet.errors import InputError
+from numpy.typing import ArrayLike, NDArray
 
 _DIRECTIONS = ("maximize", "minimize")
 _CHUNK = 1024  # rows compared at once: bounds memory at _CHUNK * n * m booleans

@@ -37,6 +37,9 @@ class CachedAcceptance:
     def rows(self, specs: Sequence[SubnetSpec], *, show_progress: bool | None = None,
              desc: str = "scoring acceptance") -> list[AcceptanceRow]:
         missing = [s for s in dict.fromkeys(specs) if s not in self._rows]
+        if missing and self.table is not None:
+            self.refresh()  # another worker may have scored them since we loaded
+            missing = [s for s in missing if s not in self._rows]
         if missing:
             bar = progress(total=len(missing), desc=desc, unit="subnet",
                            disable=None if show_progress is None else not show_progress)

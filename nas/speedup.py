@@ -13,9 +13,8 @@ scalars). A NaN input gives NaN for that element; a non-positive cycle time is a
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
-
 from dreams_nas.supernet.errors import InputError
+from numpy.typing import ArrayLike, NDArray
 
 
 def expected_speedup(
