@@ -333,16 +333,23 @@ class StudyRunner:
 def _make_storage(url: str | None) -> optuna.storages.BaseStorage:
     if url is None:
         return optuna.storages.InMemoryStorage()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=60,
-                grace_period=300,
-            )
-    except Exception as exc:  # noqa: BLE001 - any driver/connection error becomes one line
-        raise InputError(
-            f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: {exc}; give a "
-            "storage URL such as sqlite:///dreams-run/search/<hw>/study.db or "
-            "postgresql://user:pass@host/db"
-        ) from None
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=60,
+                    grace_period=300,
+                )
+        except Exception as exc:  # noqa: BLE001 - any driver/connection error becomes one line
+            # Workers starting together on a fresh database race to create Optuna's tables;
+            # the losers see a unique violation and find the tables there on the next try.
+            if "UniqueViolation" in repr(exc) or "already exists" in str(exc):
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            raise InputError(
+                f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: {exc}; give a "
+                "storage URL such as sqlite:///dreams-run/search/<hw>/study.db or "
+                "postgresql://user:pass@host/db"
+            ) from None
+    raise InputError(f"cannot create Optuna's tables in {url!r} after 5 tries; retry the command")

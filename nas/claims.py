@@ -71,7 +71,13 @@ class ClaimLedger:
         self.worker = f"{self.host}:{self.pid}:{id(self):x}"
         connect_args = {"timeout": 60} if url.startswith("sqlite") else {}
         self._engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-        _metadata.create_all(self._engine, checkfirst=True)
+        for attempt in range(5):
+            try:
+                _metadata.create_all(self._engine, checkfirst=True)
+                break
+            except (sa_exc.IntegrityError, sa_exc.ProgrammingError):
+                # another worker created the table between our check and our CREATE
+                time.sleep(0.2 * (attempt + 1))
 
     def close(self) -> None:
         self._engine.dispose()
