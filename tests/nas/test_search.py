@@ -3,8 +3,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from dreams_nas.nas.search import best_candidate, pareto_front, search
 from dreams_nas.nas.scoring import CachedAcceptance
+from dreams_nas.nas.search import best_candidate, pareto_front, search
 from dreams_nas.nas.speedup import expected_speedup
 from dreams_nas.supernet.acceptance_table import AcceptanceTable
 from dreams_nas.supernet.errors import InputError
