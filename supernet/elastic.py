@@ -1,0 +1,143 @@
+"""Elastic attention: maximal weights, sliced on use, heads sorted by importance.
+
+Every attention layer of the draft holds the weights of its *largest* configuration
+(`num_heads` heads). A subnet with `heads = h` uses the first `h` heads only, by slicing the
+projection weights (`weight[: h * head_dim]` for q/k/v, `weight[:, : h * head_dim]` for o), so
+its matrix products really are smaller (once-for-all's "good half"). Heads are sorted by
+importance (|gradient x weight| summed over each head's weights, accumulated over calibration
+batches) and the weights reordered, so every smaller subnet is a prefix of a bigger one.
+
+The module holds no "active" state: the number of heads is an argument of every call and the
+draft model decides it in one place (`DreamDraft.set_active`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin tables for rotary position embedding.
+
+    position_ids: (batch, seq) -> cos, sin: (batch, 1, seq, head_dim)
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
+                                             dtype=torch.float32) / head_dim))
+    freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (batch, seq, head_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (batch, heads, seq, head_dim); cos/sin: (batch, 1, seq, head_dim)."""
+    return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+
+
+class ElasticAttention(nn.Module):
+    """Multi-head attention whose head count is chosen per call (a prefix of the heads).
+
+    Queries come from `x`, keys/values from `x` (self-attention) or from a memory (cross-
+    attention); the caller handles rotary embedding and caching through `project_q`,
+    `project_kv` and `attend`.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        inner = num_heads * head_dim
+        self.q_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.k_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.v_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.o_proj = nn.Linear(inner, hidden_size, bias=False)
+
+    def _check(self, heads: int) -> int:
+        if not 1 <= heads <= self.num_heads:
+            raise ValueError(
+                f"heads={heads} is outside this attention's 1..{self.num_heads} heads; "
+                "pick a subnet from the supernet's search space"
+            )
+        return heads * self.head_dim
+
+    def _split(self, x: Tensor, heads: int) -> Tensor:
+        b, t, _ = x.shape  # (batch, seq, heads * head_dim)
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
+
+    def project_q(self, x: Tensor, heads: int) -> Tensor:
+        """x: (batch, seq, hidden) -> (batch, heads, seq, head_dim), first `heads` heads only."""
+        inner = self._check(heads)
+        return self._split(F.linear(x, self.q_proj.weight[:inner]), heads)
+
+    def project_kv(self, x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+        """x: (batch, seq, hidden) -> keys, values: (batch, heads, seq, head_dim)."""
+        inner = self._check(heads)
+        k = F.linear(x, self.k_proj.weight[:inner])
+        v = F.linear(x, self.v_proj.weight[:inner])
+        return self._split(k, heads), self._split(v, heads)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q: (batch, heads, seq, head_dim); k, v: (batch, heads, keys, head_dim);
+        mask: bool (batch, 1, seq, keys), True = may attend. Returns (batch, seq, hidden)."""
+        heads = q.shape[1]
+        inner = self._check(heads)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, inner)
+        return F.linear(out, self.o_proj.weight[:, :inner])
+
+    # --- importance sorting ---------------------------------------------------------
+    def head_importance(self) -> Tensor:
+        """|grad x weight| summed over each head's q/k/v rows and o columns -> (num_heads,).
+
+        Needs `.grad` on the four projections (call after `loss.backward()`).
+        """
+        d = self.head_dim
+        total = torch.zeros(self.num_heads, device=self.q_proj.weight.device)
+        for lin in (self.q_proj, self.k_proj, self.v_proj):
+            if lin.weight.grad is None:
+                raise RuntimeError("head_importance needs gradients; run backward() first")
+            score = (lin.weight.grad * lin.weight).abs().detach()  # (heads*d, hidden)
+            total += score.view(self.num_heads, d, -1).sum(dim=(1, 2))
+        o = self.o_proj.weight
+        if o.grad is None:
+            raise RuntimeError("head_importance needs gradients; run backward() first")
+        score = (o.grad * o).abs().detach()  # (hidden, heads*d)
+        total += score.view(-1, self.num_heads, d).sum(dim=(0, 2))
+        return total
+
+    def head_permutation_index(self, order: Tensor) -> Tensor:
+        """Row index over (heads*head_dim) that puts head order[i] in slot i."""
+        d = self.head_dim
+        return (order[:, None] * d + torch.arange(d, device=order.device)).reshape(-1)
+
+    def permuted_params(self) -> list[tuple[nn.Parameter, int]]:
+        """(parameter, dim) pairs whose `dim` runs over heads*head_dim."""
+        return [(self.q_proj.weight, 0), (self.k_proj.weight, 0), (self.v_proj.weight, 0),
+                (self.o_proj.weight, 1)]
+
+    @torch.no_grad()
+    def permute_heads(self, order: Tensor) -> Tensor:
+        """Reorder heads in place so head `order[i]` becomes head i; returns the row index.
+
+        The attention's output is unchanged (heads are summed after o_proj), only which
+        heads a smaller subnet keeps changes.
+        """
+        if sorted(order.tolist()) != list(range(self.num_heads)):
+            raise ValueError(f"order={order.tolist()} is not a permutation of 0..{self.num_heads - 1}")
+        index = self.head_permutation_index(order)
+        for param, dim in self.permuted_params():
+            param.copy_(param.index_select(dim, index))
+        return index
+
+
+def importance_order(importance: Tensor) -> Tensor:
+    """Head indices sorted by decreasing importance (ties: lower index first)."""
+    return torch.sort(importance, descending=True, stable=True).indices

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
+from dreams_nas.supernet.draft import (
+    DraftCache,
+    gather_rows,
+    keep_count,
+    select_memory_positions,
+)
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.space import SubnetSpec
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+
+def test_visual_tokens_ranked_by_attention_received_in_original_order():
+    visual = torch.tensor([[False, True, True, True, True, False]])
+    scores = torch.tensor([[9.0, 0.1, 0.9, 0.2, 0.8, 9.0]])  # received attention
+    prompt = torch.ones_like(visual)
+    keep = select_memory_positions(visual, scores, prompt, 0.5)
+    assert keep.tolist() == [[True, False, True, False, True, True]]
+    pos = torch.arange(6, dtype=torch.float32)[None, :, None]
+    states, mask = gather_rows(pos, keep)
+    assert states[0, :, 0].tolist() == [0.0, 2.0, 4.0, 5.0]  # original order
+    assert mask.all()
+    assert keep_count(6, 0.25) == 2 and keep_count(1, 0.25) == 1 and keep_count(0, 0.5) == 0
+
+
+def test_memory_shrinks_with_visual_keep():
+    model = tiny_draft()
+    layer_hidden, visual, scores = tiny_prompt(num_visual=8)
+    lengths = []
+    for keep in (0.25, 0.5, 1.0):
+        with model.using(SubnetSpec(4, keep, 2, 1)):
+            lengths.append(model.memory(layer_hidden, visual, scores).length)
+    assert lengths == [4 + 2, 4 + 4, 4 + 8]
+
+
+def _inputs(seq: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50, (1, seq), generator=gen)
+    prev = torch.randn(1, seq, HIDDEN, generator=gen)
+    pos = torch.arange(10, 10 + seq)[None]
+    return ids, prev, pos
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_cached_incremental_forward_equals_one_pass_and_crop_rolls_back(heads):
+    model = tiny_draft()
+    spec = SubnetSpec(heads, 0.5, 1, 3)
+    layer_hidden, visual, scores = tiny_prompt()
+    ids, prev, pos = _inputs(7)
+    with model.using(spec), torch.no_grad():
+        memory = model.memory(layer_hidden, visual, scores)
+        full = model(ids, prev, pos, memory).feature
+        cache = DraftCache()
+        a = model(ids[:, :4], prev[:, :4], pos[:, :4], memory, cache=cache).feature
+        b = model(ids[:, 4:5], prev[:, 4:5], pos[:, 4:5], memory, cache=cache).feature
+        assert cache.length == 5
+        cache.crop(4)
+        c = model(ids[:, 4:], prev[:, 4:], pos[:, 4:], memory, cache=cache).feature
+    torch.testing.assert_close(torch.cat((a, c), 1), full)
+    torch.testing.assert_close(b, full[:, 4:5])
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(99)
+
+
+def test_padding_does_not_change_real_positions():
+    model = tiny_draft()
+    layer_hidden, visual, scores = (t.expand(2, *t.shape[1:]) for t in tiny_prompt())
+    ids, prev, pos = _inputs(6)
+    ids2, prev2, pos2 = (torch.cat((t, t)) for t in (ids, prev, pos))
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[1, 4:] = False
+    with torch.no_grad():
+        memory = model.memory(layer_hidden, visual, scores)
+        out = model(ids2, prev2, pos2, memory, attention_mask=mask).feature
+    torch.testing.assert_close(out[1, :4], out[0, :4])
+
+
+def test_closed_gates_make_the_memory_irrelevant_at_init():
+    model = tiny_draft(open_gates=False)
+    ids, prev, pos = _inputs(5)
+    outs = []
+    for seed in (0, 1):
+        layer_hidden, visual, scores = tiny_prompt(seed=seed)
+        with torch.no_grad():
+            outs.append(model(ids, prev, pos, model.memory(layer_hidden, visual, scores)).feature)
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_active_subnet_is_validated_and_restored():
+    model = tiny_draft()
+    full = model.active
+    with model.using(SubnetSpec(2, 0.5, 1, 3)):
+        assert model.active.heads == 2
+    assert model.active == full
+    with pytest.raises(InputError, match="inject_layer=3 is not one this draft was trained for"):
+        model.set_active(SubnetSpec(2, 0.5, 3, 3))
+    with pytest.raises(InputError, match="heads=8 is outside 1..4"):
+        model.set_active(SubnetSpec(8, 0.5, 1, 3))
+
+
+def test_shared_modules_are_not_parameters():
+    model = tiny_draft()
+    names = [n for n, _ in model.named_parameters()]
+    assert not any("embed" in n or "lm_head" in n for n in names)
+    assert model.num_params(SubnetSpec(1, 1.0, 1, 1)) < model.num_params(SubnetSpec(4, 1.0, 1, 1))

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt, tiny_shared
+from dreams_nas.supernet.draft import DraftCache, DraftConfig, DreamDraft
+from dreams_nas.supernet.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.extract import CompactDraft, extract
+from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.store import load_supernet, read_supernet_config, save_supernet
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+SPECS = [SubnetSpec(1, 0.25, 1, 1), SubnetSpec(2, 0.5, 2, 3), SubnetSpec(3, 0.75, 1, 5),
+         SubnetSpec(4, 1.0, 2, 7)]
+
+
+def _features(model: DreamDraft, seed: int = 3) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 50, (1, 6), generator=gen)
+    prev = torch.randn(1, 6, HIDDEN, generator=gen)
+    pos = torch.arange(12, 18)[None]
+    layer_hidden, visual, scores = tiny_prompt(num_visual=8)
+    with torch.no_grad():
+        memory = model.memory(layer_hidden, visual, scores)
+        cache = DraftCache()
+        first = model(ids[:, :5], prev[:, :5], pos[:, :5], memory, cache=cache).feature
+        last = model(ids[:, 5:], prev[:, 5:], pos[:, 5:], memory, cache=cache).feature
+    return model.logits(torch.cat((first, last), 1))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_extracted_draft_equals_the_supernet_with_that_spec_active(spec):
+    supernet = tiny_draft()
+    with supernet.using(spec):
+        expected = _features(supernet)
+    compact = extract(supernet, spec)
+    assert isinstance(compact, CompactDraft)
+    assert compact.config.num_heads == spec.heads
+    assert compact.config.inject_layers == (spec.inject_layer,)
+    torch.testing.assert_close(_features(compact), expected)
+    assert supernet.active == supernet.config.largest()  # extraction leaves the supernet as it was
+
+
+def test_round_trip_without_the_supernet(tmp_path):
+    spec = SPECS[1]
+    compact = extract(tiny_draft(), spec)
+    expected = _features(compact)
+    compact.save_pretrained(tmp_path / "spec")
+    assert {p.name for p in (tmp_path / "spec").iterdir()} == {"draft.safetensors", "config.json"}
+    loaded = CompactDraft.from_pretrained(tmp_path / "spec", tiny_shared(0))
+    assert loaded.spec == spec
+    torch.testing.assert_close(_features(loaded), expected)
+    with pytest.raises(InputError, match="cannot run"):
+        loaded.set_active(SubnetSpec(1, 1.0, 2, 7))
+    loaded.set_active(spec.replace(draft_len=2))  # gamma is inference-only
+    with pytest.raises(MissingArtefactError, match="no extracted draft"):
+        CompactDraft.from_pretrained(tmp_path / "nothing")
+
+
+def test_supernet_store_round_trip(tmp_path):
+    model = tiny_draft()
+    digest = save_supernet(model, tmp_path / "supernet")
+    assert len(digest) == 16
+    assert read_supernet_config(tmp_path / "supernet") == model.config
+    loaded = load_supernet(tmp_path / "supernet", tiny_shared(0))
+    with loaded.using(SPECS[2]), model.using(SPECS[2]):
+        torch.testing.assert_close(_features(loaded), _features(model))
+
+
+def test_parameter_count_and_step_time_shrink():
+    counts = [sum(p.numel() for p in extract(tiny_draft(), s).parameters()) for s in SPECS]
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+    assert [extract(tiny_draft(), s).num_params() for s in SPECS] == counts
+    # a wider draft and a long visual memory, so timing differences dwarf noise
+    cfg = DraftConfig(hidden_size=256, num_heads=8, head_dim=32, intermediate_size=256,
+                      vocab_size=50, inject_layers=(1,), num_target_layers=1)
+    torch.manual_seed(0)
+    big = DreamDraft(cfg, None)
+    big.attach(_wide_shared())
+    layer_hidden = torch.randn(1, 2048, 256)
+    visual = torch.zeros(1, 2048, dtype=torch.bool)
+    visual[:, 8:] = True
+    scores = torch.rand(1, 2048)
+
+    def step_ms(spec: SubnetSpec) -> float:
+        model = extract(big, spec)
+        ids, prev, pos = torch.tensor([[1]]), torch.randn(1, 1, 256), torch.tensor([[3000]])
+        with torch.no_grad():
+            memory = model.memory(layer_hidden, visual, scores)
+            times = []
+            for _ in range(15):
+                start = time.perf_counter()
+                model(ids, prev, pos, memory, cache=DraftCache())
+                times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2] * 1e3
+
+    full = step_ms(SubnetSpec(8, 1.0, 1, 1))
+    assert step_ms(SubnetSpec(8, 0.25, 1, 1)) < 0.9 * full
+    assert step_ms(SubnetSpec(1, 1.0, 1, 1)) < 0.9 * full
+
+
+def _wide_shared():
+    from dreams_nas.supernet.draft import SharedTargetModules
+    from torch import nn
+
+    return SharedTargetModules(nn.Embedding(50, 256), nn.Linear(256, 50, bias=False))

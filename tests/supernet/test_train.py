@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
+from dreams_nas.supernet.batching import collate
+from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.features import TargetSample
+from dreams_nas.supernet.selfdistill import collect_samples, measure_aifd, regenerate_answers
+from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.train import TrainConfig, evaluate_losses, step_specs, train_supernet
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+LAYERS = (1, 2, 4)
+
+
+@pytest.fixture(scope="module")
+def target_data():
+    target = tiny_llava()
+    prompts = tiny_prompts(12)
+    answers = regenerate_answers(target, prompts, max_new_tokens=8, show_progress=False)
+    aifd = measure_aifd(target, prompts[:4], answers[:4])
+    samples = collect_samples(target, prompts, answers, LAYERS, aifd.chosen, show_progress=False)
+    return target, samples, aifd
+
+
+def _draft(target, seed=0) -> DreamDraft:
+    shared = SharedTargetModules(target.get_input_embeddings(), target.lm_head)
+    cfg = DraftConfig.for_target(target.config.text_config, LAYERS)
+    return DreamDraft.initialised(cfg, shared, seed)
+
+
+def test_self_distillation_data_are_the_targets_greedy_answers(target_data):
+    target, samples, aifd = target_data
+    s: TargetSample = samples[0]
+    prompt = tiny_prompts(1)[0]
+    ref = target.generate(**prompt, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    answer = s.input_ids[s.prompt_len:]
+    assert torch.equal(ref[0, prompt["input_ids"].shape[1]:][: answer.numel()], answer)
+    assert s.visual_mask.sum() == 16 and s.visual_scores[~s.visual_mask].abs().sum() == 0
+    assert (s.visual_scores[s.visual_mask] > 0).all()
+    logits = target(**{**prompt, "input_ids": s.input_ids[None],
+                       "attention_mask": torch.ones(1, s.input_ids.numel(), dtype=torch.long)}).logits
+    torch.testing.assert_close(target.lm_head(s.last_hidden), logits[0], atol=1e-4, rtol=1e-4)
+    assert len(aifd.ae) == 4 and aifd.chosen[0] in (2, 3)
+
+
+def test_training_lowers_every_loss_term(target_data):
+    target, samples, aifd = target_data
+    draft = _draft(target)
+    batches = [collate(samples[i:i + 4]) for i in range(0, 12, 4)]
+    spec = SubnetSpec(4, 1.0, 2, 1)
+    before = evaluate_losses(draft, batches, spec, aifd.chosen)
+    config = TrainConfig(warmup_steps=25, multires_steps=15, batch_size=4, lr=3e-3,
+                         lr_warmup_steps=3, checkpoint_every=100)
+    out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False)
+    after = evaluate_losses(draft, batches, spec, aifd.chosen)
+    for key in ("kl", "distill", "feat", "loss"):
+        assert after[key] < 0.8 * before[key], (key, before, after)
+    assert len(out.loss_curve) == 40 and out.head_orders is not None
+    small = evaluate_losses(draft, batches, SubnetSpec(1, 0.25, 1, 1), aifd.chosen)
+    assert small["kl"] < before["kl"]
+
+
+def test_resume_after_kill_equals_uninterrupted(target_data, tmp_path):
+    target, samples, aifd = target_data
+    config = TrainConfig(warmup_steps=5, multires_steps=5, batch_size=4, lr_warmup_steps=2,
+                         checkpoint_every=3)
+    reference = _draft(target)
+    ref_out = train_supernet(reference, samples, aifd.chosen, config, tmp_path / "a",
+                             show_progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_7(step, _losses):
+        if step == 7:  # checkpoints at 3 and 6: the resumed run redoes step 7
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_supernet(_draft(target), samples, aifd.chosen, config, tmp_path / "b",
+                       on_step=kill_at_7, show_progress=False)
+    resumed = _draft(target, seed=123)  # whatever the init: the checkpoint overrides it
+    out = train_supernet(resumed, samples, aifd.chosen, config, tmp_path / "b", show_progress=False)
+    assert out.resumed_from == 6 and out.steps_run == 4
+    assert out.loss_curve == ref_out.loss_curve
+    for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+    again = train_supernet(resumed, samples, aifd.chosen, config, tmp_path / "b", show_progress=False)
+    assert again.steps_run == 0
+    other = TrainConfig(warmup_steps=5, multires_steps=6, batch_size=4, checkpoint_every=3)
+    with pytest.raises(InputError, match="belongs to another training set-up"):
+        train_supernet(_draft(target), samples, aifd.chosen, other, tmp_path / "b",
+                       show_progress=False)
+
+
+def test_sandwich_rule_and_warmup_specs(target_data):
+    draft = _draft(target_data[0])
+    from dreams_nas.supernet.train import training_space
+
+    space = training_space(draft)
+    config = TrainConfig(warmup_steps=2, multires_steps=2, random_subnets=2)
+    warm = step_specs(draft, space, 0, config)
+    assert len(warm) == 1 and warm[0].heads == 4 and warm[0].visual_keep == 1.0
+    multi = step_specs(draft, space, 2, config)
+    assert len(multi) == 4
+    assert (multi[0].heads, multi[0].visual_keep) == (4, 1.0)
+    assert (multi[1].heads, multi[1].visual_keep) == (1, 0.25)
+    layers = {s.inject_layer for step in range(40) for s in step_specs(draft, space, step, config)}
+    assert layers == set(LAYERS)
+    with pytest.raises(InputError, match="train for at least one step"):
+        TrainConfig(warmup_steps=0, multires_steps=0)
