@@ -1,0 +1,215 @@
+"""Fit, evaluate, save and load one hardware id's latency predictor.
+
+Saved next to the profile, in ``latency/<hardware-id>/``:
+
+* ``predictor.joblib``     the fitted pipeline (fast to load, tied to the scikit-learn version);
+* ``predictor_train.csv``  the rows it was fitted on (what makes it reproducible);
+* ``predictor.json``       regressor, CV scores, held-out metrics and rows, library versions.
+
+Pickles break across scikit-learn versions (nn-Meter's did), so `LatencyPredictor.load` refits
+from the saved rows when the recorded version differs from the installed one, or when the
+joblib file cannot be read, and rewrites the joblib file.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from dreams_nas.supernet.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+)
+from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.versions import library_versions
+
+from .predictor import chosen_regressor, latency_metrics, make_latency_model
+
+log = logging.getLogger("dreams_nas.latency")
+TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
+                 "context_len", "k", "median_ms")
+PREDICTOR_SCHEMA_VERSION = 1
+
+
+def holdout_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, holdout): `fraction` of each kind's rows held out at random."""
+    if not 0.0 <= fraction < 1.0:
+        raise InputError(f"holdout fraction {fraction} must be in [0, 1)")
+    rng = np.random.default_rng(seed)
+    hold = np.zeros(len(frame), dtype=bool)
+    for kind in sorted(set(frame["kind"])):
+        idx = np.flatnonzero((frame["kind"] == kind).to_numpy())
+        n = int(round(fraction * len(idx)))
+        if len(idx) - n < 2:
+            n = max(0, len(idx) - 2)
+        hold[rng.choice(idx, size=n, replace=False)] = True
+    return ~hold, hold
+
+
+@dataclass
+class LatencyPredictor:
+    """A fitted predictor of one hardware id, with how well it predicted unseen rows."""
+
+    hardware_id: str
+    model: Any  # the fitted sklearn Pipeline
+    train_rows: pd.DataFrame
+    visual_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    holdout: list[dict[str, Any]] = field(default_factory=list)
+    n_holdout: int = 0
+    seed: int = 0
+
+    # --- prediction ---------------------------------------------------------------------
+    def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
+        """Milliseconds for rows with columns kind, heads, visual_keep, context_len, k."""
+        return np.asarray(self.model.predict(rows), dtype=float)
+
+    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        """One draft step of each spec (its inject_layer and draft_len do not change it)."""
+        rows = pd.DataFrame({"kind": "draft", "heads": [s.heads for s in specs],
+                             "visual_keep": [s.visual_keep for s in specs],
+                             "context_len": int(context_len), "k": 1})
+        return self.predict_rows(rows)
+
+    def target_ms(self, k: int | Sequence[int], context_len: int) -> np.ndarray | float:
+        """The target's step over k positions (k = 1: decode; k = gamma + 1: verify)."""
+        ks = np.atleast_1d(np.asarray(k, dtype=int))
+        rows = pd.DataFrame({"kind": np.where(ks == 1, "decode", "verify"), "heads": np.nan,
+                             "visual_keep": np.nan, "context_len": int(context_len), "k": ks})
+        out = self.predict_rows(rows)
+        return float(out[0]) if np.ndim(k) == 0 else out
+
+    def decode_ms(self, context_len: int) -> float:
+        return float(self.target_ms(1, context_len))
+
+    def verify_ms(self, k: int, context_len: int) -> float:
+        return float(self.target_ms(k, context_len))
+
+    # --- fitting ------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, rows: pd.DataFrame, hardware_id: str, *, visual_tokens: int = 0,
+            holdout: float = 0.2, seed: int = 0, candidates: Any = None) -> LatencyPredictor:
+        """Evaluate on a held-out share of `rows`, then fit the saved model on all of them."""
+        rows = _training_frame(rows)
+        if len(rows) < 4:
+            raise InputError(
+                f"only {len(rows)} successful measurements to fit a latency predictor on; "
+                "profile more (a larger --budget or more --context-lengths)"
+            )
+        metrics: dict[str, float] = {}
+        held: list[dict[str, Any]] = []
+        n_holdout = 0
+        if holdout > 0:
+            train, hold = holdout_split(rows, holdout, seed)
+            if hold.any():
+                probe = make_latency_model(visual_tokens, candidates, random_state=seed)
+                probe.fit(rows[train], rows.loc[train, "median_ms"].to_numpy())
+                measured = rows.loc[hold, "median_ms"].to_numpy()
+                predicted = probe.predict(rows[hold])
+                metrics = latency_metrics(measured, predicted)
+                n_holdout = int(hold.sum())
+                held = [
+                    {"kind": r.kind, "spec_id": r.spec_id or None, "context_len": int(r.context_len),
+                     "k": int(r.k), "measured_ms": float(m), "predicted_ms": float(p)}
+                    for r, m, p in zip(rows[hold].itertuples(index=False), measured, predicted,
+                                       strict=True)
+                ]
+        model = make_latency_model(visual_tokens, candidates, random_state=seed)
+        model.fit(rows, rows["median_ms"].to_numpy())
+        return cls(hardware_id=hardware_id, model=model, train_rows=rows,
+                   visual_tokens=visual_tokens, metrics=metrics, holdout=held,
+                   n_holdout=n_holdout, seed=seed)
+
+    # --- persistence --------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """The predictor.json document."""
+        name, scores = chosen_regressor(self.model)
+        return {
+            "schema_version": PREDICTOR_SCHEMA_VERSION,
+            "hardware_id": self.hardware_id, "regressor": name, "cv_scores": scores,
+            "cv_metric": "rmse of log(ms), lower is better",
+            "metrics": self.metrics, "holdout": self.holdout,
+            "n_train": len(self.train_rows) - self.n_holdout, "n_holdout": self.n_holdout,
+            "n_fit": len(self.train_rows), "visual_tokens": self.visual_tokens, "seed": self.seed,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": library_versions(),
+        }
+
+    def save(self, directory: str | Path) -> Path:
+        import io
+
+        import joblib
+
+        directory = Path(directory)
+        atomic_write_text(directory / "predictor_train.csv", self.train_rows.to_csv(index=False))
+        buffer = io.BytesIO()
+        joblib.dump(self.model, buffer)
+        atomic_write_bytes(directory / "predictor.joblib", buffer.getvalue())
+        atomic_write_json(directory / "predictor.json", self.report())
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> LatencyPredictor:
+        """Load the saved predictor; refit it from its rows when scikit-learn's version changed."""
+        import joblib
+
+        directory = Path(directory)
+        meta_path = directory / "predictor.json"
+        if not meta_path.is_file():
+            raise MissingArtefactError(
+                f"no latency predictor in {directory}; run `dreams-nas profile` first"
+            )
+        meta = read_json(meta_path)
+        rows = _training_frame(pd.read_csv(directory / "predictor_train.csv",
+                                           dtype={"spec_id": str}, keep_default_na=False,
+                                           na_values={"heads": [""], "visual_keep": [""]}))
+        saved = (meta.get("versions") or {}).get("scikit-learn")
+        installed = library_versions().get("scikit-learn")
+        model = None
+        if saved == installed:
+            try:
+                model = joblib.load(directory / "predictor.joblib")
+            except Exception as exc:  # noqa: BLE001 - any unreadable pickle means: refit
+                log.warning("cannot read %s (%s); refitting from the saved rows",
+                            directory / "predictor.joblib", exc)
+        else:
+            log.warning("predictor in %s was fitted with scikit-learn %s, this is %s; refitting "
+                        "from its %d saved rows", directory, saved, installed, len(rows))
+        seed = int(meta.get("seed", 0))
+        visual_tokens = int(meta.get("visual_tokens", 0))
+        if model is None:
+            model = make_latency_model(visual_tokens, random_state=seed)
+            model.fit(rows, rows["median_ms"].to_numpy())
+        out = cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
+                  visual_tokens=visual_tokens, metrics=dict(meta.get("metrics") or {}),
+                  holdout=list(meta.get("holdout") or []), n_holdout=int(meta.get("n_holdout", 0)),
+                  seed=seed)
+        if saved != installed or not (directory / "predictor.joblib").is_file():
+            out.save(directory)
+        return out
+
+
+def _training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if "status" in frame.columns:
+        frame = frame[frame["status"] == "ok"]
+    missing = [c for c in ("kind", "heads", "visual_keep", "context_len", "k", "median_ms")
+               if c not in frame.columns]
+    if missing:
+        raise InputError(f"latency rows lack column(s) {missing}")
+    frame = frame[[c for c in TRAIN_COLUMNS if c in frame.columns]].copy()
+    frame["spec_id"] = frame.get("spec_id", "").fillna("").astype(str) if "spec_id" in frame else ""
+    for name in ("heads", "visual_keep", "median_ms"):
+        frame[name] = pd.to_numeric(frame[name], errors="coerce")
+    for name in ("context_len", "k"):
+        frame[name] = frame[name].astype(int)
+    return frame.reset_index(drop=True)

@@ -1,0 +1,201 @@
+"""What to time: the measurement keys and the sampling plan over them.
+
+Three kinds of step are timed, each at several context lengths:
+
+* ``draft``: one step of an extracted subnet. Its cost depends on `heads` and `visual_keep`
+  (sliced weights, fewer visual keys) and the context length -- not on `inject_layer` (every
+  target layer has the same width, so the cross-attention costs the same) and not on
+  `draft_len` (that is how many steps a cycle takes, not what one step costs). A draft
+  measurement therefore stands for every spec sharing its (heads, visual_keep); it is recorded
+  for the canonical spec with the largest inject_layer and draft_len of the space.
+* ``decode``: the target's one-token step (k = 1).
+* ``verify``: the target's step over k = 2..8 positions.
+
+The target steps are few (contexts x 8) and always all timed. The draft grid is
+(heads x visual_keep x context) and is timed whole unless a budget says otherwise; then the
+points are a discrete Latin hypercube over the three axes (each level of each axis used about
+equally often), always including the largest and smallest subnet at every context length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+
+KINDS = ("draft", "decode", "verify")
+DEFAULT_VERIFY_KS = tuple(range(2, 9))
+FULL_GRID_LIMIT = 256  # draft points timed whole when no budget is given
+
+
+@dataclass(frozen=True, order=True)
+class StepKey:
+    """One measurement: a kind of step, the subnet (draft only), the context length and k."""
+
+    kind: str
+    context_len: int
+    k: int = 1
+    spec: SubnetSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InputError(f"step kind {self.kind!r} is not one of {list(KINDS)}")
+        if (self.spec is None) != (self.kind != "draft"):
+            raise InputError(f"a {self.kind} step {'needs' if self.kind == 'draft' else 'takes no'} subnet spec")
+        if self.context_len < 1 or self.k < 1:
+            raise InputError(
+                f"context_len={self.context_len} and k={self.k} must both be at least 1"
+            )
+        if self.kind != "verify" and self.k != 1:
+            raise InputError(f"a {self.kind} step times one position; k={self.k} must be 1")
+
+    @property
+    def spec_id(self) -> str:
+        return "" if self.spec is None else self.spec.id
+
+    @property
+    def ident(self) -> tuple[str, str, int, int]:
+        """The resume key: (kind, spec_id, context_len, k)."""
+        return (self.kind, self.spec_id, int(self.context_len), int(self.k))
+
+
+def canonical_spec(space: SearchSpace, heads: int, visual_keep: float) -> SubnetSpec:
+    """The spec a draft measurement of (heads, visual_keep) is recorded under."""
+    return SubnetSpec(heads=heads, visual_keep=visual_keep,
+                      inject_layer=max(space.inject_layer), draft_len=max(space.draft_len))
+
+
+def resolve_budget(budget: float | int | str | None, grid_size: int) -> int:
+    """``None`` -> the whole grid (up to FULL_GRID_LIMIT); an int N -> N points; a fraction in
+    (0, 1) -> that share of the grid (rounded up)."""
+    if budget is None:
+        return min(grid_size, FULL_GRID_LIMIT)
+    try:
+        value = float(budget)
+    except (TypeError, ValueError):
+        raise InputError(
+            f"--budget {budget!r} is not a number; give a count (e.g. 40) or a fraction (e.g. 0.3)"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise InputError(f"--budget {budget!r} must be a positive count or a fraction in (0, 1)")
+    if value < 1:
+        return max(1, math.ceil(value * grid_size))
+    if value != int(value):
+        raise InputError(f"--budget {budget!r} above 1 must be a whole count of measurements")
+    return min(int(value), grid_size)
+
+
+def latin_hypercube_grid(
+    levels: Sequence[int], n: int, rng: np.random.Generator, taken: Iterable[tuple[int, ...]] = ()
+) -> list[tuple[int, ...]]:
+    """`n` distinct new grid points (index tuples) over axes with `levels[d]` levels each.
+
+    A discrete Latin hypercube: on every axis each level is used as equally often as possible
+    over the taken points and the new ones together (the taken points' use is counted first),
+    the axes' level sequences are shuffled independently and zipped; collisions are repaired by
+    swapping levels between new points (which keeps every axis balanced), and a point still
+    colliding moves to the nearest free grid point (ties broken at random).
+    """
+    grid = [tuple(int(v) for v in p) for p in np.ndindex(*levels)]
+    chosen = {tuple(int(v) for v in p) for p in taken}
+    if n + len(chosen) > len(grid):
+        raise InputError(f"cannot choose {n} more points from a grid of {len(grid)} ({len(chosen)} taken)")
+    if n == 0:
+        return []
+    total = n + len(chosen)
+    columns = []
+    for axis, count in enumerate(levels):
+        used = np.bincount([p[axis] for p in chosen], minlength=count)
+        quota = np.full(count, total // count)
+        quota[rng.choice(count, size=total % count, replace=False)] += 1
+        need = np.maximum(quota - used, 0)
+        while need.sum() > n:  # anchors overfilled some level: trim the most-needed ones
+            need[rng.choice(np.flatnonzero(need == need.max()))] -= 1
+        while need.sum() < n:
+            load = used + need
+            need[rng.choice(np.flatnonzero(load == load.min()))] += 1
+        columns.append(rng.permutation(np.repeat(np.arange(count), need)))
+    points = _repair_collisions(np.stack(columns, axis=1), chosen, rng)
+    scale = np.array([max(L - 1, 1) for L in levels], dtype=float)
+    out: list[tuple[int, ...]] = []
+    for p in points:
+        key = tuple(int(v) for v in p)
+        if key in chosen:
+            free = np.array([g for g in grid if g not in chosen])
+            dist = np.linalg.norm((free - p) / scale, axis=1)
+            best = np.flatnonzero(dist <= dist.min() + 1e-12)
+            key = tuple(int(v) for v in free[rng.choice(best)])
+        chosen.add(key)
+        out.append(key)
+    return out
+
+
+def _collisions(points: np.ndarray, taken: set[tuple[int, ...]]) -> int:
+    keys = [tuple(int(v) for v in p) for p in points]
+    return len(keys) - len(set(keys)) + sum(k in taken for k in keys)
+
+
+def _repair_collisions(points: np.ndarray, taken: set[tuple[int, ...]], rng: np.random.Generator,
+                       tries: int = 2000) -> np.ndarray:
+    """Swap one axis' levels between two points while that lowers the number of collisions."""
+    points = points.copy()
+    bad = _collisions(points, taken)
+    for _ in range(tries):
+        if bad == 0 or len(points) < 2:
+            break
+        i, j = rng.choice(len(points), size=2, replace=False)
+        axis = rng.integers(points.shape[1])
+        points[[i, j], axis] = points[[j, i], axis]
+        now = _collisions(points, taken)
+        if now <= bad:
+            bad = now
+        else:
+            points[[i, j], axis] = points[[j, i], axis]
+    return points
+
+
+def build_plan(
+    space: SearchSpace,
+    context_lengths: Sequence[int],
+    *,
+    budget: float | int | str | None = None,
+    verify_ks: Sequence[int] = DEFAULT_VERIFY_KS,
+    seed: int = 0,
+) -> list[StepKey]:
+    """Every key to time: the target's decode and verify steps at every context length, and the
+    draft points the budget allows (see the module docstring)."""
+    contexts = sorted({int(c) for c in context_lengths})
+    if not contexts or contexts[0] < 1:
+        raise InputError(f"--context-lengths {list(context_lengths)} must be positive token counts")
+    bad_k = [k for k in verify_ks if k < 2]
+    if bad_k:
+        raise InputError(f"verify k values {bad_k} must be at least 2 (k=1 is the decode step)")
+    heads, keeps = space.heads, space.visual_keep
+    levels = (len(heads), len(keeps), len(contexts))
+    grid_size = math.prod(levels)
+    n = resolve_budget(budget, grid_size)
+    top = (len(heads) - 1, len(keeps) - 1)
+    anchors = sorted({(0, 0, c) for c in range(len(contexts))} | {(*top, c) for c in range(len(contexts))})
+    if n < len(anchors) and n < grid_size:
+        raise InputError(
+            f"--budget {budget} gives {n} draft measurements, fewer than the {len(anchors)} that the "
+            f"largest and smallest subnets at {len(contexts)} context lengths need; give at least "
+            f"{len(anchors)}"
+        )
+    if n >= grid_size:
+        picks = [tuple(int(v) for v in p) for p in np.ndindex(*levels)]
+    else:
+        rng = np.random.default_rng(seed)
+        picks = anchors + latin_hypercube_grid(levels, n - len(anchors), rng, taken=anchors)
+    keys = [
+        StepKey("draft", contexts[c], 1, canonical_spec(space, heads[h], keeps[v]))
+        for h, v, c in sorted(picks)
+    ]
+    for c in contexts:
+        keys.append(StepKey("decode", c, 1))
+        keys.extend(StepKey("verify", c, int(k)) for k in sorted(set(verify_ks)))
+    return keys

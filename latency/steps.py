@@ -1,0 +1,173 @@
+"""The steps that are timed, built from real models.
+
+* ``draft``: one step of the subnet *extracted* from the DREAM-S supernet (sliced weights, so
+  fewer heads really cost less) -- embed the last token, fuse with the previous feature, the
+  three draft layers over the draft's own KV cache and the cross-attention memory of the kept
+  visual + text positions, the target's LM head, argmax. The memory's keys/values are computed
+  once per request at prefill, so they are built before timing, as the draft's cache is.
+* ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
+  already holding `context_len` positions, cropped back after each repeat.
+
+Latency does not depend on the weights' values, so an untrained supernet built from the
+target's config times the same as the trained one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+
+from .plan import StepKey
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """``auto`` is float32 on the CPU and bfloat16 on a GPU (what each is run in)."""
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if name not in DTYPES:
+        raise InputError(f"--dtype {name!r} is not supported; use auto or one of {list(DTYPES)}")
+    return DTYPES[name]
+
+
+def text_config(config: Any) -> Any:
+    return getattr(config, "text_config", None) or config
+
+
+def visual_tokens_of(config: Any) -> int:
+    """Visual tokens one image occupies in the target's prompt (0 for a text-only model)."""
+    seq = getattr(config, "image_seq_length", None)
+    vision = getattr(config, "vision_config", None)
+    if vision is not None and getattr(vision, "image_size", None) and getattr(vision, "patch_size", None):
+        patches = (int(vision.image_size) // int(vision.patch_size)) ** 2
+        strategy = getattr(config, "vision_feature_select_strategy", "default")
+        computed = patches + (1 if strategy == "full" else 0)
+        if seq is None or seq > computed * 4:  # llava's 576 default is for 336px CLIP-L/14
+            return computed
+    return int(seq or 0)
+
+
+def default_context_lengths(visual_tokens: int) -> list[int]:
+    """Prompt = image + question, growing with the answer: image + 16 .. 256 text tokens."""
+    return [visual_tokens + t for t in (16, 48, 96, 160, 256)]
+
+
+def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None) -> nn.Module:
+    """An (untrained) DREAM-S supernet for `target`, or one with `config` (a DraftConfig)."""
+    from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+
+    shared = SharedTargetModules(embed_tokens=target.get_input_embeddings(),
+                                 lm_head=target.get_output_embeddings())
+    if config is None:
+        config = DraftConfig.for_target(text_config(target.config), inject_layers=space.inject_layer,
+                                        num_heads=max(space.heads))
+    missing = [h for h in space.heads if h > config.num_heads]
+    if missing:
+        raise InputError(f"the space's heads {missing} exceed the supernet's {config.num_heads} heads")
+    param = next(target.parameters())
+    return DreamDraft(config, shared).to(device=param.device, dtype=param.dtype).eval()
+
+
+class ModelSteps:
+    """`StepBuilder` over a Hugging Face VLM target and a DREAM-S supernet on one device."""
+
+    def __init__(self, target: nn.Module, supernet: nn.Module, visual_tokens: int,
+                 seed: int = 0) -> None:
+        param = next(target.parameters())
+        self.target, self.supernet = target.eval(), supernet.eval()
+        self.device, self.dtype = param.device, param.dtype
+        self.visual_tokens = int(visual_tokens)
+        self.vocab = int(text_config(target.config).vocab_size)
+        self.hidden = int(text_config(target.config).hidden_size)
+        self.avoid = {getattr(target.config, n, None) for n in ("image_token_id", "image_token_index")}
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self._compact: tuple[tuple[int, float, int], nn.Module] | None = None
+
+    def build(self, key: StepKey) -> Callable[[], object]:
+        if key.context_len <= self.visual_tokens:
+            raise InputError(
+                f"context length {key.context_len} leaves no text after the {self.visual_tokens} "
+                f"visual tokens; use --context-lengths above {self.visual_tokens}"
+            )
+        if key.kind == "draft":
+            return self._draft_step(key)
+        return self._target_step(key)
+
+    def _ids(self, n: int) -> torch.Tensor:
+        ids = torch.randint(0, self.vocab, (1, n), generator=self.generator)
+        for bad in self.avoid - {None}:
+            ids[ids == bad] = 0  # plain text: no image placeholder without pixels
+        return ids.to(self.device)
+
+    # --- target ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _target_step(self, key: StepKey) -> Callable[[], object]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        # The KV cache's cost depends on its length, not on which positions held image tokens.
+        self.target(input_ids=self._ids(key.context_len), cache=cache, use_cache=True,
+                    logits_to_keep=1)
+        new = self._ids(key.k)
+        target, k = self.target, key.k
+
+        @torch.inference_mode()
+        def step() -> torch.Tensor:
+            logits = target(input_ids=new, cache=cache, use_cache=True).logits  # (1, k, vocab)
+            cache.crop(-k)
+            return logits.argmax(-1)
+
+        return step
+
+    # --- draft -------------------------------------------------------------------------
+    def _extracted(self, spec: SubnetSpec) -> nn.Module:
+        from dreams_nas.supernet.extract import extract
+
+        ident = (spec.heads, spec.visual_keep, spec.inject_layer)
+        if self._compact is None or self._compact[0] != ident:
+            self._compact = None  # free the previous subnet first
+            self._compact = (ident, extract(self.supernet, spec))
+        return self._compact[1]
+
+    @torch.inference_mode()
+    def _draft_step(self, key: StepKey) -> Callable[[], object]:
+        from dreams_nas.supernet.draft import DraftCache
+
+        assert key.spec is not None
+        draft = self._extracted(key.spec)
+        n_vis, ctx = self.visual_tokens, key.context_len
+        dev = self.device
+        # The prompt: BOS, the image's visual tokens, then text.
+        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
+        visual_mask[0, 1:1 + n_vis] = True
+        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
+        layer_hidden = torch.randn(1, ctx, self.hidden, generator=self.generator).to(dev, self.dtype)
+        memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
+        expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
+        assert memory is None or abs(memory.length - expected) <= 1
+        # The draft's own cache over the prompt's text positions.
+        text = int(ctx - n_vis)
+        cache = DraftCache()
+        positions = torch.arange(ctx, device=dev)[~visual_mask[0]][None]  # (1, text)
+        prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
+        out = draft(self._ids(text), prev, positions, memory, cache=cache)
+        token = self._ids(1)
+        feature = out.feature[:, -1:]  # (1, 1, hidden)
+        position = torch.tensor([[ctx]], device=dev)
+
+        @torch.inference_mode()
+        def step() -> torch.Tensor:
+            step_out = draft(token, feature, position, memory, cache=cache)
+            logits = draft.logits(step_out.feature[:, -1])  # (1, vocab)
+            cache.crop(text)
+            return logits.argmax(-1)
+
+        return step

@@ -1,0 +1,143 @@
+"""Timing one step done right: warm-up, repeats within a time budget, the right clock.
+
+* CUDA: kernels run asynchronously, so a wall clock around the call measures only the launch.
+  Each repeat records a CUDA event before and after the step on the current stream and
+  synchronises on the end event; ``elapsed_time`` is the GPU time between them.
+* CPU: ``time.perf_counter_ns`` around the call with torch's intra-op thread count fixed for the
+  whole measurement (and restored after), since the thread count changes the latency.
+
+The raw samples are kept; the summary is the median with the 10th and 90th percentiles, and a
+flag when the clock dropped or the driver reported a slowdown reason during the sample.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class ClockProbe(Protocol):
+    """Reads the chip's state between repeats (NVML on a GPU)."""
+
+    def sm_clock_mhz(self) -> int | None: ...
+
+    def throttle_mask(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Samples of one step in milliseconds and their summary."""
+
+    samples_ms: tuple[float, ...]
+    warmup: int
+    throttled: bool
+    clock_mhz: tuple[int, ...] = ()  # clocks read during the samples (empty when unknown)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def p10_ms(self) -> float:
+        return float(np.percentile(self.samples_ms, 10))
+
+    @property
+    def p90_ms(self) -> float:
+        return float(np.percentile(self.samples_ms, 90))
+
+
+@contextmanager
+def fixed_threads(threads: int | None) -> Iterator[None]:
+    """Run with exactly `threads` torch intra-op threads, restoring the previous count."""
+    import torch
+
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise ValueError(f"threads={threads} must be at least 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def measure(
+    step: Callable[[], object],
+    *,
+    device: str = "cpu",
+    warmup: int = 3,
+    min_repeats: int = 5,
+    max_repeats: int = 50,
+    budget_s: float = 1.0,
+    threads: int | None = None,
+    probe: ClockProbe | None = None,
+    clock_drop: float = 0.10,
+) -> Timing:
+    """Time `step()`: `warmup` untimed calls, then repeats until `max_repeats` or until
+    `budget_s` seconds have passed (but at least `min_repeats`).
+
+    `probe` (NVML) is read after every repeat; the timing is flagged `throttled` when a slowdown
+    reason was set or the SM clock fell more than `clock_drop` below the highest clock seen.
+    """
+    if min_repeats < 1 or max_repeats < min_repeats:
+        raise ValueError(
+            f"repeats must satisfy 1 <= min_repeats ({min_repeats}) <= max_repeats ({max_repeats})"
+        )
+    if warmup < 0 or budget_s <= 0:
+        raise ValueError(f"warmup={warmup} must be >= 0 and budget_s={budget_s} > 0")
+    on_cuda = str(device).startswith("cuda")
+    with fixed_threads(None if on_cuda else threads):
+        for _ in range(warmup):
+            step()
+        if on_cuda:
+            import torch
+
+            torch.cuda.synchronize(device)
+        samples: list[float] = []
+        clocks: list[int] = []
+        throttled = False
+        deadline = time.perf_counter() + budget_s
+        while len(samples) < max_repeats:
+            samples.append(_time_cuda(step, device) if on_cuda else _time_cpu(step))
+            if probe is not None:
+                throttled |= bool(probe.throttle_mask())
+                mhz = probe.sm_clock_mhz()
+                if mhz:
+                    clocks.append(int(mhz))
+            if len(samples) >= min_repeats and time.perf_counter() >= deadline:
+                break
+    if clocks and min(clocks) < (1.0 - clock_drop) * max(clocks):
+        throttled = True
+    return Timing(samples_ms=tuple(samples), warmup=warmup, throttled=throttled,
+                  clock_mhz=tuple(clocks))
+
+
+def _time_cpu(step: Callable[[], object]) -> float:
+    start = time.perf_counter_ns()
+    step()
+    return (time.perf_counter_ns() - start) / 1e6
+
+
+def _time_cuda(step: Callable[[], object], device: str) -> float:
+    import torch
+
+    with torch.cuda.device(device):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))

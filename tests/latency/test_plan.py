@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from dreams_nas.latency.plan import (
+    StepKey,
+    build_plan,
+    canonical_spec,
+    latin_hypercube_grid,
+    resolve_budget,
+)
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.space import SearchSpace
+
+SPACE = SearchSpace(heads=(1, 2, 3, 4), visual_keep=(0.25, 0.5, 0.75, 1.0),
+                    inject_layer=(2, 4, 6, 8), draft_len=tuple(range(1, 8)))
+CONTEXTS = (64, 128, 192, 256, 320)
+
+
+def _draft_points(keys):
+    return {(k.spec.heads, k.spec.visual_keep, k.context_len) for k in keys if k.kind == "draft"}
+
+
+def test_small_grid_is_timed_whole_with_every_target_step() -> None:
+    keys = build_plan(SPACE, CONTEXTS)
+    assert _draft_points(keys) == set(itertools.product(SPACE.heads, SPACE.visual_keep, CONTEXTS))
+    assert len({k.ident for k in keys}) == len(keys)
+    target = {(k.kind, k.context_len, k.k) for k in keys if k.kind != "draft"}
+    assert target == {("decode", c, 1) for c in CONTEXTS} | {
+        ("verify", c, k) for c in CONTEXTS for k in range(2, 9)}
+    # draft rows stand for every inject_layer / draft_len: recorded under one canonical spec
+    assert {(k.spec.inject_layer, k.spec.draft_len) for k in keys if k.kind == "draft"} == {(8, 7)}
+
+
+@pytest.mark.parametrize("budget", [20, 0.3, "0.5", 50])
+def test_budget_is_space_filling_and_keeps_the_extremes(budget) -> None:
+    keys = build_plan(SPACE, CONTEXTS, budget=budget, seed=3)
+    points = _draft_points(keys)
+    assert len(points) == resolve_budget(budget, 80) == len([k for k in keys if k.kind == "draft"])
+    for c in CONTEXTS:  # largest and smallest subnet at every context length
+        assert (4, 1.0, c) in points and (1, 0.25, c) in points
+    for axis, levels in enumerate((SPACE.heads, SPACE.visual_keep, CONTEXTS)):
+        counts = np.array([sum(p[axis] == v for p in points) for v in levels])
+        assert counts.min() >= 1  # every level of every axis is measured
+        assert counts.max() - counts.min() <= 2  # ... about equally often
+
+
+def test_plan_is_deterministic_per_seed() -> None:
+    assert build_plan(SPACE, CONTEXTS, budget=25, seed=1) == build_plan(SPACE, CONTEXTS, budget=25, seed=1)
+    assert build_plan(SPACE, CONTEXTS, budget=25, seed=1) != build_plan(SPACE, CONTEXTS, budget=25, seed=2)
+
+
+def test_latin_hypercube_never_repeats_a_point() -> None:
+    rng = np.random.default_rng(0)
+    picks = latin_hypercube_grid((3, 3, 2), 18, rng)
+    assert len(set(picks)) == 18  # the whole grid, each point once
+
+
+def test_bad_budgets_and_contexts() -> None:
+    with pytest.raises(InputError, match=r"--budget 'lots' is not a number"):
+        build_plan(SPACE, CONTEXTS, budget="lots")
+    with pytest.raises(InputError, match=r"--budget -3 must be a positive count"):
+        build_plan(SPACE, CONTEXTS, budget=-3)
+    with pytest.raises(InputError, match=r"fewer than the 10 that the largest and smallest subnets"):
+        build_plan(SPACE, CONTEXTS, budget=4)
+    with pytest.raises(InputError, match=r"--context-lengths \[0, 64\] must be positive"):
+        build_plan(SPACE, [0, 64])
+
+
+def test_step_keys_validate() -> None:
+    spec = canonical_spec(SPACE, 2, 0.5)
+    assert StepKey("draft", 64, 1, spec).ident == ("draft", spec.id, 64, 1)
+    assert StepKey("verify", 64, 5).ident == ("verify", "", 64, 5)
+    with pytest.raises(InputError, match="a draft step needs subnet spec"):
+        StepKey("draft", 64)
+    with pytest.raises(InputError, match="k=3 must be 1"):
+        StepKey("decode", 64, 3)

@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from dreams_nas.latency import fitting
+from dreams_nas.latency.fitting import LatencyPredictor, holdout_split
+from dreams_nas.latency.predictor import (
+    FEATURE_NAMES,
+    CVSelectedRegressor,
+    StepFeatures,
+    latency_metrics,
+    make_latency_model,
+)
+from dreams_nas.supernet.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.space import SubnetSpec
+from sklearn.base import clone
+from sklearn.ensemble import RandomForestRegressor
+from sklearn.exceptions import NotFittedError
+from sklearn.linear_model import Ridge
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+SMALL = [("ridge", Ridge(alpha=1.0)), ("forest", RandomForestRegressor(n_estimators=5, random_state=0))]
+
+
+@parametrize_with_checks([CVSelectedRegressor(candidates=SMALL, cv=3)])
+def test_sklearn_estimator_contract(estimator, check) -> None:
+    check(estimator)
+
+
+def synthetic_rows(visual_tokens: int = 32, noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """Step costs shaped like real ones: draft ~ heads x attended keys, target ~ k x context."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for ctx in (48, 96, 144, 192, 240):
+        for heads in (1, 2, 3, 4):
+            for keep in (0.25, 0.5, 0.75, 1.0):
+                att = ctx - visual_tokens * (1 - keep)
+                rows.append({"kind": "draft", "heads": heads, "visual_keep": keep, "context_len": ctx,
+                             "k": 1, "median_ms": 0.4 + 0.05 * heads + 0.0004 * heads * att})
+        for k in range(1, 9):
+            rows.append({"kind": "decode" if k == 1 else "verify", "heads": np.nan,
+                         "visual_keep": np.nan, "context_len": ctx, "k": k,
+                         "median_ms": 3.0 + 0.3 * k + 0.002 * ctx + 0.0002 * k * ctx})
+    frame = pd.DataFrame(rows)
+    frame["median_ms"] *= np.exp(rng.normal(0, noise, len(frame)))
+    frame["spec_id"] = ""
+    return frame
+
+
+def test_features_ignore_inject_layer_and_draft_len() -> None:
+    rows = synthetic_rows().head(3)
+    feats = StepFeatures(visual_tokens=32).fit(rows)
+    a = feats.transform(rows)
+    moved = rows.assign(inject_layer=[1, 5, 9], draft_len=[1, 4, 7])
+    np.testing.assert_array_equal(a, feats.transform(moved))
+    assert a.shape == (3, len(FEATURE_NAMES))
+    assert list(feats.get_feature_names_out()) == list(FEATURE_NAMES)
+    # attended keys: text + kept visual tokens
+    assert a[0, FEATURE_NAMES.index("attended")] == 48 - 32 * 0.75
+
+
+def test_features_refuse_bad_rows() -> None:
+    feats = StepFeatures().fit(synthetic_rows())
+    with pytest.raises(ValueError, match=r"lack column\(s\) \['k'\]"):
+        feats.transform(synthetic_rows().drop(columns="k"))
+    with pytest.raises(ValueError, match=r"unknown step kind\(s\) \['prefill'\]"):
+        feats.transform(synthetic_rows().assign(kind="prefill"))
+    with pytest.raises(TypeError, match="takes a DataFrame"):
+        feats.transform(np.zeros((2, 5)))
+
+
+def test_pipeline_fits_log_latency_and_is_accurate_on_held_out_rows() -> None:
+    rows = synthetic_rows(noise=0.01)
+    train, hold = holdout_split(rows, 0.7, seed=0)
+    model = make_latency_model(visual_tokens=32).fit(rows[train], rows.median_ms[train])
+    metrics = latency_metrics(rows.median_ms[hold], model.predict(rows[hold]))
+    assert metrics["mape"] < 0.03 and metrics["within_10pct"] > 0.97 and metrics["kendall_tau"] > 0.9
+    selector = model.named_steps["regressor"].regressor_
+    assert set(selector.cv_scores_) == {"ridge_poly3", "ridge_poly2", "gradient_boosting", "random_forest"}
+    assert selector.best_name_ == min(selector.cv_scores_, key=selector.cv_scores_.get)
+    assert clone(model).get_params()["features__visual_tokens"] == 32
+    with pytest.raises(NotFittedError):
+        make_latency_model().predict(rows)
+
+
+def test_metrics_by_hand() -> None:
+    m = latency_metrics([1.0, 2.0, 4.0, 8.0], [1.1, 2.0, 3.0, 8.0])
+    assert m["mape"] == pytest.approx((0.1 + 0 + 0.25 + 0) / 4)
+    assert m["within_10pct"] == pytest.approx(0.75)
+    assert m["kendall_tau"] == pytest.approx(1.0)
+    assert m["rmse"] == pytest.approx(np.sqrt((0.01 + 1.0) / 4))
+
+
+def test_save_load_and_spec_level_predictions(tmp_path) -> None:
+    rows = synthetic_rows(noise=0.01)
+    pred = LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.3)
+    pred.save(tmp_path)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    assert {"hardware_id", "regressor", "cv_scores", "metrics", "holdout", "n_train", "n_holdout",
+            "versions"} <= set(doc)
+    assert set(doc["metrics"]) == {"mape", "rmse", "within_10pct", "kendall_tau"}
+    assert doc["n_holdout"] == len(doc["holdout"]) > 0
+    loaded = LatencyPredictor.load(tmp_path)
+    specs = [SubnetSpec(1, 0.25, 2, 3), SubnetSpec(4, 1.0, 9, 7), SubnetSpec(4, 1.0, 1, 1)]
+    draft = loaded.draft_ms(specs, 144)
+    np.testing.assert_allclose(draft, pred.draft_ms(specs, 144))
+    assert draft[0] < draft[1] and draft[1] == draft[2]  # inject_layer / draft_len: same cost
+    assert loaded.decode_ms(144) < loaded.verify_ms(6, 144)
+    assert loaded.decode_ms(144) == pytest.approx(3.0 + 0.3 + 0.288 + 0.0288, rel=0.05)
+
+
+def test_a_different_sklearn_version_refits_from_the_saved_rows(tmp_path, monkeypatch, caplog) -> None:
+    rows = synthetic_rows(noise=0.01)
+    LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    doc["versions"]["scikit-learn"] = "0.24.2"
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    (tmp_path / "predictor.joblib").write_bytes(b"a pickle from another version")
+    loads = []
+    monkeypatch.setattr("joblib.load", lambda *a: loads.append(a))
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        pred = LatencyPredictor.load(tmp_path)
+    assert loads == []  # the stale pickle is never unpickled
+    assert "fitted with scikit-learn 0.24.2" in caplog.text and "refitting" in caplog.text
+    assert pred.verify_ms(4, 96) == pytest.approx(3.0 + 1.2 + 0.192 + 0.0768, rel=0.05)
+    fresh = json.loads((tmp_path / "predictor.json").read_text())
+    assert fresh["versions"]["scikit-learn"] == fitting.library_versions()["scikit-learn"]
+
+
+def test_missing_predictor_and_too_few_rows(tmp_path) -> None:
+    with pytest.raises(MissingArtefactError, match="run `dreams-nas profile` first"):
+        LatencyPredictor.load(tmp_path)
+    with pytest.raises(InputError, match="only 3 successful measurements"):
+        LatencyPredictor.fit(synthetic_rows().head(3), "x")

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import pytest
+from dreams_nas.latency.hardware import detect_hardware
+from dreams_nas.latency.plan import StepKey, canonical_spec
+from dreams_nas.latency.store import PROFILE_COLUMNS, ProfileStore, make_row
+from dreams_nas.latency.timing import Timing
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.space import SearchSpace
+
+SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
+
+
+@pytest.fixture
+def hw():
+    return detect_hardware("cpu", threads=1)
+
+
+def _row(hw, key, ms=1.0):
+    return make_row(hw, key, Timing(samples_ms=(ms, ms * 1.1, ms * 0.9), warmup=1, throttled=False))
+
+
+def test_rows_follow_the_schema_and_round_trip(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    draft = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5))
+    verify = StepKey("verify", 64, 4)
+    assert store.append([_row(hw, draft, 2.0), _row(hw, verify, 5.0)]) == 2
+    frame = store.read()
+    assert list(frame.columns) == list(PROFILE_COLUMNS)
+    d, v = frame.iloc[0], frame.iloc[1]
+    assert (d.kind, d.spec_id, d.heads, d.visual_keep, d.inject_layer, d.context_len, d.k) == (
+        "draft", "h2-v0.50-l2-g3", 2, 0.5, "2", 64, 1)
+    assert d.median_ms == pytest.approx(2.0) and d.n_samples == 3 and d.status == "ok"
+    assert d.samples_ms.split() == ["2", "2.2", "1.8"]
+    assert (v.kind, v.spec_id, v.heads, v.k) == ("verify", "", "", 4)
+    assert store.done_keys() == {draft.ident, verify.ident}
+
+
+def test_append_never_duplicates_a_key(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("decode", 32)
+    assert store.append([_row(hw, key)]) == 1
+    assert store.append([_row(hw, key), _row(hw, StepKey("decode", 64))]) == 1
+    assert len(store.read()) == 2
+
+
+def test_failed_rows_are_kept_but_not_fitted(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 1.0))
+    store.append([make_row(hw, key, None, status="oom", error="CUDA out of memory.\nTried")])
+    store.append([_row(hw, StepKey("decode", 64))])
+    frame = store.read()
+    assert list(frame.status) == ["oom", "ok"] and frame.error[0] == "CUDA out of memory. Tried"
+    assert list(store.ok_rows().kind) == ["decode"]
+    assert key.ident in store.done_keys()
+
+
+def test_a_torn_last_line_is_skipped_and_repaired(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    store.append([_row(hw, StepKey("decode", 32))])
+    with store.path.open("a") as handle:
+        handle.write("cpu-x,verify,,,,,,32,3,1.2")  # killed mid-row: no newline
+    assert len(store.read()) == 1
+    store.append([_row(hw, StepKey("decode", 64))])
+    assert list(store.read().context_len) == [32, 64]
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda cells: cells[:5], r"line 3: has 5 fields where the header has 23"),
+    (lambda cells: cells[:9] + ["fast"] + cells[10:], r"line 3: median_ms='fast' is not a number"),
+    (lambda cells: cells[:1] + ["prefill"] + cells[2:], r"line 3: kind 'prefill' is not one of"),
+    (lambda cells: cells[:7] + ["x"] + cells[8:], r"line 3: context_len='x' is not a whole number"),
+])
+def test_corrupt_csv_names_the_file_and_line(tmp_path, hw, damage, message) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    store.append([_row(hw, StepKey("decode", c)) for c in (32, 64, 96)])
+    lines = store.path.read_text().splitlines()
+    lines[2] = ",".join(damage(lines[2].split(",")))
+    store.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"{store.path}, {message}"):
+        store.read()
+    with pytest.raises(InputError, match="profile.csv, line 3"):
+        store.done_keys()
