@@ -19,10 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
-
 from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+from torch import nn
 
 from .plan import StepKey
 

@@ -32,8 +32,8 @@ METHODS = ("teacher-forced", "sampled", "expected")
 class AcceptanceRow:
     """tau (tokens per target forward, bonus included) of one subnet on one dataset.
 
-    accept_rates[i]: fraction of cycles whose draft token i+1 was accepted, given that
-    draft tokens 1..i were (per-position conditional acceptance), one per drafted position.
+    accept_rates[i]: over the cycles that proposed a draft token at position i+1, the
+    fraction in which it was accepted (as the engine's `GenerationStats.accept_rates`).
     """
 
     spec: SubnetSpec
