@@ -25,7 +25,9 @@ PROG = "dreams-nas"
 log = logging.getLogger("dreams_nas")
 
 # Subcommand name -> its module. Each feature adds its line here.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "train": "dreams_nas.nas.commands.train",
+}
 
 
 class _Parser(argparse.ArgumentParser):

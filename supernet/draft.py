@@ -358,7 +358,9 @@ class DreamDraft(nn.Module):
 
     def logits(self, feature: Tensor) -> Tensor:
         """feature: (..., hidden) -> (..., vocab) through the target's LM head."""
-        return self.shared.lm_head(feature)
+        head = self.shared.lm_head
+        weight = getattr(head, "weight", None)
+        return head(feature if weight is None else feature.to(weight.dtype))
 
     # --- forward --------------------------------------------------------------------
     def memory(self, layer_hidden: Tensor, visual_mask: Tensor, visual_scores: Tensor,

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .aifd import AifdResult, EntropyMeter, aifd_from_entropy
+from .aifd import AifdResult, aifd_from_entropy, measure_target_entropy
 from .features import TargetSample, collect_sample
 from .progress import progress
+from .target import TargetAdapter
 
 _BATCHABLE = {"input_ids", "attention_mask", "pixel_values"}
 
@@ -83,26 +84,25 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
 def measure_aifd(model: Any, prompts: Sequence[Mapping[str, Tensor]], answers: Sequence[Tensor],
                  k: int = 1) -> AifdResult:
     """AE / dAE per target layer over prompt + answer sequences, and the AIFD choice."""
-    text_cfg = getattr(model.config, "text_config", None) or model.config
-    meter = EntropyMeter(int(text_cfg.num_hidden_layers))
     device = next(model.parameters()).device
+    batches = []
     for prompt, answer in zip(prompts, answers, strict=True):
-        inputs = {key: v.to(device) for key, v in prompt.items()}
-        collect_sample(model, inputs, answer, (), (), entropy=meter)
-    return aifd_from_entropy(meter.mean(), k)
+        batch = {key: v.to(device) for key, v in prompt.items()}
+        ids = torch.cat((batch["input_ids"][0], answer.to(device)))[None]
+        batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+        batches.append(batch)
+    return aifd_from_entropy(measure_target_entropy(model, batches), k)
 
 
-def collect_samples(model: Any, prompts: Sequence[Mapping[str, Tensor]],
+def collect_samples(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
                     answers: Sequence[Tensor], memory_layers: Sequence[int],
                     distill_layers: Sequence[int], show_progress: bool | None = None
                     ) -> list[TargetSample]:
-    device = next(model.parameters()).device
     samples = []
     bar = progress(total=len(prompts), desc="target features", unit="prompt",
                    disable=show_progress is False or None)
     for prompt, answer in zip(prompts, answers, strict=True):
-        inputs = {key: v.to(device) for key, v in prompt.items()}
-        samples.append(collect_sample(model, inputs, answer, memory_layers, distill_layers))
+        samples.append(collect_sample(target, prompt, answer, memory_layers, distill_layers))
         bar.update(1)
     bar.close()
     return samples

@@ -9,6 +9,7 @@ from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.features import TargetSample
 from dreams_nas.supernet.selfdistill import collect_samples, measure_aifd, regenerate_answers
 from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.target import TargetAdapter
 from dreams_nas.supernet.train import TrainConfig, evaluate_losses, step_specs, train_supernet
 
 
@@ -27,7 +28,8 @@ def target_data():
     prompts = tiny_prompts(12)
     answers = regenerate_answers(target, prompts, max_new_tokens=8, show_progress=False)
     aifd = measure_aifd(target, prompts[:4], answers[:4])
-    samples = collect_samples(target, prompts, answers, LAYERS, aifd.chosen, show_progress=False)
+    adapter = TargetAdapter.from_model(target)
+    samples = collect_samples(adapter, prompts, answers, LAYERS, aifd.chosen, show_progress=False)
     return target, samples, aifd
 
 

@@ -1,0 +1,82 @@
+"""`dreams-nas train`: self-distil the target, choose the AIFD layer, train the supernet (TPPT)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, two-phase training)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="builtin", metavar="builtin|ID|PATH",
+                        help="the target VLM: builtin (the demo target), a hub id or a checkpoint folder")
+    parser.add_argument("--data", default="builtin", metavar="builtin|FILE.jsonl",
+                        help="training prompts: the built-in synthetic train split or a LLaVA-style JSONL")
+    parser.add_argument("--n-train", type=int, default=None, metavar="N",
+                        help="use the first N prompts (builtin: how many to synthesise; default 384)")
+    parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+                        help="phase 1 steps, full draft (default 300)")
+    parser.add_argument("--multires-steps", type=int, default=None, metavar="N",
+                        help="phase 2 steps, sandwich rule over subnets (default 300)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="default 8")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
+    parser.add_argument("--lambda-kl", type=float, default=None, help="weight of KL(target||draft) (1.0)")
+    parser.add_argument("--lambda-distill", type=float, default=None,
+                        help="weight of the AIFD feature distillation (0.2)")
+    parser.add_argument("--lambda-feat", type=float, default=None,
+                        help="weight of the final-feature regression (0.2)")
+    parser.add_argument("--distill", choices=("aifd", "middle", "none"), default="aifd",
+                        help="distillation layer: AIFD-chosen (default), fixed middle, or none")
+    parser.add_argument("--heads", type=int, default=None, metavar="N",
+                        help="heads of the maximal draft (default: the target's)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                        help="length cap of the target's self-distilled answers")
+    parser.add_argument("--device", default="auto", metavar="D",
+                        help="auto, cpu, cuda or cuda:N (the target and the draft)")
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
+    from dreams_nas.supernet.batching import LossWeights
+    from dreams_nas.supernet.train import TrainConfig
+
+    base = TrainConfig()
+    changes = {name: getattr(args, name) for name in
+               ("warmup_steps", "multires_steps", "batch_size", "lr")
+               if getattr(args, name) is not None}
+    weights = LossWeights(
+        kl=args.lambda_kl if args.lambda_kl is not None else base.weights.kl,
+        distill=args.lambda_distill if args.lambda_distill is not None else base.weights.distill,
+        feat=args.lambda_feat if args.lambda_feat is not None else base.weights.feat)
+    return replace(base, **changes, weights=weights, seed=args.seed)
+
+
+def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
+    from dreams_nas.supernet.data import builtin_dataset, load_llava_jsonl
+    from dreams_nas.supernet.errors import InputError
+
+    if n is not None and n < 1:
+        raise InputError(f"--n-train {n} must be at least 1")
+    if data == "builtin":
+        return builtin_dataset("train", n or 384, seed=seed)
+    if not data.endswith(".jsonl"):
+        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
+    examples = load_llava_jsonl(data)
+    return examples[:n] if n else examples
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.training_run import resolve_device, train_run
+
+    config = _config(args)
+    device = resolve_device(args.device)
+    examples = load_examples(args.data, args.n_train, args.seed)
+    target = TargetAdapter.load(args.target, device=device)
+    show = False if args.json or args.quiet else None
+    return train_run(RunFolder(args.run), target, examples, config, num_heads=args.heads,
+                     max_new_tokens=args.max_new_tokens, distill=args.distill, device=device,
+                     show_progress=show)

@@ -1,0 +1,106 @@
+"""The DREAM-S drafter in the engine's loop: lossless at temperature 0, exact when sampling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
+from dreams_nas.supernet.decoding import generate, plain_generate
+from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.drafting import Drafter, load_drafter
+from dreams_nas.supernet.dream_drafter import DreamDrafter
+from dreams_nas.supernet.extract import extract
+from dreams_nas.supernet.io import atomic_write_json
+from dreams_nas.supernet.sampling import SamplingConfig, logits_to_probs
+from dreams_nas.supernet.selfdistill import collect_samples, regenerate_answers
+from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.target import TargetAdapter
+from dreams_nas.supernet.train import TrainConfig, train_supernet
+
+LAYERS = (1, 2, 4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def trained():
+    model = tiny_llava(seed=1)
+    adapter = TargetAdapter.from_model(model)
+    prompts = tiny_prompts(16, seed=5)
+    answers = regenerate_answers(model, prompts, max_new_tokens=12, show_progress=False)
+    samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
+    shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
+    draft = DreamDraft.initialised(DraftConfig.for_target(adapter.text_config, LAYERS), shared, 0)
+    config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3,
+                         lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
+    train_supernet(draft, samples, (2,), config, show_progress=False)
+    return adapter, draft, prompts
+
+
+SPECS = [SubnetSpec(4, 1.0, 2, 5), SubnetSpec(1, 0.25, 1, 3), SubnetSpec(2, 0.5, 4, 1)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_greedy_output_is_the_targets_token_for_token(trained, spec):
+    adapter, draft, prompts = trained
+    drafter = DreamDrafter(draft, spec)
+    assert isinstance(drafter, Drafter)
+    taus = []
+    for prompt in prompts[:10]:
+        ref = plain_generate(adapter, prompt, max_new_tokens=12)
+        for gamma in (1, 3, 5):
+            out = generate(adapter, prompt, drafter, gamma=gamma, max_new_tokens=12)
+            assert out.tokens.tolist() == ref.tokens.tolist()
+            taus.append(out.stats.tau)
+    assert sum(taus) / len(taus) > 1.3  # the trained draft is accepted, not merely harmless
+
+
+def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):
+    adapter, draft, prompts = trained
+    spec = SPECS[0]
+    folder = tmp_path / "specs" / spec.id
+    extract(draft, spec).save_pretrained(folder)
+    atomic_write_json(folder / "spec.json", {"schema_version": 1, "spec": spec.to_dict()})
+    from_folder = load_drafter(folder, adapter)
+    assert isinstance(from_folder, DreamDrafter) and from_folder.default_gamma == 5
+    supernet_drafter = DreamDrafter(draft, spec)
+    for prompt in prompts[:4]:
+        a = generate(adapter, prompt, from_folder, gamma=5, max_new_tokens=12)
+        b = generate(adapter, prompt, supernet_drafter, gamma=5, max_new_tokens=12)
+        assert a.tokens.tolist() == b.tokens.tolist()
+        assert a.stats.cycle_lengths == b.stats.cycle_lengths
+
+
+def test_sampling_keeps_the_targets_distribution(trained):
+    """Second token (the first one a draft proposes) over many seeded runs vs its exact law."""
+    from scipy.stats import chisquare
+
+    adapter, draft, prompts = trained
+    prompt = prompts[0]
+    sampling = SamplingConfig(temperature=1.0, top_k=4)
+    pre = adapter.prefill(prompt)
+    p1 = logits_to_probs(pre.logits[0], sampling)
+    expected = torch.zeros_like(p1)
+    for t1 in torch.nonzero(p1).flatten():
+        adapter.prefill(prompt)
+        step = adapter.verify(t1.view(1, 1))
+        expected += p1[t1] * logits_to_probs(step.logits[0, -1], sampling)
+    drafter = DreamDrafter(draft, SPECS[0])
+    gen = torch.Generator().manual_seed(0)
+    runs = 300
+    counts = torch.zeros_like(expected)
+    accepted = 0
+    for _ in range(runs):
+        out = generate(adapter, prompt, drafter, gamma=1, max_new_tokens=3, sampling=sampling,
+                       generator=gen)
+        counts[out.tokens[1]] += 1
+        accepted += out.stats.cycle_lengths[0] > 1
+    support = expected > 0
+    assert counts[~support].sum() == 0
+    _, p = chisquare(counts[support].numpy(), expected[support].numpy() * runs)
+    assert p > 1e-3, (counts[support], expected[support] * runs)
+    assert accepted > runs * 0.1  # the draft's proposals, not only resamples, produce tokens
