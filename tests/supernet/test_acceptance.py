@@ -5,7 +5,6 @@ import math
 import numpy as np
 import pytest
 from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
-from dream_reference_drafter import ReferenceDreamDrafter
 from dreams_nas.supernet.acceptance import (
     TeacherForcedScorer,
     accept_rates,
@@ -14,6 +13,7 @@ from dreams_nas.supernet.acceptance import (
 )
 from dreams_nas.supernet.decoding import generate
 from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.dream_drafter import DreamDrafter
 from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.selfdistill import collect_samples, regenerate_answers
 from dreams_nas.supernet.space import SubnetSpec
@@ -38,7 +38,7 @@ def trained():
     adapter = TargetAdapter(model)
     prompts = tiny_prompts(8)
     answers = regenerate_answers(model, prompts, max_new_tokens=MAX_NEW, show_progress=False)
-    samples = collect_samples(model, prompts, answers, LAYERS, (2,), show_progress=False)
+    samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
     cfg = DraftConfig.for_target(model.config.text_config, inject_layers=LAYERS)
     draft = DreamDraft.initialised(cfg, SharedTargetModules(adapter.embed_tokens, adapter.lm_head), 0)
     train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=40,
@@ -62,7 +62,7 @@ def test_teacher_forced_tau_agrees_with_real_speculative_runs(trained) -> None:
     for spec in SPECS:
         lengths = []
         for prompt in prompts:
-            out = generate(adapter, prompt, ReferenceDreamDrafter(draft, spec),
+            out = generate(adapter, prompt, DreamDrafter(draft, spec),
                            gamma=spec.draft_len, max_new_tokens=MAX_NEW)
             lengths += out.stats.cycle_lengths
         measured = sum(lengths) / len(lengths)
