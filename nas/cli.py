@@ -27,6 +27,8 @@ log = logging.getLogger("dreams_nas")
 # Subcommand name -> its module. Each feature adds its line here.
 COMMANDS: dict[str, str] = {
     "train": "dreams_nas.nas.commands.train",
+    "score": "dreams_nas.nas.commands.score",
+    "search": "dreams_nas.nas.commands.search",
 }
 
 
