@@ -27,7 +27,7 @@ from .target import TargetAdapter, VerifyOutput
 class GenerationStats:
     new_tokens: int
     target_forwards: int  # prefill + one per verify (or decode) step
-    cycle_lengths: tuple[int, ...]  # tokens produced by each verify forward (accepted + 1)
+    cycle_lengths: tuple[int, ...]  # tokens kept from each verify forward (accepted + 1, cut at EOS)
     proposed: tuple[int, ...]  # draft tokens proposed in each cycle
     prefill_s: float
     draft_s: float
@@ -103,6 +103,8 @@ def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator 
 
 def draft(drafter: Drafter, last_token: Tensor, gamma: int, sampling: SamplingConfig,
           generator: torch.Generator | None) -> Proposal:
+    if gamma == 0:  # one token of budget left: a plain target step
+        return Proposal(last_token.new_empty(1, 0))
     proposal = drafter.propose(last_token, gamma, sampling, generator)
     if proposal.tokens.shape[1] > gamma:
         raise RuntimeError(f"drafter proposed {proposal.tokens.shape[1]} tokens for gamma={gamma}")
@@ -124,7 +126,8 @@ def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampli
             draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
         else:
             draft_probs = proposal.draft_probs[0].to(target_probs)
-        n, token = rejection_accept(drafts, draft_probs, target_probs, generator)
+        n_t, token_t = rejection_accept(drafts[None], draft_probs[None], target_probs[None], generator)
+        n, token = int(n_t[0]), int(token_t[0])
     target.rollback(k - n)
     return n, torch.tensor([[token]], device=last_token.device), out.head(n + 1)
 
@@ -172,7 +175,7 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
         accepted, n, k = step(target, drafter, last, room, sampling, generator, clock)
         new, done = _truncate_at_eos(accepted[0].tolist(), target.eos_token_ids)
         tokens.extend(new)
-        lengths.append(n + 1)
+        lengths.append(len(new))  # accepted + 1, less anything after an EOS
         proposed.append(k)
         last = accepted[:, -1:]
         clock.lap("other")

@@ -79,22 +79,25 @@ def greedy_accept(draft_tokens: Tensor, target_logits: Tensor) -> tuple[int, int
 
 
 def rejection_accept(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,
-                     generator: torch.Generator | None) -> tuple[int, int]:
-    """draft_tokens (k,), draft_probs (k, vocab), target_probs (k+1, vocab) -> (n_accepted, next).
+                     generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Batched rejection rule.
 
-    `generator` supplies every random draw, so a fixed seed reproduces the outcome."""
-    k = draft_tokens.shape[0]
-    idx = torch.arange(k, device=draft_tokens.device)
-    p_target = target_probs[idx, draft_tokens]  # (k,)
-    p_draft = draft_probs[idx, draft_tokens]  # (k,)
-    u = torch.rand(k, generator=generator, device=draft_tokens.device)
+    draft_tokens (B, k) drawn from draft_probs (B, k, vocab); target_probs (B, k+1, vocab).
+    Returns (n_accepted (B,), next token (B,)): the first n_accepted drafts are kept and the next
+    token is drawn from the residual at the first rejection, or from target_probs[:, k] (the
+    bonus) when all k are kept. `generator` supplies every random draw."""
+    batch, k = draft_tokens.shape
+    rows = torch.arange(batch, device=draft_tokens.device)
+    p_target = target_probs[:, :k].gather(-1, draft_tokens[..., None])[..., 0]  # (B, k)
+    p_draft = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]  # (B, k)
+    u = torch.rand(batch, k, generator=generator, device=draft_tokens.device)
     # u * p_draft < p_target  <=>  u < p_target / p_draft, without dividing by zero
-    rejected = (u * p_draft >= p_target).nonzero()
-    if len(rejected) == 0:
-        return k, int(sample(target_probs[k], generator))
-    n = int(rejected[0, 0])
-    residual = (target_probs[n] - draft_probs[n]).clamp_min(0)
-    total = residual.sum()
-    if total <= 0:  # only when the distributions coincide, where rejection has probability 0
-        residual, total = target_probs[n], target_probs[n].sum()
-    return n, int(sample(residual / total, generator))
+    rejected = u * p_draft >= p_target  # (B, k)
+    first = torch.cat([rejected, torch.ones(batch, 1, dtype=torch.bool, device=rejected.device)], 1)
+    n = first.int().argmax(-1)  # (B,) index of the first rejection, k when none
+    residual = (target_probs[:, :k] - draft_probs).clamp_min(0)  # (B, k, vocab)
+    residual = torch.cat([residual, target_probs[:, k:]], dim=1)[rows, n]  # (B, vocab)
+    total = residual.sum(-1, keepdim=True)
+    # a zero residual only happens where draft == target, where rejection has probability 0
+    residual = torch.where(total > 0, residual / total.clamp_min(1e-30), target_probs[rows, n])
+    return n, sample(residual, generator)

@@ -34,3 +34,48 @@ def run_dir(tmp_path):
     from dreams_nas.supernet.runfolder import RunFolder
 
     return RunFolder(tmp_path / "dreams-run")
+
+
+def _tiny_models():
+    """tests/supernet/tiny_models.py as the module `tiny_models` (tiny VLMs of every family)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "tiny_models" not in sys.modules:
+        path = Path(__file__).parent / "supernet" / "tiny_models.py"
+        spec = importlib.util.spec_from_file_location("tiny_models", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_models"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["tiny_models"]
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm():
+    """tiny_vlm(family) -> (model, processor): a random tiny VLM, built once per session.
+
+    Families: llava, llava_next, pixtral, idefics3, smolvlm, qwen2_vl, qwen2_5_vl."""
+    built: dict = {}
+
+    def get(family: str = "llava"):
+        if family not in built:
+            built[family] = _tiny_models().build_tiny_vlm(family)
+        return built[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_vlm):
+    """tiny_target(family) -> TargetAdapter over the session's tiny VLM of that family."""
+    from dreams_nas.supernet.target import TargetAdapter
+
+    adapters: dict = {}
+
+    def get(family: str = "llava"):
+        if family not in adapters:
+            adapters[family] = TargetAdapter.from_model(*tiny_vlm(family))
+        return adapters[family]
+
+    return get

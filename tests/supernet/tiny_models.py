@@ -230,7 +230,7 @@ def build_tiny_vlm(family: str, *, seed: int = 0, dtype: torch.dtype = torch.flo
             config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **special)
             model_cls = tf.Qwen2_5_VLForConditionalGeneration
         processor = TinyProcessor(family, tf.Qwen2VLImageProcessorPil(**image_kw), tok, template)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed + FAMILIES.index(family))  # distinct weights per family
     model = model_cls(config).to(dtype).eval()
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 2

@@ -1,0 +1,144 @@
+"""The loop: end-to-end sampling distribution, stats, EOS, argument checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dreams_nas.supernet.decoding import generate, plain_generate
+from dreams_nas.supernet.drafting import (
+    Drafter,
+    OracleDrafter,
+    PromptLookupDrafter,
+    Proposal,
+    ReplayDrafter,
+    load_drafter,
+)
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.sampling import SamplingConfig, logits_to_probs
+from scipy.stats import chisquare
+from tiny_models import PROMPTS, tiny_image
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class FixedDistributionDrafter:
+    """Draws every draft token from one fixed distribution and reports it as draft_probs."""
+
+    required_layers: tuple[int, ...] = ()
+
+    def __init__(self, probs: torch.Tensor) -> None:
+        self.probs = probs
+
+    def start(self, target, prefill) -> None:
+        pass
+
+    def propose(self, last_token, gamma, sampling, generator) -> Proposal:
+        tokens = torch.multinomial(self.probs, gamma, replacement=True, generator=generator)
+        return Proposal(tokens[None], self.probs.expand(1, gamma, -1))
+
+    def update(self, accepted_tokens, n_accepted, verify) -> None:
+        pass
+
+
+def test_first_sampled_tokens_follow_the_target(tiny_target) -> None:
+    """Joint law of (prefill token, first token decided by the rejection rule) == the target's."""
+    adapter = tiny_target("llava")
+    sampling = SamplingConfig(temperature=1.0, top_k=3)
+    inputs = adapter.build_inputs(tiny_image(4), PROMPTS[4])
+    p1 = logits_to_probs(adapter.prefill(inputs).logits[0], sampling)
+    joint, union = {}, set()
+    for t1 in p1.nonzero().flatten().tolist():
+        adapter.prefill(inputs)
+        p2 = logits_to_probs(adapter.verify(torch.tensor([[t1]])).logits[0, -1], sampling)
+        for t2 in p2.nonzero().flatten().tolist():
+            joint[(t1, t2)] = float(p1[t1] * p2[t2])
+            union.add(t2)
+    # the draft puts mass on the target's candidates and on two tokens the target never emits
+    outside = [t for t in range(adapter.vocab_size) if t not in union][:2]
+    draft = torch.zeros(adapter.vocab_size)
+    draft[sorted(union) + outside] = torch.distributions.Dirichlet(
+        torch.ones(len(union) + 2)).sample()
+    gen = torch.Generator().manual_seed(0)
+    draws = 600
+    counts: dict = {}
+    accepted = 0
+    for _ in range(draws):
+        result = generate(adapter, inputs, FixedDistributionDrafter(draft), gamma=1, max_new_tokens=3,
+                          sampling=sampling, generator=gen)
+        pair = tuple(result.tokens[:2].tolist())
+        counts[pair] = counts.get(pair, 0) + 1
+        accepted += result.stats.cycle_lengths[0] == 2
+    assert set(counts) <= set(joint), "a pair outside the target's support was produced"
+    assert 0 < accepted < draws  # both the accept and the residual paths ran
+    cells = sorted(joint)
+    expected = torch.tensor([joint[c] for c in cells], dtype=torch.float64)
+    observed = torch.tensor([counts.get(c, 0) for c in cells], dtype=torch.float64)
+    stat = chisquare(observed.numpy(), (expected / expected.sum() * draws).numpy())
+    assert stat.pvalue > 1e-3, (stat, observed, expected * draws)
+
+
+def test_sampling_is_reproducible_with_a_generator(tiny_target) -> None:
+    adapter = tiny_target("llava")
+    inputs = adapter.build_inputs(tiny_image(5), PROMPTS[5])
+    sampling = SamplingConfig(temperature=0.8, top_p=0.9)
+    runs = [generate(adapter, inputs, PromptLookupDrafter(), gamma=3, max_new_tokens=10,
+                     sampling=sampling, generator=torch.Generator().manual_seed(4)).tokens
+            for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_stats_and_accept_rates(tiny_target) -> None:
+    adapter = tiny_target("llava")
+    inputs = adapter.build_inputs(tiny_image(6), PROMPTS[6])
+    plain = plain_generate(adapter, inputs, max_new_tokens=10)
+    half = plain.tokens.clone()
+    half[3] = (half[3] + 1) % adapter.vocab_size  # the replay goes wrong at token 4
+    result = generate(adapter, inputs, ReplayDrafter(half), gamma=4, max_new_tokens=10)
+    assert torch.equal(result.tokens, plain.tokens)
+    stats = result.stats
+    assert stats.cycle_lengths[0] == 3  # tokens 2, 3 accepted, token 4 from the target
+    assert stats.target_forwards == 1 + len(stats.cycle_lengths)
+    assert stats.tau == pytest.approx(sum(stats.cycle_lengths) / len(stats.cycle_lengths))
+    rates = stats.accept_rates(4)
+    assert len(rates) == 4 and all(r is None or 0 <= r <= 1 for r in rates)
+    summary = stats.to_dict(gamma=4)
+    assert summary["new_tokens"] == 10 and summary["tokens_per_s"] > 0
+
+
+def test_generation_stops_at_eos(tiny_target) -> None:
+    adapter = tiny_target("llava")
+    inputs = adapter.build_inputs(tiny_image(7), PROMPTS[7])
+    ref = plain_generate(adapter, inputs, max_new_tokens=8).tokens
+    saved = adapter.eos_token_ids
+    adapter.eos_token_ids = {int(ref[4])}  # pretend the fifth token is EOS
+    try:
+        first_eos = ref.tolist().index(int(ref[4]))
+        for drafter in (OracleDrafter(8), None):
+            out = generate(adapter, inputs, drafter, gamma=5, max_new_tokens=8)
+            assert out.tokens.tolist() == ref[: first_eos + 1].tolist()
+    finally:
+        adapter.eos_token_ids = saved
+
+
+def test_drafters_satisfy_the_protocol(tiny_target) -> None:
+    adapter = tiny_target("llava")
+    for drafter in (OracleDrafter(), ReplayDrafter([1, 2]), PromptLookupDrafter(),
+                    load_drafter("lookup", adapter), load_drafter("oracle", adapter)):
+        assert isinstance(drafter, Drafter)
+
+
+def test_bad_arguments(tiny_target, tmp_path) -> None:
+    adapter = tiny_target("llava")
+    inputs = adapter.build_inputs(tiny_image(0), PROMPTS[0])
+    with pytest.raises(InputError, match="draft length 0 must be >= 1"):
+        generate(adapter, inputs, PromptLookupDrafter(), gamma=0)
+    with pytest.raises(InputError, match="unknown drafter 'eagle'"):
+        load_drafter("eagle", adapter)
+    with pytest.raises(InputError, match="holds no spec.json"):
+        load_drafter(tmp_path, adapter)
