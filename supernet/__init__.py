@@ -18,6 +18,19 @@ _EXPORTS = {
     "RunFolder": ".runfolder",
     "DEFAULT_RUN_DIR": ".runfolder",
     "library_versions": ".versions",
+    "DraftConfig": ".draft",
+    "DreamDraft": ".draft",
+    "SharedTargetModules": ".draft",
+    "CompactDraft": ".extract",
+    "extract": ".extract",
+    "load_supernet": ".store",
+    "save_supernet": ".store",
+    "read_supernet_config": ".store",
+    "DreamDrafter": ".dream_drafter",
+    "AifdResult": ".aifd",
+    "TrainConfig": ".train",
+    "train_supernet": ".train",
+    "train_run": ".training_run",
 }
 
 __all__ = sorted(_EXPORTS)

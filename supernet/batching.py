@@ -12,6 +12,7 @@ from torch import Tensor
 from .draft import DreamDraft
 from .features import TargetSample
 from .space import SubnetSpec
+from .unroll import unrolled_forward
 
 
 @dataclass
@@ -93,11 +94,13 @@ def _rms(x: Tensor) -> Tensor:
 
 def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers: Sequence[int],
                weights: LossWeights, noise: float = 0.0,
-               generator: torch.Generator | None = None) -> dict[str, Tensor]:
+               generator: torch.Generator | None = None, unroll: int = 0) -> dict[str, Tensor]:
     """KL(target || draft), SmoothL1(cross block, AIFD feature), SmoothL1(feature, last hidden).
 
-    noise: std of Gaussian noise added to the input features (EAGLE-style robustness to the
-    draft's own, imperfect features while drafting).
+    noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
+            draft's own, imperfect features while drafting).
+    unroll: extra passes in which the draft reads its own features, as drafting steps 2..
+            (`unroll.unrolled_forward`); every pass's terms are averaged with equal weight.
     """
     with model.using(spec):
         memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
@@ -106,19 +109,36 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
         if noise > 0:
             eps = torch.randn(prev.shape, generator=generator, device="cpu").to(prev.device)
             prev = prev + noise * eps
-        out = model(batch.text_ids, prev, batch.text_pos, memory, attention_mask=batch.text_mask)
-    m = batch.loss_mask
-    feature = out.feature[m]  # (n, hidden)
-    target = batch.last_hidden[m]
-    draft_logp = F.log_softmax(model.logits(feature).float(), -1)
-    target_logp = F.log_softmax(model.logits(target).float(), -1)
-    kl = F.kl_div(draft_logp, target_logp, log_target=True, reduction="batchmean")
-    feat = F.smooth_l1_loss(feature, target)
-    if out.cross_out is not None and distill_layers and weights.distill > 0:
-        cross = _rms(out.cross_out[m])
-        distill = torch.stack([F.smooth_l1_loss(cross, _rms(batch.distill[k][m]))
-                               for k in distill_layers]).mean()
-    else:
-        distill = torch.zeros((), device=feature.device)
-    loss = weights.kl * kl + weights.distill * distill + weights.feat * feat
-    return {"loss": loss, "kl": kl, "distill": distill, "feat": feat}
+        if unroll > 0:
+            outs = unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory,
+                                    batch.text_mask, unroll)
+        else:
+            outs = [model(batch.text_ids, prev, batch.text_pos, memory,
+                          attention_mask=batch.text_mask)]
+    totals = {"kl": 0.0, "distill": 0.0, "feat": 0.0}
+    used = 0
+    for k, out in enumerate(outs):
+        # pass k at text index t is the k-th drafted step of a cycle whose true context ends at
+        # t - k: count it only when that start also lies in the answer
+        m = batch.loss_mask.clone()
+        if k:
+            m[:, k:] &= batch.loss_mask[:, :-k]
+            m[:, :k] = False
+        if not bool(m.any()):
+            continue
+        used += 1
+        feature = out.feature[m]  # (n, hidden)
+        target = batch.last_hidden[m]
+        draft_logp = F.log_softmax(model.logits(feature).float(), -1)
+        target_logp = F.log_softmax(model.logits(target).float(), -1)
+        totals["kl"] = totals["kl"] + F.kl_div(draft_logp, target_logp, log_target=True,
+                                               reduction="batchmean")
+        totals["feat"] = totals["feat"] + F.smooth_l1_loss(feature, target)
+        if out.cross_out is not None and distill_layers and weights.distill > 0:
+            cross = _rms(out.cross_out[m])
+            totals["distill"] = totals["distill"] + torch.stack(
+                [F.smooth_l1_loss(cross, _rms(batch.distill[i][m])) for i in distill_layers]).mean()
+    zero = batch.prev_hidden.new_zeros(())
+    terms = {key: (val / used if used else zero) + zero for key, val in totals.items()}
+    terms["loss"] = weights.kl * terms["kl"] + weights.distill * terms["distill"] + weights.feat * terms["feat"]
+    return terms

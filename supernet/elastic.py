@@ -93,6 +93,12 @@ class ElasticAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, t, inner)
         return F.linear(out, self.o_proj.weight[:, :inner])
 
+    def output(self, heads_out: Tensor) -> Tensor:
+        """(batch, heads, seq, head_dim) per-head outputs -> (batch, seq, hidden) via o_proj."""
+        b, heads, t, _ = heads_out.shape
+        inner = self._check(heads)
+        return F.linear(heads_out.transpose(1, 2).reshape(b, t, inner), self.o_proj.weight[:, :inner])
+
     # --- importance sorting ---------------------------------------------------------
     def head_importance(self) -> Tensor:
         """|grad x weight| summed over each head's q/k/v rows and o columns -> (num_heads,).

@@ -61,6 +61,10 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
     pad = int(pad if pad is not None else (min(eos) if eos else 0))
     batchable = all(set(p) <= _BATCHABLE for p in prompts)
     size = batch_size if batchable else 1
+    # A placeholder token in an answer would be read as an image slot when the answer is fed
+    # back with the prompt's pixels; such an answer is cut before it.
+    image_ids = {int(v) for v in (getattr(model.config, "image_token_id", None),
+                                  getattr(model.config, "image_token_index", None)) if v is not None}
     answers: list[Tensor] = []
     bar = progress(total=len(prompts), desc="self-distillation answers", unit="prompt",
                    disable=show_progress is False or None)
@@ -75,6 +79,8 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
             ids = row.tolist()
             stop = next((i for i, t in enumerate(ids) if t in eos), None)
             ids = ids[: stop + 1] if stop is not None else ids
+            cut = next((i for i, t in enumerate(ids) if t in image_ids), None)
+            ids = ids[:cut] if cut is not None else ids
             answers.append(torch.tensor(ids, dtype=torch.long))
         bar.update(len(chunk))
     bar.close()

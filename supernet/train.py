@@ -49,12 +49,14 @@ class TrainConfig:
     random_subnets: int = 2
     weights: LossWeights = field(default_factory=LossWeights)
     feature_noise: float = 0.1
+    unroll: int = 2  # drafting steps trained on the draft's own features (training-time test)
     calibration_batches: int = 4
     checkpoint_every: int = 25
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps"):
+        for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
+                     "unroll"):
             if getattr(self, name) < 0:
                 raise InputError(f"{name}={getattr(self, name)} must be >= 0")
         if self.warmup_steps + self.multires_steps < 1:
@@ -265,7 +267,7 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
         for spec in specs:
             terms = loss_terms(model, batch, spec, distill_layers, config.weights,
-                               config.feature_noise, noise_gen)
+                               config.feature_noise, noise_gen, config.unroll)
             (terms["loss"] / len(specs)).backward()
             for key in sums:
                 sums[key] += float(terms[key].detach()) / len(specs)

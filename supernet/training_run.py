@@ -80,6 +80,11 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
     key = _answers_key(target, examples, max_new_tokens)
     answers = self_distilled_answers(target, prompts, key, answers_cache, max_new_tokens,
                                      show_progress)
+    keep = [i for i, a in enumerate(answers) if a.numel() > 0]
+    if not keep:
+        raise InputError("the target answered none of the training prompts (every answer is empty); "
+                         "check the target and the prompts")
+    prompts, answers = [prompts[i] for i in keep], [answers[i] for i in keep]
     n = max(1, min(aifd_prompts, len(prompts)))
     aifd = measure_aifd(target.model, prompts[:n], answers[:n])
     layers = target.num_layers
@@ -158,7 +163,9 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                   "batch_size": config.batch_size, "lr": config.lr,
                   "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
                               "feat": config.weights.feat},
-                  "n_samples": len(data.samples), "loss_curve": outcome.loss_curve},
+                  "n_samples": len(data.samples), "distill": distill,
+                  "seconds": round(time.perf_counter() - start, 1),
+                  "loss_curve": outcome.loss_curve},
     }
     run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
                    aifd=data.aifd.to_dict())

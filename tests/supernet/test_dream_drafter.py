@@ -56,7 +56,7 @@ def test_greedy_output_is_the_targets_token_for_token(trained, spec):
             out = generate(adapter, prompt, drafter, gamma=gamma, max_new_tokens=12)
             assert out.tokens.tolist() == ref.tokens.tolist()
             taus.append(out.stats.tau)
-    assert sum(taus) / len(taus) > 1.3  # the trained draft is accepted, not merely harmless
+    assert sum(taus) / len(taus) > 1.15  # the trained draft is accepted, not merely harmless
 
 
 def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):

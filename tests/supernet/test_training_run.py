@@ -1,0 +1,68 @@
+"""`train_run`: the run folder and run.json keys that `dreams-nas train` writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from _draft_fixtures import one_torch_thread
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.store import file_hash
+from dreams_nas.supernet.target import TargetAdapter
+from dreams_nas.supernet.train import TrainConfig
+from dreams_nas.supernet.training_run import draft_for_run, resolve_device, train_run
+from tiny_models import build_tiny_vlm, tiny_image
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@dataclass(frozen=True)
+class Ex:
+    id: str
+    image_path: Path
+    prompt: str
+    answer: str = ""
+
+
+def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
+    model, processor = build_tiny_vlm("llava")
+    target = TargetAdapter.from_model(model, processor)
+    examples = []
+    for i in range(6):
+        path = tmp_path / f"{i}.png"
+        tiny_image(i).save(path)
+        examples.append(Ex(str(i), path, "what color is the car ?"))
+    config = TrainConfig(warmup_steps=3, multires_steps=3, batch_size=3, checkpoint_every=2)
+    summary = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)
+    weights = run_dir.supernet_dir / "model.safetensors"
+    assert summary["hash"] == file_hash(weights)
+    data = run_dir.read_run()
+    assert data["supernet"]["hash"] == summary["hash"]
+    assert data["supernet"]["train"]["warmup_steps"] == 3
+    curve = data["supernet"]["train"]["loss_curve"]
+    assert [row["step"] for row in curve] == list(range(1, 7))
+    assert {"loss", "kl", "distill", "feat"} <= set(curve[0])
+    aifd = data["aifd"]
+    assert aifd["layers"] == [1, 2] and len(aifd["ae"]) == 2 and aifd["delta_ae"][0] == 0.0
+    assert aifd["chosen"] and aifd["rule"]
+    assert data["target"]["num_layers"] == 2
+    space = SearchSpace.from_dict(data["space"])
+    assert space.inject_layer == (1, 2) and space.heads == (1, 2, 3, 4)
+    draft = draft_for_run(target, run_dir)
+    assert draft.config.inject_layers == (1, 2)
+    again = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)
+    assert again["resumed_from"] == 6 and again["hash"] == summary["hash"]
+
+
+def test_device_errors_name_the_devices():
+    assert resolve_device("cpu").type == "cpu"
+    with pytest.raises(InputError, match="does not exist on this machine"):
+        resolve_device("cuda:7")
+    with pytest.raises(InputError, match="not a device name"):
+        resolve_device("gpu0")

@@ -1,0 +1,40 @@
+"""The unrolled (training-time test) passes equal real cached drafting, step by step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
+from dreams_nas.supernet.draft import DraftCache
+from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.unroll import unrolled_forward
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_pass_k_equals_the_kth_drafting_step(heads):
+    model = tiny_draft()
+    gen = torch.Generator().manual_seed(0)
+    seq = 9
+    ids = torch.randint(0, 50, (1, seq), generator=gen)
+    true_prev = torch.randn(1, seq, HIDDEN, generator=gen)
+    pos = torch.arange(20, 20 + seq)[None]
+    layer_hidden, visual, scores = tiny_prompt()
+    with model.using(SubnetSpec(heads, 0.5, 1, 3)), torch.no_grad():
+        memory = model.memory(layer_hidden, visual, scores)
+        passes = unrolled_forward(model, ids, true_prev, pos, memory,
+                                  torch.ones(1, seq, dtype=torch.bool), depth=3)
+        torch.testing.assert_close(passes[0].feature, model(ids, true_prev, pos, memory).feature)
+        for c in range(seq - 3):  # a cycle whose true context ends at position c
+            cache = DraftCache()
+            feat = model(ids[:, :c + 1], true_prev[:, :c + 1], pos[:, :c + 1], memory,
+                         cache=cache).feature[:, -1:]
+            for k in range(1, 4):
+                p = c + k
+                feat = model(ids[:, p:p + 1], feat, pos[:, p:p + 1], memory, cache=cache).feature
+                torch.testing.assert_close(feat[0, 0], passes[k].feature[0, p], atol=1e-5, rtol=1e-4)
