@@ -35,6 +35,7 @@ class TimingSettings:
     repeats: int = 30  # at most this many timed repeats per step
     budget_s: float = 2.0  # ... or until this many seconds have passed
     threads: int | None = None  # CPU: fixed torch thread count (None: leave as is)
+    clock: str = "wall"  # CPU: "wall" (perf_counter) or "cpu" (thread CPU time, threads=1)
 
 
 @dataclass(frozen=True)
@@ -94,15 +95,17 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
         step = builder.build(key)
         timing = measure(step, device=hw.device, warmup=settings.warmup,
                          min_repeats=settings.min_repeats, max_repeats=settings.repeats,
-                         budget_s=settings.budget_s, threads=settings.threads, probe=probe)
+                         budget_s=settings.budget_s, threads=settings.threads, probe=probe,
+                         clock=settings.clock if hw.kind == "cpu" else "wall")
         del step
-        return make_row(hw, key, timing)
+        return make_row(hw, key, timing, clock=settings.clock)
     except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
         status = "oom" if _is_oom(exc) else "failed"
         log.warning("%s step %s at context %d, k=%d: %s (%s); recorded, continuing",
                     key.kind, key.spec_id, key.context_len, key.k, status, exc)
         _free_cuda(hw)
-        return make_row(hw, key, None, status=status, error=f"{type(exc).__name__}: {exc}")
+        return make_row(hw, key, None, status=status, error=f"{type(exc).__name__}: {exc}",
+                        clock=settings.clock)
 
 
 def _free_cuda(hw: HardwareInfo) -> None:

@@ -26,7 +26,7 @@ from .timing import Timing
 PROFILE_COLUMNS: tuple[str, ...] = (
     "hardware_id", "kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
     "context_len", "k", "median_ms", "p10_ms", "p90_ms", "n_samples", "throttled", "status",
-    "timestamp", "device", "dtype", "threads", "clock_mhz", "torch", "error", "samples_ms",
+    "timestamp", "device", "dtype", "threads", "clock", "clock_mhz", "torch", "error", "samples_ms",
 )
 STATUSES = ("ok", "oom", "failed")
 _INT_COLUMNS = ("context_len", "k", "n_samples", "throttled")
@@ -40,6 +40,7 @@ def make_row(
     *,
     status: str = "ok",
     error: str = "",
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """One profile.csv row for `key` timed on `hw` (`timing` None for a failed step)."""
     if status not in STATUSES:
@@ -55,7 +56,7 @@ def make_row(
         "median_ms": "", "p10_ms": "", "p90_ms": "", "n_samples": 0, "throttled": 0,
         "status": status, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": hw.device, "dtype": hw.dtype, "threads": hw.threads or "",
-        "clock_mhz": "", "torch": hw.torch, "error": " ".join(error.split())[:300],
+        "clock": "cuda-events" if hw.kind == "cuda" else clock, "clock_mhz": "", "torch": hw.torch, "error": " ".join(error.split())[:300],
         "samples_ms": "",
     }
     if timing is not None:

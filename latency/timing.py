@@ -5,6 +5,10 @@
   synchronises on the end event; ``elapsed_time`` is the GPU time between them.
 * CPU: ``time.perf_counter_ns`` around the call with torch's intra-op thread count fixed for the
   whole measurement (and restored after), since the thread count changes the latency.
+  ``clock="cpu"`` instead reads the calling thread's CPU time (``time.thread_time_ns``): with one
+  thread, that is the step's compute time without the time the scheduler gave to other
+  processes -- the figure a quiet machine would show, measurable on a shared one. It is only
+  valid with ``threads=1`` (other threads' work would be missed) and is recorded as such.
 
 The raw samples are kept; the summary is the median with the 10th and 90th percentiles, and a
 flag when the clock dropped or the driver reported a slowdown reason during the sample.
@@ -84,6 +88,7 @@ def measure(
     threads: int | None = None,
     probe: ClockProbe | None = None,
     clock_drop: float = 0.10,
+    clock: str = "wall",
 ) -> Timing:
     """Time `step()`: `warmup` untimed calls, then repeats until `max_repeats` or until
     `budget_s` seconds have passed (but at least `min_repeats`).
@@ -98,6 +103,14 @@ def measure(
     if warmup < 0 or budget_s <= 0:
         raise ValueError(f"warmup={warmup} must be >= 0 and budget_s={budget_s} > 0")
     on_cuda = str(device).startswith("cuda")
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock={clock!r} must be 'wall' or 'cpu'")
+    if clock == "cpu" and (on_cuda or threads != 1):
+        raise ValueError(
+            f"clock='cpu' (thread CPU time) needs the CPU with threads=1, got device={device!r}, "
+            f"threads={threads}; use clock='wall'"
+        )
+    timer = _time_thread if clock == "cpu" else _time_cpu
     with fixed_threads(None if on_cuda else threads):
         for _ in range(warmup):
             step()
@@ -110,7 +123,7 @@ def measure(
         throttled = False
         deadline = time.perf_counter() + budget_s
         while len(samples) < max_repeats:
-            samples.append(_time_cuda(step, device) if on_cuda else _time_cpu(step))
+            samples.append(_time_cuda(step, device) if on_cuda else timer(step))
             if probe is not None:
                 throttled |= bool(probe.throttle_mask())
                 mhz = probe.sm_clock_mhz()
@@ -128,6 +141,12 @@ def _time_cpu(step: Callable[[], object]) -> float:
     start = time.perf_counter_ns()
     step()
     return (time.perf_counter_ns() - start) / 1e6
+
+
+def _time_thread(step: Callable[[], object]) -> float:
+    start = time.thread_time_ns()
+    step()
+    return (time.thread_time_ns() - start) / 1e6
 
 
 def _time_cuda(step: Callable[[], object], device: str) -> float:

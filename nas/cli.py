@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "train": "dreams_nas.nas.commands.train",
     "score": "dreams_nas.nas.commands.score",
     "search": "dreams_nas.nas.commands.search",
+    "profile": "dreams_nas.nas.commands.profile",
 }
 
 

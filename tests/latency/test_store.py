@@ -66,7 +66,7 @@ def test_a_torn_last_line_is_skipped_and_repaired(tmp_path, hw) -> None:
 
 
 @pytest.mark.parametrize(("damage", "message"), [
-    (lambda cells: cells[:5], r"line 3: has 5 fields where the header has 23"),
+    (lambda cells: cells[:5], r"line 3: has 5 fields where the header has 24"),
     (lambda cells: cells[:9] + ["fast"] + cells[10:], r"line 3: median_ms='fast' is not a number"),
     (lambda cells: cells[:1] + ["prefill"] + cells[2:], r"line 3: kind 'prefill' is not one of"),
     (lambda cells: cells[:7] + ["x"] + cells[8:], r"line 3: context_len='x' is not a whole number"),

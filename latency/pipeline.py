@@ -1,0 +1,172 @@
+"""`dreams-nas profile` as one library call: identify, plan, time (resumable), fit, save.
+
+Files in ``<run>/latency/<hardware-id>/``: hardware.json, plan.json (what was asked for:
+context lengths, visual tokens, budget), profile.csv (append-only), predictor.joblib,
+predictor_train.csv, predictor.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.supernet.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.io import atomic_write_json, read_json
+from dreams_nas.supernet.runfolder import RunFolder
+from dreams_nas.supernet.space import SearchSpace
+
+from .fitting import LatencyPredictor
+from .hardware import HardwareInfo, detect_hardware, resolve_device
+from .plan import build_plan
+from .profiler import TimingSettings, run_profile
+from .store import ProfileStore
+
+log = logging.getLogger("dreams_nas.latency")
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    target: str | None = None  # "builtin" | checkpoint folder; None: run.json's, else builtin
+    device: str = "auto"
+    dtype: str = "auto"
+    budget: float | int | str | None = None
+    context_lengths: Sequence[int] | None = None
+    repeats: int = 30
+    threads: int | None = None
+    clock: str = "wall"
+    holdout: float = 0.2
+    fit_only: bool = False
+    seed: int = 0
+    show_progress: bool | None = None
+
+
+def load_target(target: str, device: str, dtype: Any) -> tuple[Any, dict[str, Any]]:
+    """The target model (eval, on `device`) and its run.json ``target`` entry."""
+    if target == "builtin":
+        try:
+            from dreams_nas.supernet import demo_target  # the demo issue's module
+        except ImportError:
+            raise InputError(
+                "the built-in demo target is not part of this build yet; pass --target "
+                "PATH (a Hugging Face VLM checkpoint folder)"
+            ) from None
+        path = Path(demo_target.ensure_demo_target())
+    else:
+        path = Path(target)
+        if not (path / "config.json").is_file():
+            raise InputError(
+                f"--target {target}: no Hugging Face checkpoint there (config.json is missing); "
+                "give a folder written by save_pretrained, or --target builtin"
+            )
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(path)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()
+    text = getattr(config, "text_config", None) or config
+    entry = {"id": target, "path": str(path.resolve()), "family": config.model_type,
+             "num_layers": int(text.num_hidden_layers), "hidden_size": int(text.hidden_size)}
+    return model, entry
+
+
+def _space_and_supernet(run: RunFolder, model: Any) -> tuple[SearchSpace, Any]:
+    from .steps import build_supernet, text_config
+
+    config = None
+    if (run.supernet_dir / "config.json").is_file():
+        from dreams_nas.supernet.store import read_supernet_config
+
+        config = read_supernet_config(run.supernet_dir)  # weights are not needed: cost only
+    if run.read_run().get("space") is not None:
+        space = run.space()
+    else:
+        text = text_config(model.config)
+        heads = config.num_heads if config is not None else int(text.num_attention_heads)
+        space = SearchSpace.default_for(int(text.num_hidden_layers), heads)
+    return space, build_supernet(model, space, config)
+
+
+def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
+    """Profile the present device (resuming a killed run) and fit its latency predictor."""
+    import torch
+
+    from .steps import ModelSteps, default_context_lengths, resolve_dtype, visual_tokens_of
+
+    started = time.perf_counter()
+    device = resolve_device(options.device)
+    if options.repeats < 1:
+        raise InputError(f"--repeats {options.repeats} must be at least 1")
+    dtype = resolve_dtype(options.dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    if options.clock not in ("wall", "cpu"):
+        raise InputError(f"--clock {options.clock!r} must be wall or cpu")
+    if options.clock == "cpu" and (device != "cpu" or options.threads != 1):
+        raise InputError(
+            "--clock cpu (thread CPU time) is for the CPU with one thread; add --device cpu "
+            "--threads 1, or use --clock wall"
+        )
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    folder = run.latency_dir(hw.hardware_id)
+    store = ProfileStore(run.profile_csv(hw.hardware_id))
+    result = None
+    if options.fit_only:
+        if not store.exists():
+            raise MissingArtefactError(
+                f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
+                "without --fit-only first"
+            )
+        plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
+        visual_tokens = int(plan_info.get("visual_tokens", 0))
+    else:
+        _check_same_hardware(folder, hw)
+        target_id = options.target or run.read_run().get("target", {}).get("path") or "builtin"
+        torch.manual_seed(options.seed)
+        model, entry = load_target(target_id, device, dtype)
+        space, supernet = _space_and_supernet(run, model)
+        visual_tokens = visual_tokens_of(model.config)
+        contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
+        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed)
+        existing = run.read_run()
+        run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()))
+                          if k not in existing})
+        atomic_write_json(folder / "hardware.json", hw.to_dict())
+        atomic_write_json(folder / "plan.json", {
+            "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
+            "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
+            "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
+        })
+        settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
+                                  threads=hw.threads, clock=options.clock)
+        steps = ModelSteps(model, supernet, visual_tokens, seed=options.seed)
+        log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
+        result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
+    predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
+                                     holdout=options.holdout, seed=options.seed)
+    predictor.save(folder)
+    report = predictor.report()
+    summary: dict[str, Any] = {
+        "hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
+        "rows": int(len(store.read())), "regressor": report["regressor"],
+        **{k: round(v, 4) for k, v in predictor.metrics.items()},
+        "n_train": report["n_train"], "n_holdout": report["n_holdout"],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if result is not None:
+        summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
+    return summary
+
+
+def _check_same_hardware(folder: Path, hw: HardwareInfo) -> None:
+    """Refuse to append rows timed in another dtype or clock setting to an existing profile."""
+    path = folder / "hardware.json"
+    if not path.is_file():
+        return
+    old = read_json(path)
+    if old.get("dtype") != hw.dtype:
+        raise InputError(
+            f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for {hw.dtype}; "
+            f"pass --dtype {old.get('dtype')} or use another --run folder"
+        )

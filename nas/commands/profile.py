@@ -1,0 +1,46 @@
+"""`dreams-nas profile`: time the draft subnets and the target's steps here, fit the predictor."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+HELP = "time draft subnets and the target's decode/verify steps on this device; fit the latency predictor"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=None, metavar="builtin|PATH",
+                        help="target VLM checkpoint folder (default: the run's target, else builtin)")
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda:N",
+                        help="device to time on (default: auto = cuda:0 if present, else cpu)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="weights' dtype (default: float32 on CPU, bfloat16 on GPU)")
+    parser.add_argument("--budget", default=None, metavar="N|FRACTION",
+                        help="draft measurements: a count or a fraction of the grid, chosen "
+                             "space-filling (default: the whole grid)")
+    parser.add_argument("--context-lengths", type=int, nargs="+", default=None, metavar="N",
+                        help="prompt lengths in tokens, image included (default: image + 16..256 text)")
+    parser.add_argument("--repeats", type=int, default=30,
+                        help="timed repeats per step, at most (default: 30; fewer past 2 s)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU: torch threads, fixed while timing (default: physical cores)")
+    parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                        help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
+                             "--threads 1; for shared machines)")
+    parser.add_argument("--holdout", type=float, default=0.2,
+                        help="share of the rows held out to measure the predictor (default: 0.2)")
+    parser.add_argument("--fit-only", action="store_true",
+                        help="refit the predictor on the existing profile without timing anything")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.latency.pipeline import ProfileOptions, profile
+    from dreams_nas.supernet.runfolder import RunFolder
+
+    options = ProfileOptions(
+        target=args.target, device=args.device, dtype=args.dtype, budget=args.budget,
+        context_lengths=args.context_lengths, repeats=args.repeats, threads=args.threads,
+        clock=args.clock, holdout=args.holdout, fit_only=args.fit_only, seed=args.seed,
+        show_progress=False if args.quiet else None,
+    )
+    return profile(RunFolder(args.run), options)

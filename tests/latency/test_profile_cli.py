@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from dreams_nas.latency.fitting import LatencyPredictor
+from dreams_nas.latency.store import ProfileStore
+from dreams_nas.nas import cli
+
+FAST = ["--device", "cpu", "--threads", "1", "--repeats", "3", "--context-lengths", "12", "20", "36"]
+
+
+def _profile_dir(run):
+    (hw,) = run.hardware_ids()
+    return run.latency_dir(hw), ProfileStore(run.profile_csv(hw))
+
+
+def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> None:
+    code = cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {"mape", "rmse", "within_10pct", "kendall_tau"} <= set(summary)
+    folder, store = _profile_dir(small_run)
+    rows = store.read()
+    # 2 heads x 2 keeps x 3 contexts drafts + 3 decode + 3 x 7 verify
+    assert len(rows) == summary["rows"] == summary["measured"] == 12 + 3 + 21
+    assert set(rows.status) == {"ok"} and (rows.median_ms > 0).all()
+    assert sorted(set(rows.heads[rows.kind == "draft"])) == [1, 4]
+    hw = json.loads((folder / "hardware.json").read_text())
+    assert hw["kind"] == "cpu" and hw["threads"] == 1 and hw["hardware_id"].endswith("-1t")
+    doc = json.loads((folder / "predictor.json").read_text())
+    assert doc["hardware_id"] == hw["hardware_id"] and doc["regressor"] in doc["cv_scores"]
+    assert LatencyPredictor.load(folder).decode_ms(20) > 0
+    run_json = small_run.read_run()
+    assert run_json["target"]["family"] == "llava" and run_json["target"]["num_layers"] == 2
+    # A rerun times nothing new; --fit-only refits from the profile alone.
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["measured"] == 0 and again["resumed"] == 36 and again["rows"] == 36
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 36
+
+
+def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
+    assert cli.main(["profile", "--run", str(small_run.root), "--device", "cuda:3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--device cuda:3 does not exist on this machine; the devices here are: cpu" in err
+
+
+def test_bad_inputs(small_run, tiny_llava, tmp_path, capsys) -> None:
+    base = ["profile", "--run", str(small_run.root)]
+    assert cli.main([*base, "--target", str(tmp_path), *FAST]) == 2
+    assert "no Hugging Face checkpoint there" in capsys.readouterr().err
+    assert cli.main([*base, "--fit-only", *FAST]) == 2
+    assert "no latency profile in" in capsys.readouterr().err
+    assert cli.main([*base, "--target", tiny_llava, "--clock", "cpu", "--device", "cpu"]) == 2
+    assert "--clock cpu (thread CPU time) is for the CPU with one thread" in capsys.readouterr().err
+    assert cli.main([*base, "--target", tiny_llava, *FAST, "--budget", "lots"]) == 2
+    assert "--budget 'lots' is not a number" in capsys.readouterr().err
+
+
+def test_corrupt_profile_names_file_and_line(small_run, tiny_llava, capsys) -> None:
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, *FAST]) == 0
+    _, store = _profile_dir(small_run)
+    lines = store.path.read_text().splitlines()
+    lines[4] = lines[4].replace(",ok,", ",fine,")
+    store.path.write_text("\n".join(lines) + "\n")
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", *FAST]) == 2
+    assert f"{store.path}, line 5: status 'fine' is not one of" in capsys.readouterr().err
+
+
+def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tiny_llava) -> None:
+    argv = [sys.executable, "-m", "dreams_nas.nas.cli", "profile", "--run", str(small_run.root),
+            "--target", tiny_llava, "-q", "--device", "cpu", "--threads", "1", "--repeats", "20",
+            "--context-lengths", "12", "20", "36", "52", "68"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    csv = None
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            hw_ids = small_run.hardware_ids()
+            if hw_ids:
+                csv = small_run.profile_csv(hw_ids[0])
+                if csv.read_text().count("\n") >= 6:  # header + 5 rows
+                    break
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.wait()
+    assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
+    store = ProfileStore(csv)
+    partial = len(store.read())
+    total = 2 * 2 * 5 + 5 + 5 * 7
+    assert 5 <= partial < total
+    done = subprocess.run(argv + ["--json"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    rows = store.read()
+    keys = list(zip(rows.kind, rows.spec_id, rows.context_len, rows.k, strict=True))
+    assert len(keys) == len(set(keys)) == total  # nothing twice, nothing missing
+    assert summary["resumed"] == partial and summary["measured"] == total - partial
