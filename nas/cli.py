@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "score": "dreams_nas.nas.commands.score",
     "search": "dreams_nas.nas.commands.search",
     "profile": "dreams_nas.nas.commands.profile",
+    "data": "dreams_nas.nas.commands.data",
+    "target": "dreams_nas.nas.commands.target",
 }
 
 

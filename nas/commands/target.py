@@ -1,0 +1,39 @@
+"""`dreams-nas target build-demo`: build (once) and cache the built-in demo target."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+HELP = "the built-in demo target: `target build-demo` trains it once and caches it"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("build-demo",),
+                        help="build-demo: train the built-in demo target (a small LLaVA on the "
+                             "synthetic tasks) into $DREAMS_NAS_CACHE (default "
+                             "~/.cache/dreams-nas) once; later calls return the cached one at once")
+    parser.add_argument("--variant", choices=("default", "tiny"), default="default",
+                       help="`tiny` is the seconds-long test-size build (default: default)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="cache folder (default: $DREAMS_NAS_CACHE or ~/.cache/dreams-nas)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="torch CPU threads for the build (default: torch's own choice)")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.supernet.demo_target import ensure_demo_target_with_metrics
+    from dreams_nas.supernet.errors import InputError
+
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads {args.threads} must be at least 1")
+    folder, metrics, cached = ensure_demo_target_with_metrics(
+        args.cache_dir, variant=args.variant, seed=args.seed, progress=not args.quiet,
+        threads=args.threads)
+    keys = ("exact_match", "exact_match_per_task", "num_params", "decode_ms_target",
+            "decode_ms_draft_1layer", "decode_ms_draft_3layer", "draft_1layer_to_target",
+            "draft_3layer_to_target", "build_s", "train_steps", "num_layers", "hidden_size",
+            "variant", "version")
+    summary = {key: metrics.get(key) for key in keys}
+    summary.update(folder=str(folder), cached=cached)
+    return summary

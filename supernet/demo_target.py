@@ -1,0 +1,381 @@
+"""The built-in demo target: a small trained LLaVA that works offline, built once and cached.
+
+`build_demo_target` trains a real `LlavaForConditionalGeneration` (a one-layer CLIP vision tower
+with patch size = the synthetic tasks' cell size, and a deep, narrow Llama) on the synthetic tasks
+of `synth` until its greedy answers match the references, then saves model + processor with
+`save_pretrained`, so the folder loads like any checkpoint on disk. `ensure_demo_target` builds it
+on first use into ``$DREAMS_NAS_CACHE`` (default ``~/.cache/dreams-nas``) under a version key, in a
+temporary folder that is renamed into place only after a completion marker (with the sha256 of
+every file) is written; a folder whose marker is missing or whose files do not match is rebuilt,
+never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .demo_train import Encoder, TrainConfig, exact_match, exact_match_flags, train
+from .errors import InputError
+from .io import atomic_write_json, locked
+from .progress import progress as progress_bar
+from .synth import CELL, IMAGE_SIZE, TASKS, make_sample, vocabulary_texts
+from .versions import library_versions
+from .word_tokenizer import CHAT_TEMPLATE, IMAGE, build_word_tokenizer
+
+log = logging.getLogger("dreams_nas")
+
+# Bump when the data, the architecture or the recipe changes: old cache folders are then ignored.
+DEMO_VERSION = "demo-v1"
+CACHE_ENV = "DREAMS_NAS_CACHE"
+MARKER = "dreams-nas-complete.json"
+
+
+@dataclass(frozen=True)
+class DemoVariant:
+    """Sizes and training recipe of one demo-target variant."""
+
+    name: str
+    vision_hidden: int
+    vision_layers: int
+    vision_heads: int
+    text_hidden: int
+    text_layers: int
+    text_heads: int
+    text_intermediate: int
+    train: TrainConfig
+    n_eval: int
+    timing_repeats: int
+
+
+VARIANTS: dict[str, DemoVariant] = {
+    # 16 layers x 128 hidden: every layer costs about the same fixed time at batch 1, so the
+    # three-layer draft costs well under a third of a target step (measured at build time).
+    "default": DemoVariant(
+        name="default", vision_hidden=64, vision_layers=1, vision_heads=2, text_hidden=128,
+        text_layers=16, text_heads=4, text_intermediate=384,
+        train=TrainConfig(max_steps=1500, batch_size=32, lr=2e-3, warmup_steps=50,
+                          eval_every=50, n_val=96, target_exact_match=0.98),
+        n_eval=250, timing_repeats=40),
+    # The same code at test size: builds in seconds, answers are not expected to be right.
+    "tiny": DemoVariant(
+        name="tiny", vision_hidden=16, vision_layers=1, vision_heads=2, text_hidden=32,
+        text_layers=2, text_heads=2, text_intermediate=64,
+        train=TrainConfig(max_steps=6, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=3,
+                          n_val=4, target_exact_match=1.01),
+        n_eval=8, timing_repeats=3),
+}
+
+
+def get_variant(name: str) -> DemoVariant:
+    if name not in VARIANTS:
+        raise InputError(f"demo-target variant {name!r} is unknown; pick one of {list(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def default_cache_dir() -> Path:
+    """``$DREAMS_NAS_CACHE`` or ``~/.cache/dreams-nas``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "dreams-nas").expanduser()
+
+
+# --- building -------------------------------------------------------------------------------------
+
+def build_processor() -> Any:
+    """The LlavaProcessor saved with the target: CLIP preprocessing + the word tokenizer."""
+    from transformers import LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer = build_word_tokenizer(vocabulary_texts())
+    # Resize/crop to the training size (a no-op on synthetic images); mean/std 0.5 maps
+    # pixels to [-1, 1]. The PIL processor needs no torchvision; it saves as CLIPImageProcessor.
+    image_processor = CLIPImageProcessorPil(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=CELL,
+                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=CHAT_TEMPLATE)
+
+
+def build_config(variant: DemoVariant, tokenizer: Any) -> Any:
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    vision = CLIPVisionConfig(
+        hidden_size=variant.vision_hidden, intermediate_size=2 * variant.vision_hidden,
+        num_hidden_layers=variant.vision_layers, num_attention_heads=variant.vision_heads,
+        image_size=IMAGE_SIZE, patch_size=CELL, projection_dim=variant.vision_hidden)
+    text = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=variant.text_hidden,
+        intermediate_size=variant.text_intermediate, num_hidden_layers=variant.text_layers,
+        num_attention_heads=variant.text_heads, num_key_value_heads=variant.text_heads,
+        max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    return LlavaConfig(
+        vision_config=vision, text_config=text,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
+        vision_feature_layer=-1, vision_feature_select_strategy="default",
+        image_seq_length=(IMAGE_SIZE // CELL) ** 2)
+
+
+def build_demo_target(
+    out_dir: str | Path,
+    variant: str = "default",
+    seed: int = 0,
+    progress: bool = True,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Train the demo target and `save_pretrained` it (model + processor) into `out_dir`.
+
+    Deterministic for a given `seed`, variant and thread count. Returns the metrics: eval exact
+    match (greedy, on the eval split), parameter count, decode-step times of the target and of
+    one- and three-layer draft-sized models, build time.
+    """
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    spec = get_variant(variant)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    start = time.perf_counter()
+    processor = build_processor()
+    config = build_config(spec, processor.tokenizer)
+    with torch.random.fork_rng(devices=[]):  # weight init reads the global RNG; keep it local
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    encoder = Encoder(processor)
+
+    bar = progress_bar(total=spec.train.max_steps, desc=f"training demo target ({variant})",
+                       unit="step", disable=None if progress else True)
+    state: dict[str, float] = {}
+
+    def on_step(step: int, loss: float, val: float | None) -> None:
+        if val is not None:
+            state["val"] = val
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", val_em=f"{state.get('val', 0.0):.2f}")
+
+    try:
+        result = train(model, encoder, spec.train, data_seed=seed, on_step=on_step)
+    finally:
+        bar.close()
+    train_s = time.perf_counter() - start
+
+    eval_samples = [make_sample("eval", seed, i) for i in range(spec.n_eval)]
+    em = exact_match(model, encoder, eval_samples)
+    per_task = _per_task_exact_match(model, encoder, eval_samples)
+    generate_check = _generate_check(model, processor, eval_samples[: len(TASKS)])
+    timing = measure_decode_steps(model, processor, repeats=spec.timing_repeats)
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    metrics = {
+        "variant": variant, "version": DEMO_VERSION, "seed": seed,
+        "exact_match": em, "exact_match_per_task": per_task, "n_eval": len(eval_samples),
+        "generate_check": generate_check,
+        "num_params": sum(p.numel() for p in model.parameters()),
+        "num_layers": spec.text_layers, "hidden_size": spec.text_hidden,
+        "train_steps": result["steps"], "val_history": result["val_history"],
+        "final_loss": result["loss_curve"][-1]["loss"],
+        **timing,
+        "train_s": round(train_s, 1),
+        "build_s": round(time.perf_counter() - start, 1),
+        "threads": torch.get_num_threads(),
+        "versions": library_versions(),
+    }
+    atomic_write_json(out / "demo_metrics.json", metrics)
+    return metrics
+
+
+def _per_task_exact_match(model: Any, encoder: Encoder, samples: list) -> dict[str, float]:
+    out = {}
+    for task in TASKS:
+        subset = [s for s in samples if s.task == task]
+        if subset:
+            out[task] = round(exact_match(model, encoder, subset), 4)
+    return out
+
+
+def _generate_check(model: Any, processor: Any, samples: list) -> dict[str, Any]:
+    """Greedy `model.generate` on a few eval questions, one per task: how many match exactly."""
+    import torch
+
+    encoder = Encoder(processor)
+    matched = 0
+    agree = 0
+    for sample in samples:
+        messages = [{"role": "user", "content": [{"type": "image"},
+                                                 {"type": "text", "text": sample.prompt}]}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        inputs = processor(images=[sample.image], text=[text], return_tensors="pt")
+        with torch.inference_mode():
+            out = model.generate(**inputs, do_sample=False, max_new_tokens=80,
+                                 pad_token_id=processor.tokenizer.pad_token_id)
+        answer = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:],
+                                            skip_special_tokens=True)
+        hit = answer == sample.answer
+        matched += hit
+        agree += hit == bool(exact_match_flags(model, encoder.encode([sample]))[0])
+    return {"n": len(samples), "matched": matched, "agrees_with_teacher_forced": agree}
+
+
+# --- timing ---------------------------------------------------------------------------------------
+
+def measure_decode_steps(model: Any, processor: Any, repeats: int = 40) -> dict[str, float]:
+    """Median batch-1 decode-step time (ms) of the target and of 1- and 3-layer Llamas as wide.
+
+    The draft-sized models share the target's text config except depth, so they cost what the
+    supernet's draft layers cost (the draft's full step is decoder + cross-attention + decoder,
+    about three layers). Each step decodes one token after a cached context of a real prompt,
+    then crops the cache back, so every repeat sees the same context length. The three models
+    are timed round-robin so background load hits them alike.
+    """
+    import torch
+    from transformers import DynamicCache, LlamaForCausalLM
+
+    text_config = model.config.text_config
+    drafts = {}
+    for layers in (1, 3):
+        cfg = text_config.__class__(**{**text_config.to_dict(), "num_hidden_layers": layers})
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            drafts[layers] = LlamaForCausalLM(cfg).eval()
+    sample = make_sample("eval", 0, 0)
+    messages = [{"role": "user", "content": [{"type": "image"},
+                                             {"type": "text", "text": sample.prompt}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor(images=[sample.image], text=[text], return_tensors="pt")
+    context = inputs["input_ids"].shape[1]
+    step_ids = torch.tensor([[processor.tokenizer.eos_token_id]])  # (1, 1)
+
+    def prepare(net: Any, is_target: bool) -> tuple[Any, Any]:
+        cache = DynamicCache(config=net.config)
+        with torch.inference_mode():
+            if is_target:
+                net(**inputs, cache=cache, use_cache=True)
+            else:
+                net(input_ids=inputs["input_ids"], cache=cache, use_cache=True)
+        return net, cache
+
+    runs = {"target": prepare(model.eval(), True), "draft1": prepare(drafts[1], False),
+            "draft3": prepare(drafts[3], False)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    with torch.inference_mode():
+        for i in range(repeats + 3):
+            for name, (net, cache) in runs.items():
+                t0 = time.perf_counter()
+                net(input_ids=step_ids, cache=cache, use_cache=True)
+                elapsed = time.perf_counter() - t0
+                cache.crop(-1)
+                if i >= 3:  # warm-up steps are dropped
+                    times[name].append(elapsed * 1e3)
+    med = {name: statistics.median(values) for name, values in times.items()}
+    return {
+        "context_len": context,
+        "decode_ms_target": round(med["target"], 3),
+        "decode_ms_draft_1layer": round(med["draft1"], 3),
+        "decode_ms_draft_3layer": round(med["draft3"], 3),
+        "draft_1layer_to_target": round(med["draft1"] / med["target"], 4),
+        "draft_3layer_to_target": round(med["draft3"] / med["target"], 4),
+    }
+
+
+# --- the cache ------------------------------------------------------------------------------------
+
+def demo_target_dir(cache_dir: str | Path | None = None, variant: str = "default",
+                    seed: int = 0) -> Path:
+    """Where the cached demo target of this version, variant and seed lives."""
+    get_variant(variant)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / "demo-target" / f"{DEMO_VERSION}-{variant}-s{seed}"
+
+
+def read_complete_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The completion marker of a cached build, or None when missing, unreadable or stale.
+
+    Stale means a file listed in the marker is missing or its sha256 differs (a half-written
+    or damaged folder).
+    """
+    folder = Path(folder)
+    try:
+        marker = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+        files = marker["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for name, digest in files.items():
+        path = folder / name
+        if not path.is_file() or _sha256(path) != digest:
+            return None
+    return marker
+
+
+def ensure_demo_target(
+    cache_dir: str | Path | None = None,
+    variant: str = "default",
+    seed: int = 0,
+    progress: bool = True,
+    threads: int | None = None,
+) -> Path:
+    """The checkpoint folder of the demo target, built (minutes) on first use, then reused."""
+    return ensure_demo_target_with_metrics(cache_dir, variant, seed, progress, threads)[0]
+
+
+def ensure_demo_target_with_metrics(
+    cache_dir: str | Path | None = None,
+    variant: str = "default",
+    seed: int = 0,
+    progress: bool = True,
+    threads: int | None = None,
+) -> tuple[Path, dict[str, Any], bool]:
+    """(folder, build metrics, came from the cache)."""
+    folder = demo_target_dir(cache_dir, variant, seed)
+    marker = read_complete_marker(folder)
+    if marker is not None:
+        return folder, marker["metrics"], True
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with locked(folder.parent / f".{folder.name}"):  # one builder at a time per key
+        marker = read_complete_marker(folder)  # another process may have finished meanwhile
+        if marker is not None:
+            return folder, marker["metrics"], True
+        if folder.exists():
+            log.warning("cached demo target in %s is incomplete or damaged; rebuilding it", folder)
+            shutil.rmtree(folder)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+        try:
+            log.info("building the demo target (%s) into %s; this happens once", variant, folder)
+            metrics = build_demo_target(tmp, variant=variant, seed=seed, progress=progress,
+                                        threads=threads)
+            metrics = {**metrics, "folder": str(folder)}
+            files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            atomic_write_json(tmp / MARKER, {"version": DEMO_VERSION, "variant": variant,
+                                             "seed": seed, "files": files, "metrics": metrics})
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return folder, metrics, False
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def variant_summary(variant: str) -> dict[str, Any]:
+    """The variant's sizes and recipe as plain data (for reports and --json)."""
+    spec = get_variant(variant)
+    return {**asdict(replace(spec, train=spec.train)), "train": asdict(spec.train)}

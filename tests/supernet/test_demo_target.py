@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from dreams_nas.nas import cli
+from dreams_nas.supernet.demo_target import (
+    MARKER,
+    build_processor,
+    demo_target_dir,
+    ensure_demo_target,
+    ensure_demo_target_with_metrics,
+    read_complete_marker,
+)
+from dreams_nas.supernet.demo_train import Encoder, exact_match_flags
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.synth import make_sample
+from transformers import AutoProcessor, LlavaForConditionalGeneration, LlavaProcessor
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    folder, metrics, cached = ensure_demo_target_with_metrics(cache, variant="tiny",
+                                                              progress=False, threads=1)
+    assert not cached
+    return cache, folder, metrics
+
+
+def _messages(prompt, image=None):
+    part = {"type": "image"} if image is None else {"type": "image", "path": str(image)}
+    return [{"role": "user", "content": [part, {"type": "text", "text": prompt}]}]
+
+
+def test_folder_loads_like_any_checkpoint(tiny, tmp_path) -> None:
+    _, folder, _ = tiny
+    model = LlavaForConditionalGeneration.from_pretrained(folder)
+    processor = AutoProcessor.from_pretrained(folder)
+    assert isinstance(processor, LlavaProcessor)
+    assert type(processor.image_processor).__name__.startswith("CLIPImageProcessor")
+    assert processor.patch_size == 8 and processor.tokenizer.chat_template
+    sample = make_sample("eval", 0, 3)
+    sample.image.save(tmp_path / "x.png")
+    inputs = processor.apply_chat_template(_messages(sample.prompt, tmp_path / "x.png"),
+                                           add_generation_prompt=True, tokenize=True,
+                                           return_dict=True, return_tensors="pt")
+    ids = inputs["input_ids"][0]
+    assert int((ids == model.config.image_token_id).sum()) == 36  # image first, 6 x 6 patches
+    assert ids[0] == processor.tokenizer.bos_token_id
+    assert processor.tokenizer.convert_ids_to_tokens(ids[-2:].tolist()) == ["ASSISTANT", ":"]
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=4)
+    assert out.shape[1] == ids.shape[0] + 4 or out[0, -1] == processor.tokenizer.eos_token_id
+
+
+def test_metrics_and_cache_reuse(tiny, capsys) -> None:
+    cache, folder, metrics = tiny
+    for key in ("exact_match", "num_params", "decode_ms_target", "decode_ms_draft_1layer",
+                "decode_ms_draft_3layer", "draft_3layer_to_target", "build_s"):
+        assert key in metrics
+    assert metrics["num_params"] == sum(
+        p.numel() for p in LlavaForConditionalGeneration.from_pretrained(folder).parameters())
+    assert metrics["generate_check"]["agrees_with_teacher_forced"] == metrics["generate_check"]["n"]
+    start = time.perf_counter()
+    assert ensure_demo_target(cache, variant="tiny") == folder
+    assert time.perf_counter() - start < 2.0
+    code = cli.main(["target", "build-demo", "--variant", "tiny", "--cache-dir", str(cache),
+                     "--json", "-q"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["cached"] is True and summary["folder"] == str(folder)
+    assert summary["exact_match"] == metrics["exact_match"]
+
+
+def test_teacher_forced_exact_match_equals_greedy_generate(tiny) -> None:
+    from dreams_nas.supernet.demo_train import IGNORE, Batch
+
+    _, folder, _ = tiny
+    model = LlavaForConditionalGeneration.from_pretrained(folder).eval()
+    processor = build_processor()
+    encoder = Encoder(processor)
+    sample = make_sample("eval", 0, 1)
+    text = processor.apply_chat_template(_messages(sample.prompt), add_generation_prompt=True,
+                                         tokenize=False)
+    inputs = processor(images=[sample.image], text=[text], return_tensors="pt")
+    prompt = inputs["input_ids"]  # (1, prompt_len)
+    assert prompt[0].tolist() == encoder.prompt_ids(sample.prompt)
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=10, min_new_tokens=10)
+    labels = torch.full_like(out, IGNORE)
+    labels[:, prompt.shape[1]:] = out[:, prompt.shape[1]:]
+    batch = Batch(input_ids=out, attention_mask=torch.ones_like(out),
+                  pixel_values=inputs["pixel_values"], labels=labels)
+    assert bool(exact_match_flags(model, batch)[0])  # greedy continuation = all argmaxes
+    wrong = labels.clone()
+    wrong[0, -1] = (wrong[0, -1] + 1) % model.config.text_config.vocab_size
+    batch = Batch(input_ids=out, attention_mask=torch.ones_like(out),
+                  pixel_values=inputs["pixel_values"], labels=wrong)
+    assert not bool(exact_match_flags(model, batch)[0])
+
+
+def test_damaged_or_half_written_cache_is_rebuilt(tiny, tmp_path) -> None:
+    cache = tmp_path / "cache"
+    folder = ensure_demo_target(cache, variant="tiny", progress=False, threads=1)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a torn file
+    assert read_complete_marker(folder) is None
+    assert ensure_demo_target(cache, variant="tiny", progress=False, threads=1) == folder
+    assert read_complete_marker(folder) is not None
+    (folder / MARKER).unlink()  # a folder without its completion marker
+    assert read_complete_marker(folder) is None
+    assert ensure_demo_target(cache, variant="tiny", progress=False, threads=1) == folder
+    LlavaForConditionalGeneration.from_pretrained(folder)
+    assert not [p for p in folder.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_build_is_deterministic(tiny, tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    _, folder, _ = tiny
+    again = ensure_demo_target(tmp_path, variant="tiny", progress=False, threads=1)
+    a, b = load_file(folder / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+def test_unknown_variant() -> None:
+    with pytest.raises(InputError, match="variant 'huge' is unknown"):
+        demo_target_dir(None, variant="huge")
+
+
+def test_cache_env_var(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path))
+    assert demo_target_dir(variant="tiny").is_relative_to(tmp_path)

@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+from dreams_nas.nas import cli
+from dreams_nas.supernet.data import (
+    builtin_dataset,
+    load_llava_jsonl,
+    strip_image_marker,
+    write_synthetic,
+)
+from dreams_nas.supernet.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.synth import (
+    CELL,
+    GRID,
+    IMAGE_SIZE,
+    TASKS,
+    make_sample,
+    sample_seed,
+    vocabulary_texts,
+)
+from dreams_nas.supernet.word_tokenizer import build_word_tokenizer
+
+
+def test_samples_are_deterministic_and_cover_every_task() -> None:
+    a = [make_sample("train", 3, i) for i in range(10)]
+    b = [make_sample("train", 3, i) for i in range(10)]
+    assert [(s.prompt, s.answer, s.image.tobytes()) for s in a] == [
+        (s.prompt, s.answer, s.image.tobytes()) for s in b]
+    assert {s.task for s in a} == set(TASKS)
+    assert all(s.image.size == (IMAGE_SIZE, IMAGE_SIZE) == (CELL * GRID,) * 2 for s in a)
+
+
+def test_train_and_eval_never_share_a_seed() -> None:
+    train = {sample_seed("train", s, i) for s in range(3) for i in range(2000)}
+    evals = {sample_seed("eval", s, i) for s in range(3) for i in range(2000)}
+    assert not train & evals
+    with pytest.raises(InputError, match="split 'test' is not one of"):
+        sample_seed("test", 0, 0)
+
+
+def test_answers_depend_on_the_image_and_have_sentence_length() -> None:
+    tok = build_word_tokenizer(vocabulary_texts())
+    for task in TASKS:
+        samples = [make_sample("eval", 0, i, (task,)) for i in range(30)]
+        answers = {s.answer for s in samples}
+        assert len(answers) >= 20, task  # the image, not the question, decides the answer
+        for s in samples:
+            n = len(tok(s.answer, add_special_tokens=False)["input_ids"])
+            assert 10 <= n <= 60, (task, n, s.answer)
+
+
+def _filled_cells(image) -> int:
+    import numpy as np
+    from dreams_nas.supernet.synth import BACKGROUND
+
+    pixels = np.asarray(image)  # (H, W, 3)
+    ink = (pixels != np.array(BACKGROUND, dtype=np.uint8)).any(-1)  # (H, W)
+    cells = ink.reshape(GRID, CELL, GRID, CELL).any(axis=(1, 3))  # (GRID, GRID)
+    return int(cells.sum())
+
+
+def test_each_object_or_glyph_fills_its_own_cell() -> None:
+    from dreams_nas.supernet.synth import NUMBER_WORDS
+
+    for i in range(20):
+        scene = make_sample("train", 0, i, ("scene",))
+        n = NUMBER_WORDS.index(scene.answer.split()[3])  # "The image shows <n> objects."
+        assert _filled_cells(scene.image) == n, scene.answer
+        ocr = make_sample("train", 0, i, ("ocr",))
+        code = ocr.answer.split(" reads ")[1].split(",")[0].split()
+        assert _filled_cells(ocr.image) == len(code), ocr.answer
+        assert _filled_cells(make_sample("train", 0, i, ("math",)).image) == 3
+
+
+def test_synth_output_is_byte_identical_for_the_same_seed(tmp_path) -> None:
+    def files(root):
+        return {p.relative_to(root).as_posix(): p.read_bytes()
+                for p in sorted(root.rglob("*")) if p.is_file()}
+
+    write_synthetic(tmp_path / "a", 12, "eval", seed=5)
+    write_synthetic(tmp_path / "b", 12, "eval", seed=5)
+    write_synthetic(tmp_path / "c", 12, "eval", seed=6)
+    assert files(tmp_path / "a") == files(tmp_path / "b")
+    assert files(tmp_path / "a") != files(tmp_path / "c")
+
+
+def test_jsonl_round_trips_through_the_loader(tmp_path) -> None:
+    from PIL import Image
+
+    jsonl = write_synthetic(tmp_path, 10, "train", seed=1)
+    examples = load_llava_jsonl(jsonl)
+    assert len(examples) == 10
+    for index, example in enumerate(examples):
+        sample = make_sample("train", 1, index)
+        assert example.id == sample.id
+        assert example.prompt == sample.prompt and "<image>" not in example.prompt
+        assert example.answer == sample.answer
+        assert Image.open(example.image_path).convert("RGB").tobytes() == sample.image.tobytes()
+    record = json.loads(jsonl.read_text().splitlines()[0])
+    assert record["conversations"][0] == {"from": "human",
+                                          "value": "<image>\n" + examples[0].prompt}
+
+
+def test_strip_image_marker() -> None:
+    assert strip_image_marker("<image>\nWhat is it?") == "What is it?"
+    assert strip_image_marker("What is <image> it?") == "What is it?"
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("{not json", r"data\.jsonl:2: not valid JSON"),
+        ("[1, 2]", r"data\.jsonl:2: expected a JSON object"),
+        ('{"id": "x", "image": "a.png"}', r"data\.jsonl:2: missing key\(s\) \['conversations'\]"),
+        ('{"id": "x", "image": "a.png", "conversations": [{"from": "human", "value": "q"}]}',
+         r"data\.jsonl:2: conversations need a human turn followed by a gpt turn"),
+        ('{"id": "x", "image": "a.png", "conversations": "hi"}',
+         r"data\.jsonl:2: conversations must be a list"),
+    ],
+)
+def test_malformed_jsonl_names_file_and_line(tmp_path, line, match) -> None:
+    (tmp_path / "a.png").write_bytes(b"")
+    good = ('{"id": "ok", "image": "a.png", "conversations": [{"from": "human", "value": '
+            '"<image>\\nq"}, {"from": "gpt", "value": "a"}]}')
+    path = tmp_path / "data.jsonl"
+    path.write_text(good + "\n" + line + "\n")
+    with pytest.raises(InputError, match=match):
+        load_llava_jsonl(path)
+
+
+def test_missing_image_and_missing_file(tmp_path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"id": "x", "image": "nope.png", "conversations": [{"from": "human", '
+                    '"value": "q"}, {"from": "gpt", "value": "a"}]}\n')
+    with pytest.raises(MissingArtefactError, match=r"d\.jsonl:1: image file .*nope\.png does not"):
+        load_llava_jsonl(path)
+    assert load_llava_jsonl(path, check_images=False)[0].answer == "a"
+    with pytest.raises(MissingArtefactError, match="does not exist"):
+        load_llava_jsonl(tmp_path / "absent.jsonl")
+
+
+def test_builtin_dataset_is_cached(tmp_path) -> None:
+    first = builtin_dataset("eval", 6, seed=2, cache_dir=tmp_path)
+    png = first[0].image_path
+    stamp = png.stat().st_mtime_ns
+    second = builtin_dataset("eval", 6, seed=2, cache_dir=tmp_path)
+    assert first == second and png.stat().st_mtime_ns == stamp
+    assert [e.answer for e in first] == [make_sample("eval", 2, i).answer for i in range(6)]
+
+
+def test_cli_data_synth(tmp_path, capsys) -> None:
+    out = tmp_path / "synth"
+    code = cli.main(["data", "synth", "--out", str(out), "--n", "5", "--split", "eval", "--json",
+                     "-q"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["n"] == 5 and summary["split"] == "eval"
+    assert len(load_llava_jsonl(summary["jsonl"])) == 5
+    assert cli.main(["data", "synth", "--out", str(out), "--n", "0"]) == 2
+    assert "--n 0 must be at least 1" in capsys.readouterr().err
