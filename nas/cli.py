@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "profile": "dreams_nas.nas.commands.profile",
     "data": "dreams_nas.nas.commands.data",
     "target": "dreams_nas.nas.commands.target",
+    "report": "dreams_nas.nas.commands.report",
 }
 
 

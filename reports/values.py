@@ -1,0 +1,207 @@
+"""The values of the report: what the figures and the page show, as frozen dataclasses.
+
+`build_report_data` (data.py) fills them from a run folder; figures.py and html.py only draw them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ReportError(ValueError):
+    """A run folder or an option the report cannot be built from; the message says the fix."""
+
+
+class MissingResultsError(ReportError, FileNotFoundError):
+    """The run has no search results yet (or lacks another file the report cannot do without)."""
+
+
+# --- the values ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Subnet:
+    """One evaluated subnet (a row of search/<hardware-id>/trials.csv)."""
+
+    spec_id: str
+    heads: int
+    visual_keep: float
+    inject_layer: int
+    draft_len: int
+    tau: float
+    tau_lo: float | None
+    tau_hi: float | None
+    draft_ms: float
+    verify_ms: float | None
+    decode_ms: float | None
+    speedup: float
+    draft_params: int | None
+    feasible: bool
+    on_front: bool
+    number: int | None = None
+
+    @property
+    def cycle_draft_ms(self) -> float:
+        """Draft time per speculative cycle: draft_len steps of draft_ms."""
+        return self.draft_len * self.draft_ms
+
+
+@dataclass(frozen=True)
+class BestSubnet:
+    """search/<hardware-id>/best.json, flattened."""
+
+    spec_id: str
+    heads: int
+    visual_keep: float
+    inject_layer: int
+    draft_len: int
+    objective: str
+    method: str
+    spec_dir: str
+    predicted_speedup: float
+    predicted_tau: float | None
+    tau_ci: tuple[float, float] | None
+    draft_ms: float | None
+    verify_ms: float | None
+    decode_ms: float | None
+    measured_speedup: float | None
+    measured_tau: float | None
+    tokens_per_s: float | None
+    baseline_tokens_per_s: float | None
+    created: str | None
+    exported: bool
+
+    @property
+    def speedup_gap(self) -> float | None:
+        """(measured - predicted) / predicted, when the best subnet was measured."""
+        if self.measured_speedup is None or not self.predicted_speedup:
+            return None
+        return (self.measured_speedup - self.predicted_speedup) / self.predicted_speedup
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A subnet measured end to end after the search."""
+
+    spec_id: str
+    predicted_speedup: float
+    measured_speedup: float
+    measured_tau: float | None
+
+
+@dataclass(frozen=True)
+class AcceptanceCurve:
+    """Per-position acceptance rates of one subnet (positions 1..draft_len)."""
+
+    spec_id: str
+    rates: tuple[float, ...]
+    tau: float | None
+
+
+@dataclass(frozen=True)
+class HoldoutPoint:
+    kind: str
+    spec_id: str | None
+    measured_ms: float
+    predicted_ms: float
+
+
+@dataclass(frozen=True)
+class PredictorInfo:
+    """latency/<hardware-id>/predictor.json: the latency predictor's held-out quality."""
+
+    regressor: str
+    mape: float | None
+    rmse: float | None
+    within_10pct: float | None
+    kendall_tau: float | None
+    n_train: int | None
+    n_holdout: int | None
+    holdout: tuple[HoldoutPoint, ...]
+
+
+@dataclass(frozen=True)
+class AifdInfo:
+    """Attention entropy (AE) and its change (ΔAE) per target layer, and the chosen layer(s)."""
+
+    layers: tuple[int, ...]
+    ae: tuple[float, ...]
+    delta_ae: tuple[float, ...]
+    chosen: tuple[int, ...]
+    rule: str
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    number: int
+    value: float | None
+    best_so_far: float | None
+
+
+@dataclass(frozen=True)
+class CrossHardware:
+    """Each hardware's best subnet and its predicted speedup on every searched hardware.
+
+    speedup[i][j] is the speedup of hardware_ids[i]'s best subnet on hardware_ids[j], looked up
+    in hardware_ids[j]'s trials.csv; None where that subnet was not evaluated there.
+    """
+
+    hardware_ids: tuple[str, ...]
+    best_spec_ids: tuple[str, ...]
+    speedup: tuple[tuple[float | None, ...], ...]
+
+    def relative(self, i: int, j: int) -> float | None:
+        """speedup[i][j] as a fraction of hardware j's own best (1.0 on the diagonal)."""
+        value, own = self.speedup[i][j], self.speedup[j][j]
+        return None if value is None or not own else value / own
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the report shows, for one hardware id of one run."""
+
+    run_dir: Path
+    hardware_id: str
+    generated: str
+    target: Mapping[str, Any]
+    supernet_hash: str | None
+    supernet_params: int | None
+    hardware: Mapping[str, Any]
+    versions: Mapping[str, Any]
+    subnets: tuple[Subnet, ...]
+    best: BestSubnet
+    verified: tuple[Verified, ...]
+    acceptance_dataset: str | None
+    acceptance: tuple[AcceptanceCurve, ...]
+    predictor: PredictorInfo | None
+    aifd: AifdInfo | None
+    history: tuple[HistoryPoint, ...]
+    cross_hardware: CrossHardware | None
+    searched_hardware_ids: tuple[str, ...]
+    exported_specs: frozenset[str] = field(default_factory=frozenset)
+    front_source: str = "pareto.csv"
+
+    @property
+    def front(self) -> tuple[Subnet, ...]:
+        """The Pareto front, by predicted speedup, best first."""
+        return tuple(sorted((s for s in self.subnets if s.on_front),
+                            key=lambda s: (-s.speedup, s.draft_ms, s.spec_id)))
+
+    @property
+    def best_subnet(self) -> Subnet | None:
+        """The best subnet's trials row (None if best.json names a subnet missing from trials)."""
+        return next((s for s in self.subnets if s.spec_id == self.best.spec_id), None)
+
+    def summary(self) -> dict[str, Any]:
+        """Short JSON-able summary (what `dreams-nas report --json` prints besides the paths)."""
+        return {
+            "hardware_id": self.hardware_id,
+            "best": self.best.spec_id,
+            "predicted_speedup": round(self.best.predicted_speedup, 4),
+            "measured_speedup": (None if self.best.measured_speedup is None
+                                 else round(self.best.measured_speedup, 4)),
+            "n_subnets": len(self.subnets),
+            "front": [s.spec_id for s in self.front],
+            "hardware_ids": list(self.searched_hardware_ids),
+        }

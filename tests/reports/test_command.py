@@ -1,0 +1,43 @@
+"""`dreams-nas report`: writes the page, prints the summary, fails in one line without a search."""
+
+from __future__ import annotations
+
+import json
+
+from dreams_nas.nas import cli
+
+from .fixtures import CPU, Space, make_run
+
+SMALL = Space(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(8, 12), draft_len=(3, 5))
+
+
+def test_report_command_writes_page_and_json_summary(tmp_path, capsys) -> None:
+    run = make_run(tmp_path / "run", space=SMALL, aifd=False, predictor=False)
+    out = tmp_path / "site" / "index.html"
+    assert cli.main(["report", "--run", str(run), "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    best = json.loads((run / "search" / CPU.hardware_id / "best.json").read_text())
+    assert summary["report"] == str(out) and out.is_file()
+    assert summary["best"] == best["spec_id"]
+    assert summary["hardware_id"] == CPU.hardware_id
+    assert "pareto_latency.svg" in summary["figures"]
+    assert (tmp_path / "site" / "index_figures" / "pareto_latency.png").is_file()
+    assert not (run / "report.html").exists()
+
+
+def test_missing_search_results_is_one_line_exit_2(tmp_path, capsys) -> None:
+    run = tmp_path / "run"
+    (run / "latency").mkdir(parents=True)
+    assert cli.main(["report", "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("dreams-nas report: error: no search results in ")
+    assert "trials.csv" in err and "run `dreams-nas search` first" in err
+
+
+def test_bad_out_and_unknown_hardware_are_input_errors(tmp_path, capsys) -> None:
+    run = make_run(tmp_path / "run", space=SMALL)
+    assert cli.main(["report", "--run", str(run), "--out", str(tmp_path / "r.txt")]) == 2
+    assert "must end in .html" in capsys.readouterr().err
+    assert cli.main(["report", "--run", str(run), "--hardware", "tpu-v9"]) == 2
+    assert f"searched: {CPU.hardware_id}" in capsys.readouterr().err

@@ -1,0 +1,237 @@
+"""ReportData built from hand-made run folders: front membership, best subnet, metrics."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from dreams_nas.reports import (
+    MissingResultsError,
+    ReportError,
+    build_report_data,
+    pareto_mask,
+)
+
+from .fixtures import A10G, CPU, H100, Space, front_ids, make_run, make_single_subnet_run, read_rows
+
+
+@pytest.fixture
+def cpu_run(tmp_path):
+    return make_run(tmp_path / "run")
+
+
+def test_front_and_best_match_the_search_files(cpu_run) -> None:
+    data = build_report_data(cpu_run)
+    search = cpu_run / "search" / CPU.hardware_id
+    trials = read_rows(search / "trials.csv")
+    pareto_ids = {r["spec_id"] for r in read_rows(search / "pareto.csv")}
+    best = json.loads((search / "best.json").read_text())
+
+    assert data.hardware_id == CPU.hardware_id
+    assert len(data.subnets) == len(trials) == len(Space().specs())
+    assert {s.spec_id for s in data.front} == pareto_ids
+    assert all(s.on_front == (s.spec_id in pareto_ids) for s in data.subnets)
+    # The front is listed best first.
+    speedups = [s.speedup for s in data.front]
+    assert speedups == sorted(speedups, reverse=True)
+    assert data.best.spec_id == best["spec_id"] == max(trials, key=lambda r: float(r["speedup"]))["spec_id"]
+    assert data.best_subnet is not None and data.best_subnet.on_front
+    assert data.best.predicted_speedup == pytest.approx(best["predicted"]["speedup"])
+    assert data.best.measured_speedup == pytest.approx(best["measured"]["speedup"])
+    assert data.best.tau_ci == pytest.approx(tuple(best["predicted"]["tau_ci"]))
+    assert data.best.verify_ms == pytest.approx(best["predicted"]["verify_ms"])
+    assert data.best.exported
+    assert data.front_source == "pareto.csv"
+
+
+def test_subnet_metrics_are_read_as_written(cpu_run) -> None:
+    data = build_report_data(cpu_run)
+    row = read_rows(cpu_run / "search" / CPU.hardware_id / "trials.csv")[7]
+    sub = next(s for s in data.subnets if s.spec_id == row["spec_id"])
+    assert (sub.heads, sub.visual_keep, sub.inject_layer, sub.draft_len) == (
+        int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]), int(row["draft_len"]))
+    assert sub.speedup == pytest.approx(float(row["speedup"]))
+    assert sub.tau_lo < sub.tau < sub.tau_hi
+    assert sub.cycle_draft_ms == pytest.approx(sub.draft_len * float(row["draft_ms"]))
+    assert sub.draft_params == int(row["draft_params"])
+    # speedup = τ·T_decode / (γ·T_draft + T_verify), as the search computed it.
+    assert sub.speedup == pytest.approx(
+        sub.tau * sub.decode_ms / (sub.draft_len * sub.draft_ms + sub.verify_ms), rel=1e-4)
+
+
+def test_predictor_aifd_acceptance_and_verified(cpu_run) -> None:
+    data = build_report_data(cpu_run)
+    pred = json.loads((cpu_run / "latency" / CPU.hardware_id / "predictor.json").read_text())
+    assert data.predictor.mape == pytest.approx(pred["metrics"]["mape"])
+    assert data.predictor.kendall_tau == pytest.approx(pred["metrics"]["kendall_tau"])
+    assert len(data.predictor.holdout) == pred["n_holdout"]
+    assert data.aifd.chosen == (12,) and len(data.aifd.ae) == len(data.aifd.layers) == 16
+    assert data.aifd.delta_ae[0] == 0.0
+    # One acceptance curve per front subnet, as long as its draft_len, decreasing with position.
+    assert data.acceptance_dataset == "builtin-eval"
+    assert [c.spec_id for c in data.acceptance] == [s.spec_id for s in data.front]
+    for curve, sub in zip(data.acceptance, data.front, strict=True):
+        assert len(curve.rates) == sub.draft_len
+        assert list(curve.rates) == sorted(curve.rates, reverse=True)
+    best = json.loads((cpu_run / "search" / CPU.hardware_id / "best.json").read_text())
+    assert [v.spec_id for v in data.verified] == [v["spec_id"] for v in best["verified"]]
+    assert data.history == ()  # exhaustive search: no Optuna history
+    assert data.cross_hardware is None
+    assert data.hardware["name"] == CPU.name
+    assert data.target["id"] == "builtin"
+
+
+def test_optuna_history_and_pruned_trials(tmp_path) -> None:
+    run = make_run(tmp_path / "run", optuna=True)
+    data = build_report_data(run)
+    rows = read_rows(run / "search" / CPU.hardware_id / "history.csv")
+    assert len(data.history) == len(rows)
+    best_so_far = [p.best_so_far for p in data.history]
+    assert best_so_far == sorted(best_so_far)
+    assert best_so_far[-1] == pytest.approx(data.best.predicted_speedup)
+    # The pruned trial has no speedup and is not a subnet of the report.
+    trials = read_rows(run / "search" / CPU.hardware_id / "trials.csv")
+    assert any(r["state"] == "pruned" for r in trials)
+    assert len(data.subnets) == len({r["spec_id"] for r in trials if r["state"] == "complete"})
+
+
+def test_single_subnet_run(tmp_path) -> None:
+    data = build_report_data(make_single_subnet_run(tmp_path / "run"))
+    assert len(data.subnets) == 1 and data.front == data.subnets
+    assert data.best.spec_id == "h4-v0.50-l12-g3" == data.front[0].spec_id
+    assert data.predictor is None and data.aifd is None and data.history == ()
+
+
+def test_several_hardware_ids(tmp_path) -> None:
+    run = make_run(tmp_path / "run", hardware=(CPU, H100, A10G))
+    data = build_report_data(run)
+    # Default: the latest search (H100's best.json is the newest).
+    assert data.hardware_id == H100.hardware_id
+    cross = data.cross_hardware
+    assert cross.hardware_ids == tuple(sorted(h.hardware_id for h in (CPU, H100, A10G)))
+    bests = {}
+    for hw in (CPU, H100, A10G):
+        bests[hw.hardware_id] = json.loads(
+            (run / "search" / hw.hardware_id / "best.json").read_text())["spec_id"]
+    assert cross.best_spec_ids == tuple(bests[h] for h in cross.hardware_ids)
+    assert len(set(cross.best_spec_ids)) > 1, "the fixture's machines should disagree"
+    for i, row_hw in enumerate(cross.hardware_ids):
+        for j, col_hw in enumerate(cross.hardware_ids):
+            trials = {r["spec_id"]: float(r["speedup"])
+                      for r in read_rows(run / "search" / col_hw / "trials.csv")}
+            assert cross.speedup[i][j] == pytest.approx(trials[bests[row_hw]])
+        # Each machine's own best beats the other machines' bests on it.
+        col = [cross.speedup[k][i] for k in range(len(cross.hardware_ids))]
+        assert max(col) == cross.speedup[i][i]
+    other = build_report_data(run, hardware_id=CPU.hardware_id)
+    assert other.hardware_id == CPU.hardware_id and other.best.spec_id == bests[CPU.hardware_id]
+
+
+def test_cross_hardware_marks_subnets_not_evaluated(tmp_path) -> None:
+    run = make_run(tmp_path / "run", hardware=(CPU, H100), optuna=True)
+    cross = build_report_data(run).cross_hardware
+    for i, sid in enumerate(cross.best_spec_ids):
+        for j, hw in enumerate(cross.hardware_ids):
+            ids = {r["spec_id"] for r in read_rows(run / "search" / hw / "trials.csv")
+                   if r["state"] == "complete"}
+            assert (cross.speedup[i][j] is None) == (sid not in ids)
+
+
+def test_front_computed_when_pareto_csv_is_missing(cpu_run) -> None:
+    (cpu_run / "search" / CPU.hardware_id / "pareto.csv").unlink()
+    data = build_report_data(cpu_run)
+    assert data.front_source.startswith("computed")
+    front = {s.spec_id for s in data.front}
+    for s in data.subnets:
+        dominated = any(o.speedup >= s.speedup and o.draft_ms <= s.draft_ms
+                        and (o.speedup > s.speedup or o.draft_ms < s.draft_ms)
+                        for o in data.subnets)
+        assert (s.spec_id in front) == (not dominated)
+    assert data.best.spec_id in front
+
+
+def test_pareto_mask_ties_and_duplicates() -> None:
+    assert pareto_mask([2.0, 2.0, 1.0, 3.0], [1.0, 1.0, 0.5, 2.0]) == [True, True, True, True]
+    assert pareto_mask([2.0, 1.0, 2.0], [1.0, 1.0, 2.0]) == [True, False, False]
+    assert pareto_mask([], []) == []
+
+
+def test_tolerates_missing_optional_parts_and_extra_columns(tmp_path) -> None:
+    run = make_run(tmp_path / "run", aifd=False, predictor=False, measured=False,
+                   acceptance=False, extra_columns=True)
+    (run / "run.json").unlink()
+    shutil.rmtree(run / "specs")
+    data = build_report_data(run)
+    assert data.best.measured_speedup is None and data.verified == ()
+    assert data.acceptance == () and data.predictor is None and data.aifd is None
+    assert data.target == {} and not data.best.exported
+    assert {s.spec_id for s in data.front} == front_ids(
+        [{**r, "speedup": float(r["speedup"]), "draft_params": int(r["draft_params"]),
+          "feasible": int(r["feasible"])}
+         for r in read_rows(run / "search" / CPU.hardware_id / "trials.csv")])
+
+
+def test_torn_last_line_is_skipped(cpu_run) -> None:
+    trials = cpu_run / "search" / CPU.hardware_id / "trials.csv"
+    n = len(read_rows(trials))
+    with trials.open("a") as handle:
+        handle.write("999,h2-v0.25-l4-g1,2,0.25,4,1,1.7")  # killed mid-append: no newline
+    assert len(build_report_data(cpu_run).subnets) == n
+
+
+def test_missing_search_results_name_the_file_and_the_command(tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(MissingResultsError, match=r"search/<hardware-id>/trials\.csv; run `dreams-nas search`"):
+        build_report_data(run)
+    with pytest.raises(MissingResultsError, match="does not exist"):
+        build_report_data(tmp_path / "nowhere")
+    make_run(run)
+    (run / "search" / CPU.hardware_id / "best.json").unlink()
+    with pytest.raises(MissingResultsError, match=r"best\.json; run `dreams-nas search`"):
+        build_report_data(run)
+
+
+def test_unknown_hardware_id_lists_the_searched_ones(cpu_run) -> None:
+    with pytest.raises(MissingResultsError, match=rf"'gpu-x'.*searched: {CPU.hardware_id}"):
+        build_report_data(cpu_run, hardware_id="gpu-x")
+
+
+def test_bad_files_say_which_and_what_to_do(cpu_run) -> None:
+    best = cpu_run / "search" / CPU.hardware_id / "best.json"
+    best.write_text("{not json")
+    with pytest.raises(ReportError, match=r"best\.json is not valid JSON"):
+        build_report_data(cpu_run)
+
+
+def test_pareto_mask_matches_brute_force_with_infinities() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        a = rng.integers(0, 6, n).astype(float)
+        b = rng.integers(0, 6, n).astype(float)
+        a[rng.random(n) < 0.1] = np.inf
+        b[rng.random(n) < 0.1] = -np.inf
+        brute = [not any(a[j] >= a[i] and b[j] <= b[i] and (a[j] > a[i] or b[j] < b[i])
+                         for j in range(n)) for i in range(n)]
+        assert pareto_mask(list(a), list(b)) == brute
+    with pytest.raises(ValueError, match="equal lengths"):
+        pareto_mask([1.0], [])
+
+
+def test_infeasible_subnets_are_kept_but_never_front_or_best(tmp_path) -> None:
+    # --max-draft-ms 11: the 8-head subnets (and some 6-head ones) break the constraint.
+    run = make_run(tmp_path / "run", max_draft_ms=11.0)
+    data = build_report_data(run)
+    infeasible = {s.spec_id for s in data.subnets if not s.feasible}
+    assert infeasible and len(data.subnets) == len(Space().specs())
+    assert all(s.draft_ms > 11.0 for s in data.subnets if not s.feasible)
+    assert not infeasible & {s.spec_id for s in data.front}
+    assert data.best.spec_id not in infeasible
+    (run / "search" / CPU.hardware_id / "pareto.csv").unlink()
+    computed = build_report_data(run)
+    assert not infeasible & {s.spec_id for s in computed.front}
+    assert computed.best.spec_id in {s.spec_id for s in computed.front}

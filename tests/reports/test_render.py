@@ -1,0 +1,133 @@
+"""The rendered page and figure files, checked without a browser (see test_browser.py for one).
+
+Rendering costs a few seconds on a busy 2-core machine, so each kind of run is rendered once per
+module and the tests read the result.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from dreams_nas.reports import (
+    RenderedFigure,
+    ReportData,
+    ReportError,
+    build_report_data,
+    figure_folder,
+    render_figures,
+    render_report,
+    write_report,
+)
+from dreams_nas.reports.figures import save_figures
+from matplotlib.figure import Figure
+
+from .fixtures import A10G, CPU, H100, make_run, make_single_subnet_run
+
+ALWAYS = {"pareto_latency", "pareto_params", "tau_cost"}
+KINDS = {
+    "exhaustive": ({}, ALWAYS | {"acceptance", "verified", "parity", "aifd"}),
+    "optuna-3hw": ({"optuna": True, "hardware": (CPU, H100, A10G)},
+                   ALWAYS | {"acceptance", "verified", "parity", "aifd", "history", "cross_hardware"}),
+    "bare": ({"aifd": False, "predictor": False, "measured": False, "acceptance": False}, ALWAYS),
+}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, tuple[Path, str, ReportData]]:
+    """kind -> (run folder, page text, its ReportData)."""
+    out = {}
+    for kind, (kwargs, _) in KINDS.items():
+        run = make_run(tmp_path_factory.mktemp(kind) / "run", **kwargs)
+        page = write_report(run)
+        assert page == run / "report.html"
+        out[kind] = (run, page.read_text(encoding="utf-8"), build_report_data(run))
+    return out
+
+
+def _figure_names(page: str) -> list[str]:
+    return re.findall(r'<svg class="fig" role="img" data-figure="([a-z_]+)"', page)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_page_holds_the_figures_the_run_has_data_for(rendered, kind) -> None:
+    run, page, _ = rendered[kind]
+    expected = KINDS[kind][1]
+    names = _figure_names(page)
+    assert set(names) == expected and len(names) == len(expected)
+    # Static copies beside the page, one SVG and one PNG per figure.
+    folder = figure_folder(run / "report.html")
+    assert folder == run / "report_figures"
+    for name in expected:
+        assert (folder / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (folder / f"{name}.svg").read_text().lstrip().startswith("<?xml")
+    assert {p.stem for p in folder.iterdir()} == expected
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_page_is_self_contained(rendered, kind) -> None:
+    page = rendered[kind][1]
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", page)
+    assert "<script src" not in page and "@import" not in page and "url(http" not in page
+    assert "@font-face" not in page
+    # Element ids are unique across the inline SVGs (prefixed per figure), and every
+    # internal reference points at an id of the page.
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert len(ids) == len(set(ids))
+    refs = set(re.findall(r'href="#([^"]+)"', page)) | set(re.findall(r"url\(#([^)]+)\)", page))
+    assert refs <= set(ids)
+
+
+def test_best_card_and_front_table(rendered) -> None:
+    run, page, data = rendered["exhaustive"]
+    card = page[page.index('id="best"'):page.index("</pre>", page.index('id="best"'))]
+    assert data.best.spec_id in card
+    assert f"{data.best.predicted_speedup:.2f}×" in card
+    assert f"{data.best.measured_speedup:.2f}×" in card
+    lo, hi = data.best.tau_ci
+    assert f"[{lo:.2f}, {hi:.2f}]" in card
+    assert f"{data.best.draft_ms:.2f} ms" in card and f"{data.best.verify_ms:.2f} ms" in card
+    table = page[page.index('id="front-table"'):page.index("</table>", page.index('id="front-table"'))]
+    rows = re.findall(r'<tr[^>]*data-spec="([^"]+)"', table)
+    assert rows == [s.spec_id for s in data.front]
+    assert re.search(rf'<tr class=best data-spec="{re.escape(data.best.spec_id)}"', table)
+    for sid in rows:
+        assert f"dreams-nas generate --drafter {run}/specs/{sid} " in table
+    assert CPU.name in page and data.supernet_hash in page and "transformers 5.24.0" in page
+
+
+def test_cross_hardware_table(rendered) -> None:
+    _, page, data = rendered["optuna-3hw"]
+    table = page[page.index('id="cross-table"'):page.index("</table>", page.index('id="cross-table"'))]
+    for hw, sid in zip(data.cross_hardware.hardware_ids, data.cross_hardware.best_spec_ids,
+                       strict=True):
+        assert f">{hw}</td>" in table and f">{sid}</td>" in table
+    assert "cross_table" not in rendered["exhaustive"][1] and 'id="cross-table"' not in rendered["exhaustive"][1]
+
+
+def test_single_subnet_run_renders_and_is_deterministic(tmp_path) -> None:
+    data = build_report_data(make_single_subnet_run(tmp_path / "run"))
+    figures = render_figures(data)
+    assert {f.name for f in figures} >= {"pareto_latency", "tau_cost"}
+    assert [f.svg for f in render_figures(data)] == [f.svg for f in figures]
+    page = render_report(data, tmp_path / "out" / "one.html").read_text(encoding="utf-8")
+    assert "Pareto front (1 of 1 subnet)" in page
+
+
+def test_stale_figure_copies_are_removed(tmp_path) -> None:
+    def tiny(name: str) -> RenderedFigure:
+        return RenderedFigure(name, name, "", "<svg></svg>", "<?xml version='1.0'?><svg/>",
+                              Figure(figsize=(1, 1)))
+
+    save_figures([tiny("pareto_latency"), tiny("history")], tmp_path, dpi=20)
+    assert (tmp_path / "history.svg").is_file() and (tmp_path / "history.png").is_file()
+    (tmp_path / "notes.txt").write_text("a file of the user's")
+    save_figures([tiny("pareto_latency")], tmp_path, dpi=20)
+    assert not (tmp_path / "history.svg").exists() and not (tmp_path / "history.png").exists()
+    assert (tmp_path / "pareto_latency.png").is_file() and (tmp_path / "notes.txt").is_file()
+
+
+def test_out_must_be_html(rendered, tmp_path) -> None:
+    with pytest.raises(ReportError, match=r"must end in \.html"):
+        render_report(rendered["bare"][2], tmp_path / "report.pdf")
