@@ -131,11 +131,12 @@ def read_specs(text: str, space: SearchSpace) -> list[SubnetSpec]:
 
 
 # --- evaluation data -----------------------------------------------------------------------
-def dataset_id(data: str, limit: int | None) -> str:
-    """`builtin-eval-n32` or `<file stem>-<sha8 of the file>-n<limit>`."""
+def dataset_id(data: str, limit: int | None, seed: int = 0) -> str:
+    """`builtin-eval-n32` (`-s<seed>` when the synthetic set has another seed) or
+    `<file stem>-<sha8 of the file>[-n<limit>]`."""
     n = f"-n{limit}" if limit is not None else ""
     if data == "builtin":
-        return f"builtin-eval{n or f'-n{DEFAULT_EVAL_PROMPTS}'}"
+        return f"builtin-eval{n or f'-n{DEFAULT_EVAL_PROMPTS}'}{f'-s{seed}' if seed else ''}"
     path = Path(data)
     if not path.is_file():
         raise InputError(f"--data {data!r} is neither builtin nor an existing .jsonl file")

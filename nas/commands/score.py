@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     digest = supernet_hash(run_folder)
     space = run_folder.space()
     specs = read_specs(args.specs, space)
-    data_id = dataset_id(args.data, args.limit)
+    data_id = dataset_id(args.data, args.limit, args.seed)
     table = AcceptanceTable(run_folder.acceptance_csv(data_id), digest, data_id, args.temperature)
     show = False if args.json or args.quiet else None
     scorer = LazyScorer(RunModels(run_folder, str(resolve_device(args.device))), data=args.data,

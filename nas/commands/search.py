@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     hardware_id = resolve_hardware(run_folder, args.hardware)
     digest = supernet_hash(run_folder)
     space = run_folder.space()
-    data_id = dataset_id(args.data, args.limit)
+    data_id = dataset_id(args.data, args.limit, args.seed)
     table = AcceptanceTable(run_folder.acceptance_csv(data_id), digest, data_id, 0.0)
     show = False if args.json or args.quiet else None
     models = RunModels(run_folder, str(resolve_device(args.device)))
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     paths = export_result(run_folder, result, hardware_id=hardware_id, hardware=hardware,
                           target=info, supernet_hash=digest, write_draft=write_draft,
                           measured=measured, verified=verified)
-    report = _write_report(run_folder)
+    report = _write_report(run_folder, hardware_id)
     best = result.best
     summary: dict[str, Any] = {
         "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
@@ -172,13 +172,16 @@ def _verify(args: argparse.Namespace, result: Any, models: Any, scorer: Any,
     return measured, verified, warnings
 
 
-def _write_report(run_folder: Any) -> str | None:
-    """The HTML report, when this build has the reports package's writer."""
+def _write_report(run_folder: Any, hardware_id: str) -> str | None:
+    """The HTML report of the run (the search's files are written first and stay valid)."""
+    from dreams_nas.reports import write_report
+
     try:
-        from dreams_nas.reports import write_report  # type: ignore[attr-defined]
-    except ImportError:
+        return str(write_report(run_folder.root, hardware_id=hardware_id))
+    except Exception as exc:  # noqa: BLE001 - a report failure must not lose the search
+        log.warning("warning: the search is saved but report.html was not written (%s: %s); "
+                    "run `dreams-nas report` to retry", type(exc).__name__, exc)
         return None
-    return str(write_report(run_folder.root))
 
 
 def _redact(url: str | None) -> str | None:

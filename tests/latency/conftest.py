@@ -8,7 +8,12 @@ import pytest
 def save_tiny_llava(folder) -> str:
     """A real LlavaForConditionalGeneration (hidden 32, 2 layers, 16x16 images, 4 visual tokens)."""
     import torch
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
 
     torch.manual_seed(0)
     text = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 from dreams_nas.latency.fitting import LatencyPredictor
 from dreams_nas.latency.store import ProfileStore
 from dreams_nas.nas import cli
