@@ -47,10 +47,23 @@ def synthetic_tables(seed: int = 0):
     return space, rows, RecordedLatency(draft, verify, decode=17.5), 32
 
 
-def run_tables(run_dir: str, hardware: str):  # pragma: no cover - needs a trained run
-    from dreams_nas.nas.commands.search import load_inputs
+def run_tables(run_dir: str, hardware: str | None, dataset: str | None):
+    """A run's recorded tables: its acceptance CSV (all scored rows) and latency predictor."""
+    from dreams_nas.nas.inputs import load_latency, resolve_hardware, supernet_hash
+    from dreams_nas.supernet.acceptance_table import AcceptanceTable
+    from dreams_nas.supernet.runfolder import RunFolder
 
-    return load_inputs(run_dir, hardware)
+    run = RunFolder(run_dir)
+    hw = resolve_hardware(run, hardware)
+    dataset = dataset or run.dataset_ids()[0]
+    rows = list(AcceptanceTable(run.acceptance_csv(dataset), supernet_hash(run), dataset)
+                .load().values())
+    space = run.space()
+    missing = [s.id for s in space.enumerate() if s not in {r.spec for r in rows}]
+    if missing:
+        raise SystemExit(f"{len(missing)} subnets lack acceptance rows; run `dreams-nas score`")
+    context = sorted(r.context_len for r in rows)[len(rows) // 2]
+    return space, rows, load_latency(run, hw), context
 
 
 def evaluations_to_reach(history, target: float) -> int | None:
@@ -64,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", default=None)
     parser.add_argument("--hardware", default=None)
+    parser.add_argument("--dataset", default=None, help="acceptance/<dataset>.csv of the run")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--budget", type=float, default=0.25, help="fraction of the space")
     parser.add_argument("--objective", default="speedup")
@@ -72,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.run:
-        space, rows, latency, context = run_tables(args.run, args.hardware)
+        space, rows, latency, context = run_tables(args.run, args.hardware, args.dataset)
         source = f"run {args.run} / {args.hardware}"
     else:
         space, rows, latency, context = synthetic_tables()
