@@ -129,3 +129,22 @@ def test_pooled_tau_and_bootstrap_interval() -> None:
     again = pooled_tau(cycles, 2000, np.random.default_rng(0))
     assert again == (tau, lo, hi)
     assert pooled_tau([([], [])], 10, np.random.default_rng(0)) == (1.0, 1.0, 1.0)
+
+
+def test_sampled_scoring_is_seeded_real_runs(trained) -> None:
+    from dreams_nas.supernet.acceptance_sampled import SampledScorer
+
+    adapter, draft, prompts = trained
+
+    def scorer(seed):
+        return SampledScorer(adapter, draft, prompts[:3], supernet_hash="abc", dataset_id="tiny",
+                             temperature=0.8, max_new_tokens=12, seed=seed)
+
+    specs = [SubnetSpec(4, 1.0, 4, 3), SubnetSpec(1, 0.25, 2, 2)]
+    rows = scorer(0).score(specs)
+    assert [r.spec for r in rows] == specs
+    assert all(r.method == "sampled" and r.temperature == 0.8 for r in rows)
+    assert all(1.0 <= r.tau <= r.spec.draft_len + 1 for r in rows)
+    assert [r.tau for r in scorer(0).score(specs)] == [r.tau for r in rows]
+    with pytest.raises(InputError, match="needs a temperature > 0"):
+        SampledScorer(adapter, draft, prompts, supernet_hash="a", dataset_id="d", temperature=0)
