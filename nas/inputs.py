@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,27 @@ def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
         raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
     examples = load_llava_jsonl(data)
     return examples[:limit] if limit else examples
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with `n` torch CPU threads (None: leave as is), restored afterwards.
+
+    Small drafts on a busy CPU run many times faster on one thread: OpenMP workers spin
+    waiting for each other when other processes hold the cores."""
+    import torch
+
+    if n is None:
+        yield
+        return
+    if n < 1:
+        raise InputError(f"--threads {n} must be at least 1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class RunModels:

@@ -24,7 +24,7 @@ class CachedAcceptance:
         self.table = table
         self.batch_size = max(1, int(batch_size))
         self._rows: dict[SubnetSpec, AcceptanceRow] = table.load() if table is not None else {}
-        self.n_scored = 0  # specs this object asked the scorer for
+        self.n_scored = 0  # rows this object had the scorer compute (not from the cache)
 
     def cached(self, spec: SubnetSpec) -> AcceptanceRow | None:
         return self._rows.get(spec)
@@ -64,4 +64,4 @@ class CachedAcceptance:
             self.table.append(fresh)
         for r in new:
             self._rows[r.spec] = r
-        self.n_scored += len(asked)
+        self.n_scored += len(fresh)

@@ -21,12 +21,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                         help="tokens generated per prompt (default 64)")
     parser.add_argument("--device", default="auto", metavar="D", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch CPU threads while scoring (default: torch's own)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import time
 
-    from dreams_nas.nas.inputs import LazyScorer, RunModels, dataset_id, read_specs, supernet_hash
+    from dreams_nas.nas.inputs import (
+        LazyScorer,
+        RunModels,
+        dataset_id,
+        read_specs,
+        supernet_hash,
+        torch_threads,
+    )
     from dreams_nas.nas.scoring import CachedAcceptance
     from dreams_nas.supernet.acceptance_table import AcceptanceTable
     from dreams_nas.supernet.errors import InputError
@@ -49,10 +58,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         max_new_tokens=args.max_new_tokens, draft_lens=space.draft_len,
                         show_progress=show)
     cached = CachedAcceptance(scorer, table)
-    rows = cached.rows(specs, show_progress=show)
+    with torch_threads(args.threads):
+        rows = cached.rows(specs, show_progress=show)
     best = max(rows, key=lambda r: r.tau)
     return {"acceptance": str(table.path), "dataset_id": data_id, "supernet_hash": digest,
             "temperature": args.temperature, "method": best.method, "n_specs": len(rows),
-            "n_scored": cached.n_scored, "n_cached": len(rows) - cached.n_scored,
+            "n_scored": cached.n_scored, "n_cached": len(rows) - min(len(rows), cached.n_scored),
             "best_tau": round(best.tau, 4), "best_tau_spec": best.spec.id,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-prompts", type=int, default=8, metavar="N",
                         help="evaluation prompts decoded for the verification (default 8)")
     parser.add_argument("--device", default="auto", metavar="D", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="torch CPU threads while scoring missing rows (default: torch's "
+                             "own); verification always uses the profiled thread count")
 
 
 def _study_name(args: argparse.Namespace, hardware_id: str, data_id: str, digest: str) -> str:
@@ -62,9 +65,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load_latency,
         resolve_hardware,
         supernet_hash,
+        torch_threads,
     )
     from dreams_nas.nas.scoring import CachedAcceptance
-    from dreams_nas.nas.search import search
+    from dreams_nas.nas.search import search as _search
     from dreams_nas.supernet.acceptance_table import AcceptanceTable
     from dreams_nas.supernet.errors import InputError
     from dreams_nas.supernet.runfolder import RunFolder
@@ -93,14 +97,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db = run_folder.study_db(hardware_id)
         db.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{db.resolve()}"
-    result = search(
-        space, cached, load_latency(run_folder, hardware_id), draft_params_fn(run_folder),
-        context_len=context_len_of(table, scorer), objective=args.objective,
-        method=args.method, max_draft_ms=args.max_draft_ms, n_trials=args.trials,
-        storage=storage, study_name=args.study_name or _study_name(args, hardware_id, data_id,
-                                                                    digest),
-        seed=args.seed, show_progress=show,
-    )
+    study_name = args.study_name or _study_name(args, hardware_id, data_id, digest)
+    with torch_threads(args.threads):
+        result = _search(
+            space, cached, load_latency(run_folder, hardware_id), draft_params_fn(run_folder),
+            context_len=context_len_of(table, scorer), objective=args.objective,
+            method=args.method, max_draft_ms=args.max_draft_ms, n_trials=args.trials,
+            storage=storage, study_name=study_name, seed=args.seed, show_progress=show,
+        )
     if result.best is None:
         raise InputError(f"no subnet meets --max-draft-ms {args.max_draft_ms}; the fastest draft "
                          f"step is {min(c.draft_ms for c in result.candidates):.3f} ms: raise it")
@@ -154,8 +158,12 @@ def _verify(args: argparse.Namespace, result: Any, models: Any, scorer: Any,
     prompts = scorer.prompts[: args.verify_prompts]
     log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding",
              len(chosen), len(prompts))
-    results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen], prompts,
-                                 max_new_tokens=args.max_new_tokens)
+    from dreams_nas.nas.inputs import torch_threads
+
+    threads = hardware.get("threads") if here == "cpu" else None
+    with torch_threads(int(threads) if threads else None):  # the profile's setting
+        results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
+                                     prompts, max_new_tokens=args.max_new_tokens)
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
