@@ -78,8 +78,8 @@ def gap_warning(predicted: Candidate, measured: Measured) -> str | None:
         cause = (f"measured tau {measured.tau:.2f} vs scored {predicted.tau:.2f}: the verification "
                  "prompts or decoding settings differ from the scored ones")
     else:
-        cause = ("tau agrees, so the gap is in the latencies: the predictor does not match this "
-                 "machine now (profiled under other load, clocks or threads); re-run "
+        cause = ("tau agrees, so the gap is in the latencies: the latency predictor does not "
+                 "match this machine now (profiled under other load, clocks or threads); re-run "
                  "`dreams-nas profile` on a quiet machine")
     return (f"{predicted.spec.id}: measured speedup {measured.speedup:.2f}x vs predicted "
             f"{predicted.speedup:.2f}x ({gap:.0%} apart); likely cause: {cause}")
