@@ -169,7 +169,9 @@ def _verify(args: argparse.Namespace, result: Any, models: Any, scorer: Any,
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
                          "measured_speedup": m.speedup, "measured_tau": m.tau,
                          "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
-                         "baseline_tokens_per_s": m.baseline_tokens_per_s})
+                         "baseline_tokens_per_s": m.baseline_tokens_per_s,
+                         "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
+                                         "loop_overhead": m.other_ms, "decode": m.decode_ms}})
         warning = gap_warning(cand, m)
         if warning:
             log.warning("warning: %s", warning)

@@ -101,3 +101,14 @@ def test_gap_warning_names_the_likely_cause() -> None:
     assert "0.80x vs predicted 1.20x" in text and "latency predictor" in text
     fewer = Measured(spec, tau=2.0, tokens_per_s=80.0, baseline_tokens_per_s=100.0)
     assert "measured tau 2.00 vs scored 3.00" in gap_warning(_cand(1.2, 3.0), fewer)
+
+
+def test_gap_warning_points_at_the_part_that_differs() -> None:
+    spec = SubnetSpec(4, 1.0, 2, 3)
+    pred = _cand(1.2, 3.0)  # cycle 3 x 1.0 + 12.0 = 15 ms, decode 10 ms
+    loop = Measured(spec, tau=3.0, tokens_per_s=80.0, baseline_tokens_per_s=100.0,
+                    draft_ms=1.0, verify_ms=12.0, other_ms=6.0, decode_ms=10.0)
+    assert "loop's own work (6.00 ms per cycle" in gap_warning(pred, loop)
+    verify = Measured(spec, tau=3.0, tokens_per_s=80.0, baseline_tokens_per_s=100.0,
+                      draft_ms=1.0, verify_ms=20.0, other_ms=0.1, decode_ms=10.0)
+    assert "a verify pass took 20.00 ms here vs 12.00 ms predicted" in gap_warning(pred, verify)
