@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "data": "dreams_nas.nas.commands.data",
     "target": "dreams_nas.nas.commands.target",
     "report": "dreams_nas.nas.commands.report",
+    "generate": "dreams_nas.nas.commands.generate",
 }
 
 

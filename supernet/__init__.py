@@ -31,6 +31,23 @@ _EXPORTS = {
     "TrainConfig": ".train",
     "train_supernet": ".train",
     "train_run": ".training_run",
+    "TargetAdapter": ".target",
+    "PrefillOutput": ".target",
+    "VerifyOutput": ".target",
+    "Drafter": ".drafting",
+    "Proposal": ".drafting",
+    "OracleDrafter": ".drafting",
+    "ReplayDrafter": ".drafting",
+    "PromptLookupDrafter": ".drafting",
+    "load_drafter": ".drafting",
+    "SamplingConfig": ".sampling",
+    "logits_to_probs": ".sampling",
+    "greedy_accept": ".sampling",
+    "rejection_accept": ".sampling",
+    "generate": ".decoding",
+    "plain_generate": ".decoding",
+    "GenerationResult": ".decoding",
+    "GenerationStats": ".decoding",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,7 +21,8 @@ protocol (in the spirit of transformers' ``CandidateGenerator``) has three calls
     ``last_hidden`` and ``layer_hidden`` for ``required_layers``.
 
 ``required_layers`` (a tuple of HF hidden-state indices) tells the loop which target layers the
-adapter must capture at prefill and at every verify. A deployable spec folder plugs in through
+adapter must capture at prefill and at every verify. An optional ``default_gamma`` attribute (a
+spec's ``draft_len``) is the draft length `dreams-nas generate` uses when none is given. A deployable spec folder plugs in through
 `load_drafter` (the DREAM-S draft registers there once the supernet lands).
 """
 

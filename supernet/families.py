@@ -1,7 +1,8 @@
 """Per-family quirks of the Hugging Face VLMs the target adapter wraps.
 
 The decoding loop never looks at a family: everything that differs between LLaVA, LLaVA-NeXT,
-Pixtral (a Llava checkpoint with a Pixtral vision tower and a Mistral decoder), Idefics3,
+Pixtral (a Llava checkpoint with a Pixtral vision tower and a Mistral decoder), Mistral3
+(Pixtral's successor class, with a patch merger: Mistral-Small-3.1 and later), Idefics3,
 SmolVLM, Qwen2-VL and Qwen2.5-VL lives here and in `TargetAdapter`:
 
 * where the text decoder sits (`model.model.language_model` or `model.model.text_model`);
@@ -28,12 +29,15 @@ from .errors import InputError
 _MODEL_TYPES = {
     "llava": "llava",
     "llava_next": "llava_next",
+    "mistral3": "mistral3",
     "idefics3": "idefics3",
     "smolvlm": "smolvlm",
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_5_vl",
 }
-SUPPORTED_FAMILIES = ("llava", "llava_next", "pixtral", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl")
+SUPPORTED_FAMILIES = (
+    "llava", "llava_next", "pixtral", "mistral3", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl",
+)
 
 # Token strings that frame or separate image features without being features themselves.
 _STRUCTURAL_TOKENS = (

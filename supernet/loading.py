@@ -59,7 +59,8 @@ def load_model_and_processor(target: str | Path, *, device: str | torch.device =
     try:
         processor = AutoProcessor.from_pretrained(source)
         tokenizer = getattr(processor, "tokenizer", None)
-    except Exception:  # noqa: BLE001 - a processor needing an absent optional library (torchvision...)
+    except Exception as exc:  # noqa: BLE001 - a processor needing an absent optional library (torchvision...)
+        model._dreams_processor_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except Exception:  # noqa: BLE001

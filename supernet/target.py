@@ -93,8 +93,11 @@ class TargetAdapter:
 
         target_id = str(target)
         if target_id == "builtin":
-            from .demo_target import ensure_demo_target  # written on the demo branch
-
+            try:
+                from .demo_target import ensure_demo_target  # the built-in demo target
+            except ImportError as exc:
+                raise InputError("the builtin demo target is not part of this build; "
+                                 "pass --target PATH or a hub id") from exc
             target = ensure_demo_target()
         model, processor, tokenizer, path = load_model_and_processor(target, device=device, dtype=dtype)
         return cls(model, processor, tokenizer, target_id=target_id, path=path)
@@ -135,8 +138,11 @@ class TargetAdapter:
         checkpoint's own processor and chat template (image first); ``<image>\\n{prompt}``
         when the checkpoint has no chat template."""
         if self.processor is None:
-            raise InputError("this target has no processor, so images cannot be encoded; "
-                             "load a checkpoint folder that holds preprocessor/tokenizer files")
+            why = getattr(self.model, "_dreams_processor_error", None)
+            raise InputError("this target has no processor, so images cannot be encoded"
+                             + (f" (loading it failed: {why})" if why else "")
+                             + "; load a checkpoint folder with its processor files and install what "
+                             "the processor needs (e.g. torchvision)")
         image = _open_image(image)
         template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
         if template:
@@ -146,6 +152,18 @@ class TargetAdapter:
             text = f"{getattr(self.processor, 'image_token', '<image>')}\n{prompt}"
         batch = self.processor(images=[image], text=[text], return_tensors="pt")
         return self._to_device(dict(batch))
+
+    def extend_inputs(self, inputs: dict[str, Tensor], tokens: Tensor) -> dict[str, Tensor]:
+        """`inputs` with tokens (1, n) appended as text (input_ids, attention_mask and, for Qwen-VL,
+        mm_token_type_ids grow together): teacher forcing a continuation in one prefill."""
+        tokens = tokens.to(inputs["input_ids"].device).view(1, -1)
+        out = dict(inputs)
+        out["input_ids"] = torch.cat([inputs["input_ids"], tokens], dim=1)
+        for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
+            if key in inputs and isinstance(inputs[key], Tensor):
+                fill = 1 if key == "attention_mask" else 0
+                out[key] = torch.cat([inputs[key], torch.full_like(tokens, fill).to(inputs[key].dtype)], dim=1)
+        return out
 
     def _to_device(self, inputs: dict[str, Any]) -> dict[str, Any]:
         moved = {}
@@ -169,6 +187,8 @@ class TargetAdapter:
         visual_positions = (input_ids[0] == self.info.image_token_id).nonzero().flatten()
         scores: list[Tensor] = []
         extra = [self._score_hook(input_ids[0], visual_positions, scores)] if len(visual_positions) else []
+        if self.info.uses_mrope:
+            self.model.model.rope_deltas = None  # computed afresh from this prompt (stale otherwise)
         hidden, layer_hidden = self._forward(inputs, layers, extra_hooks=extra, fresh=True)
         logits = self.lm_head(hidden if all_logits else hidden[:, -1])
         if not scores:

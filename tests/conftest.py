@@ -79,3 +79,9 @@ def tiny_target(tiny_vlm):
         return adapters[family]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """The tests/supernet/tiny_models.py module (build_tiny_vlm, save_tiny_vlm, tiny_image, PROMPTS)."""
+    return _tiny_models()

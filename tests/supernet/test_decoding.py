@@ -62,9 +62,10 @@ def test_first_sampled_tokens_follow_the_target(tiny_target) -> None:
     # the draft puts mass on the target's candidates and on two tokens the target never emits
     outside = [t for t in range(adapter.vocab_size) if t not in union][:2]
     draft = torch.zeros(adapter.vocab_size)
-    draft[sorted(union) + outside] = torch.distributions.Dirichlet(
-        torch.ones(len(union) + 2)).sample()
     gen = torch.Generator().manual_seed(0)
+    weights = torch.rand(len(union) + 2, generator=gen) + 0.1
+    weights[0] += 2.0  # far from the target: most drafts are rejected, so the residual matters
+    draft[sorted(union) + outside] = weights / weights.sum()
     draws = 600
     counts: dict = {}
     accepted = 0
@@ -142,3 +143,38 @@ def test_bad_arguments(tiny_target, tmp_path) -> None:
         load_drafter("eagle", adapter)
     with pytest.raises(InputError, match="holds no spec.json"):
         load_drafter(tmp_path, adapter)
+
+
+@pytest.mark.parametrize("name", ["oracle", "lookup", "fixed-distribution"])
+def test_shipped_drafters_meet_the_contract(name, tiny_target) -> None:
+    from drafter_contract import assert_drafter_contract
+
+    adapter = tiny_target("qwen2_vl")
+    cases = []
+    for i in range(2):
+        inputs = adapter.build_inputs(tiny_image(i), PROMPTS[i])
+        cases.append((inputs, plain_generate(adapter, inputs, max_new_tokens=10).tokens))
+    probs = torch.softmax(torch.randn(adapter.vocab_size, generator=torch.Generator().manual_seed(0)), -1)
+    make = {"oracle": lambda: OracleDrafter(10), "lookup": PromptLookupDrafter,
+            "fixed-distribution": lambda: FixedDistributionDrafter(probs)}[name]
+    assert_drafter_contract(adapter, make, cases)
+
+
+@pytest.mark.cuda
+def test_lossless_and_sampling_on_cuda(tiny_models) -> None:
+    """Same loop on a GPU: greedy equals HF generate; sampling runs with a CUDA generator."""
+    from dreams_nas.supernet.target import TargetAdapter
+
+    model, processor = tiny_models.build_tiny_vlm("qwen2_vl")
+    adapter = TargetAdapter.from_model(model.to("cuda"), processor)
+    for i in range(3):
+        inputs = adapter.build_inputs(tiny_image(i), PROMPTS[i])
+        with torch.inference_mode():
+            ref = model.generate(**inputs, max_new_tokens=12, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        for drafter in (OracleDrafter(12), PromptLookupDrafter()):
+            out = generate(adapter, inputs, drafter, gamma=3, max_new_tokens=12)
+            assert out.tokens.tolist() == ref.cpu().tolist()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = generate(adapter, inputs, PromptLookupDrafter(), gamma=3, max_new_tokens=12,
+                   sampling=SamplingConfig(temperature=1.0, top_p=0.9), generator=gen)
+    assert 1 <= out.stats.new_tokens <= 12

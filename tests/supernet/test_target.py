@@ -11,7 +11,7 @@ from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.target import TargetAdapter
 from tiny_models import PROMPTS, save_tiny_vlm, tiny_image
 
-HOOK_FAMILIES = ("llava", "pixtral", "qwen2_vl", "idefics3")
+HOOK_FAMILIES = ("llava", "pixtral", "mistral3", "qwen2_vl", "idefics3")
 
 
 @pytest.mark.parametrize("family", HOOK_FAMILIES)
@@ -40,7 +40,7 @@ def test_prefill_and_verify_match_hf_hidden_states(family, tiny_vlm, tiny_target
     assert adapter.cache_len == seq + 3
 
 
-@pytest.mark.parametrize("family", ("llava", "pixtral", "qwen2_vl"))
+@pytest.mark.parametrize("family", ("llava", "pixtral", "mistral3", "qwen2_vl"))
 def test_visual_scores_match_eager_attention(family, tiny_vlm, tiny_target) -> None:
     model, _ = tiny_vlm(family)
     adapter = tiny_target(family)
@@ -91,13 +91,19 @@ def test_pixtral_family_detected_and_break_tokens_are_not_text(tiny_target) -> N
     assert {vocab["[IMG_BREAK]"], vocab["[IMG_END]"]} <= adapter._structural
 
 
-def test_load_from_folder(tmp_path) -> None:
-    folder = save_tiny_vlm("llava", tmp_path / "ckpt")
+@pytest.mark.parametrize(("family", "n_visual"), [("llava", 16), ("llava_next", 36), ("idefics3", 4)])
+def test_load_from_folder(family, n_visual, tmp_path, tiny_target) -> None:
+    """Families whose HF processor needs no optional library round-trip through save_pretrained."""
+    folder = save_tiny_vlm(family, tmp_path / "ckpt")
     adapter = TargetAdapter.load(folder)
-    assert adapter.family == "llava" and adapter.processor is not None
+    assert adapter.family == family and adapter.processor is not None
     assert adapter.path == str(folder.resolve())
     inputs = adapter.build_inputs(tiny_image(0), "what is in the image ?")
-    assert (inputs["input_ids"] == adapter.info.image_token_id).sum() == 16
+    assert (inputs["input_ids"] == adapter.info.image_token_id).sum() == n_visual
+    reference = tiny_target(family)
+    ref_inputs = reference.build_inputs(tiny_image(0), "what is in the image ?")
+    assert torch.equal(inputs["input_ids"], ref_inputs["input_ids"])
+    torch.testing.assert_close(adapter.prefill(inputs).logits, reference.prefill(ref_inputs).logits)
 
 
 def test_load_rejects_folders_without_a_vlm(tmp_path) -> None:
@@ -118,3 +124,27 @@ def test_build_inputs_rejects_bad_images(tiny_target, tmp_path) -> None:
     bad.write_text("not an image")
     with pytest.raises(InputError, match="cannot be read as an image"):
         adapter.build_inputs(bad, "hi")
+
+
+@pytest.mark.parametrize("family", ("llava", "qwen2_5_vl"))
+def test_teacher_forced_prefill_equals_incremental_logits(family, tiny_target) -> None:
+    adapter = tiny_target(family)
+    inputs = adapter.build_inputs(tiny_image(3), PROMPTS[3])
+    continuation = torch.tensor([[20, 21, 22, 23]])
+    full = adapter.prefill(adapter.extend_inputs(inputs, continuation), all_logits=True)
+    adapter.prefill(inputs)
+    step = adapter.verify(continuation)
+    torch.testing.assert_close(full.logits[:, -4:], step.logits, rtol=1e-4, atol=1e-5)
+
+
+def test_text_only_prefill_after_an_image_prompt(tiny_vlm, tiny_target) -> None:
+    """Qwen keeps M-RoPE deltas on the model: a later text-only prompt must not inherit them."""
+    model, _ = tiny_vlm("qwen2_vl")
+    adapter = tiny_target("qwen2_vl")
+    adapter.prefill(adapter.build_inputs(tiny_image(0, (32, 16)), PROMPTS[0]))
+    text = torch.randint(30, 100, (1, 12), generator=torch.Generator().manual_seed(0))
+    adapter.prefill({"input_ids": text[:, :8]})
+    step = adapter.verify(text[:, 8:])
+    with torch.inference_mode():
+        full = model(input_ids=text).logits
+    torch.testing.assert_close(step.logits, full[:, 8:].float(), rtol=1e-4, atol=1e-5)

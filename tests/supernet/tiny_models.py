@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-FAMILIES = ("llava", "llava_next", "pixtral", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl")
+FAMILIES = ("llava", "llava_next", "pixtral", "mistral3", "idefics3", "smolvlm", "qwen2_vl", "qwen2_5_vl")
 
 WORDS = (
     "a an the is are was of in on at to and or with what where how many which color colour "
@@ -39,6 +39,7 @@ IMAGE_STRINGS = {
     "llava": "<image>",
     "llava_next": "<image>",
     "pixtral": "[IMG]",
+    "mistral3": "[IMG]",
     "idefics3": "<image>",
     "smolvlm": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
@@ -89,9 +90,10 @@ class TinyProcessor:
         return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, **kwargs)
 
     def _expand(self, image_inputs) -> str:
-        if self.family == "pixtral":
+        if self.family in ("pixtral", "mistral3"):
+            step = 4 if self.family == "pixtral" else 8  # patch x spatial merge
             height, width = (int(v) for v in image_inputs["image_sizes"][0])
-            rows = [["[IMG]"] * (width // 4) + ["[IMG_BREAK]"]] * (height // 4)
+            rows = [["[IMG]"] * (width // step) + ["[IMG_BREAK]"]] * (height // step)
             flat = [t for row in rows for t in row]
             flat[-1] = "[IMG_END]"
             return "".join(flat)
@@ -188,6 +190,19 @@ def build_tiny_vlm(family: str, *, seed: int = 0, dtype: torch.dtype = torch.flo
         processor = TinyProcessor(
             family, tf.PixtralImageProcessorPil(size={"longest_edge": 16},
                                                 patch_size={"height": 4, "width": 4}),
+            tok, template,
+        )
+    elif family == "mistral3":
+        vision = tf.PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, head_dim=8, image_size=32, patch_size=4)
+        config = tf.Mistral3Config(
+            vision_config=vision, text_config=tf.MistralConfig(**_text_kwargs(VOCAB_SIZE, head_dim=8)),
+            image_token_index=ids("[IMG]"), spatial_merge_size=2, vision_feature_layer=-1,
+        )
+        model_cls = tf.Mistral3ForConditionalGeneration
+        processor = TinyProcessor(
+            family, tf.PixtralImageProcessorPil(size={"longest_edge": 32},
+                                                patch_size={"height": 8, "width": 8}),
             tok, template,
         )
     elif family in ("idefics3", "smolvlm"):

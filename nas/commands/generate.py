@@ -1,0 +1,80 @@
+"""`dreams-nas generate`: answer one question about one image with speculative decoding."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.supernet.errors import InputError
+
+HELP = "generate an answer about an image with a target VLM and a drafter (lossless speculative decoding)"
+
+_NAMED_DRAFTERS = ("lookup", "oracle", "none")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default="builtin", metavar="ID|PATH",
+                        help="hub id, checkpoint folder, or builtin (default: builtin)")
+    parser.add_argument("--image", required=True, metavar="FILE", help="PNG/JPEG image")
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the question about the image")
+    parser.add_argument("--drafter", default="lookup", metavar="lookup|oracle|none|SPEC_DIR",
+                        help="prompt lookup (default), the oracle (target's greedy continuation), "
+                             "none (plain decoding), or a spec folder written by `dreams-nas search`")
+    parser.add_argument("--draft-len", type=int, default=None, metavar="N",
+                        help="tokens drafted per cycle (default: the spec's draft_len, else 5)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
+                        help="model dtype (default: the checkpoint's)")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Everything that can be checked before the (slow) model load."""
+    if args.draft_len is not None and args.draft_len < 1:
+        raise InputError(f"--draft-len {args.draft_len} must be >= 1; use --drafter none for plain decoding")
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
+        raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
+                         "of a spec folder (specs/<spec_id>/ in the run folder)")
+    from dreams_nas.supernet.target import _open_image
+
+    args._image = _open_image(args.image)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    _check_args(args)
+    import torch
+    from dreams_nas.supernet.decoding import generate
+    from dreams_nas.supernet.drafting import load_drafter
+    from dreams_nas.supernet.sampling import SamplingConfig
+    from dreams_nas.supernet.target import TargetAdapter
+
+    sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    target = TargetAdapter.load(args.target, device=device, dtype=dtype)
+    inputs = target.build_inputs(args._image, args.prompt)
+    drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
+                                                               max_new_tokens=args.max_new_tokens)
+    gamma = args.draft_len or getattr(drafter, "default_gamma", None) or 5
+    generator = torch.Generator(device=target.device).manual_seed(args.seed)
+    result = generate(target, inputs, drafter, gamma=gamma, max_new_tokens=args.max_new_tokens,
+                      sampling=sampling, generator=generator)
+    tokens = result.tokens.tolist()
+    text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer else ""
+    if not args.json:
+        sys.stdout.write(text + "\n")
+    stats = result.stats
+    return {
+        "text": text, "tokens": tokens, "tau": round(stats.tau, 4),
+        "target_forwards": stats.target_forwards, "tokens_per_s": round(stats.tokens_per_s, 2),
+        "new_tokens": stats.new_tokens, "drafter": args.drafter, "draft_len": gamma,
+        "accept_rates": stats.accept_rates(gamma) if drafter is not None else [],
+        "target": target.describe(), "device": str(target.device),
+    }
