@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -72,15 +73,21 @@ def main() -> int:
     parser.add_argument("--n-table", type=int, default=16, help="prompts per cell of the table")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--skip-ablation", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (train and eval)")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--train-args", default="",
+                        help="extra `dreams-nas train` options (smoke tests only; the benchmark "
+                             "is the default settings)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     run = RunFolder(args.run)
     results: dict = {}
 
     if not (run.supernet_dir / "model.safetensors").is_file():
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "dreams_nas.nas.cli", "train", "--run", args.run,
-                        "--json"], check=True)
+                        "--json", *args.train_args.split()], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
         results["train_wall_s"] = round(time.perf_counter() - start, 1)
     meta = run.read_run()
     results["train_recorded_s"] = meta["supernet"]["train"].get("seconds")
@@ -129,9 +136,11 @@ def main() -> int:
     results["tokens_per_s"] = {"plain": plain, "full_subnet": spec_rate, "speedup": spec_rate / plain}
 
     if not args.skip_ablation:
-        cfg = TrainConfig()
+        train_meta = meta["supernet"]["train"]
+        cfg = TrainConfig.from_dict(train_meta["config"])
         heads = draft.config.num_heads
-        data = prepare_data(target, builtin_dataset("train", 384, seed=0), num_draft_heads=heads,
+        data = prepare_data(target, builtin_dataset("train", train_meta["n_examples"], seed=0),
+                            num_draft_heads=heads, max_new_tokens=train_meta["max_new_tokens"],
                             answers_cache=run.supernet_dir / "selfdistill.json")
         ablation = {f"ours (AIFD layer {list(data.aifd.chosen)})": results["tau_full"]}
         variants = [("fixed middle layer", "middle", True), ("no distillation", "none", True),

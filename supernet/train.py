@@ -80,6 +80,13 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if isinstance(known.get("weights"), dict):
+            known["weights"] = LossWeights(**known["weights"])
+        return cls(**known)
+
 
 @dataclass
 class TrainState:
@@ -239,6 +246,10 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     if not samples:
         raise InputError("no training samples; give a dataset with at least one prompt")
     device = next(model.parameters()).device
+    # The target's embedding and LM head are shared and frozen: no gradients accumulate on them.
+    for module in (model.shared.embed_tokens, model.shared.lm_head):
+        for param in module.parameters():
+            param.requires_grad_(False)
     space = training_space(model)
     optimizer = make_optimizer(model, config)
     fingerprint = fingerprint_of(model, samples, distill_layers, config)

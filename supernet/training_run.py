@@ -156,14 +156,17 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                                            show_progress=show_progress)
     digest = save_supernet(draft, run.supernet_dir, extra={"distill_layers": list(layers)})
     supernet = {
-        "hash": digest, "config": draft.config.to_dict(), "num_params": draft.num_params(
-            draft.config.largest()),
+        "hash": digest, "config": draft.config.to_dict(),
+        "num_params": sum(p.numel() for p in draft.parameters()),  # every candidate's adapter
+        "num_params_largest_subnet": draft.num_params(draft.config.largest()),
         "distill_layers": list(layers),
         "train": {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
                   "batch_size": config.batch_size, "lr": config.lr,
                   "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
                               "feat": config.weights.feat},
-                  "n_samples": len(data.samples), "distill": distill,
+                  "n_samples": len(data.samples), "n_examples": len(examples),
+                  "max_new_tokens": max_new_tokens, "distill": distill,
+                  "config": config.to_dict(),
                   "seconds": round(time.perf_counter() - start, 1),
                   "loss_curve": outcome.loss_curve},
     }

@@ -79,20 +79,21 @@ def test_parameter_count_and_step_time_shrink():
     counts = [sum(p.numel() for p in extract(tiny_draft(), s).parameters()) for s in SPECS]
     assert counts == sorted(counts) and counts[0] < counts[-1]
     assert [extract(tiny_draft(), s).num_params() for s in SPECS] == counts
-    # a wider draft and a long visual memory, so timing differences dwarf noise
-    cfg = DraftConfig(hidden_size=256, num_heads=8, head_dim=32, intermediate_size=256,
+    # a long visual memory makes the cross-attention dominate the step, so timing differences
+    # dwarf noise (with a 4k-wide model and ~600 visual tokens the effect is real but smaller)
+    cfg = DraftConfig(hidden_size=64, num_heads=8, head_dim=8, intermediate_size=64,
                       vocab_size=50, inject_layers=(1,), num_target_layers=1)
     torch.manual_seed(0)
     big = DreamDraft(cfg, None)
     big.attach(_wide_shared())
-    layer_hidden = torch.randn(1, 2048, 256)
-    visual = torch.zeros(1, 2048, dtype=torch.bool)
+    layer_hidden = torch.randn(1, 16384, 64)
+    visual = torch.zeros(1, 16384, dtype=torch.bool)
     visual[:, 8:] = True
-    scores = torch.rand(1, 2048)
+    scores = torch.rand(1, 16384)
 
     def step_ms(spec: SubnetSpec) -> float:
         model = extract(big, spec)
-        ids, prev, pos = torch.tensor([[1]]), torch.randn(1, 1, 256), torch.tensor([[3000]])
+        ids, prev, pos = torch.tensor([[1]]), torch.randn(1, 1, 64), torch.tensor([[20000]])
         with torch.no_grad():
             memory = model.memory(layer_hidden, visual, scores)
             times = []
@@ -103,12 +104,12 @@ def test_parameter_count_and_step_time_shrink():
         return sorted(times)[len(times) // 2] * 1e3
 
     full = step_ms(SubnetSpec(8, 1.0, 1, 1))
-    assert step_ms(SubnetSpec(8, 0.25, 1, 1)) < 0.9 * full
-    assert step_ms(SubnetSpec(1, 1.0, 1, 1)) < 0.9 * full
+    assert step_ms(SubnetSpec(8, 0.25, 1, 1)) < 0.7 * full
+    assert step_ms(SubnetSpec(1, 1.0, 1, 1)) < 0.7 * full
 
 
 def _wide_shared():
     from dreams_nas.supernet.draft import SharedTargetModules
     from torch import nn
 
-    return SharedTargetModules(nn.Embedding(50, 256), nn.Linear(256, 50, bias=False))
+    return SharedTargetModules(nn.Embedding(50, 64), nn.Linear(64, 50, bias=False))

@@ -120,3 +120,14 @@ def test_sandwich_rule_and_warmup_specs(target_data):
     assert layers == set(LAYERS)
     with pytest.raises(InputError, match="train for at least one step"):
         TrainConfig(warmup_steps=0, multires_steps=0)
+
+
+def test_the_targets_embedding_and_head_stay_frozen(target_data):
+    target, samples, aifd = target_data
+    target.lm_head.weight.requires_grad_(True)
+    before = target.lm_head.weight.detach().clone()
+    draft = _draft(target)
+    train_supernet(draft, samples, aifd.chosen, TrainConfig(warmup_steps=2, multires_steps=0,
+                                                            batch_size=4), show_progress=False)
+    assert target.lm_head.weight.grad is None and not target.lm_head.weight.requires_grad
+    assert torch.equal(target.lm_head.weight, before)
