@@ -1,1 +1,29 @@
-"""dreams_nas.latency: hardware identity, timing, the profile store and the latency predictor."""
+"""dreams_nas.latency: hardware identity, timing, the profile store and the latency predictor.
+
+The public face (heavier pieces -- the model step builder, the profile pipeline -- are imported
+from their modules: `dreams_nas.latency.steps`, `dreams_nas.latency.pipeline`)::
+
+    detect_hardware(device, dtype, threads) -> HardwareInfo      # hardware.json, hardware_id
+    measure(step, device=..., ...) -> Timing                      # warm-up, repeats, median/p10/p90
+    build_plan(space, context_lengths, budget=...) -> [StepKey]   # what to time
+    ProfileStore(path).append(rows) / .read() / .done_keys()      # profile.csv
+    run_profile(builder, keys, store, hw, settings)               # time + append, resumable
+    LatencyPredictor.fit(rows, hardware_id) / .load(folder)       # draft_ms, decode_ms, verify_ms
+"""
+
+from __future__ import annotations
+
+from .fitting import LatencyPredictor
+from .hardware import HardwareInfo, detect_hardware, resolve_device
+from .plan import StepKey, build_plan
+from .predictor import CVSelectedRegressor, StepFeatures, latency_metrics, make_latency_model
+from .profiler import StepBuilder, TimingSettings, run_profile
+from .store import PROFILE_COLUMNS, ProfileStore
+from .timing import Timing, measure
+
+__all__ = [
+    "PROFILE_COLUMNS", "CVSelectedRegressor", "HardwareInfo", "LatencyPredictor", "ProfileStore",
+    "StepBuilder", "StepFeatures", "StepKey", "Timing", "TimingSettings", "build_plan",
+    "detect_hardware", "latency_metrics", "make_latency_model", "measure", "resolve_device",
+    "run_profile",
+]

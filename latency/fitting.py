@@ -97,8 +97,18 @@ class LatencyPredictor:
     # --- fitting ------------------------------------------------------------------------
     @classmethod
     def fit(cls, rows: pd.DataFrame, hardware_id: str, *, visual_tokens: int = 0,
-            holdout: float = 0.2, seed: int = 0, candidates: Any = None) -> LatencyPredictor:
-        """Evaluate on a held-out share of `rows`, then fit the saved model on all of them."""
+            holdout: float = 0.2, seed: int = 0, candidates: Any = None,
+            stat: str = "median_ms") -> LatencyPredictor:
+        """Evaluate on a held-out share of `rows`, then fit the saved model on all of them.
+
+        stat: the per-row statistic fitted and predicted -- the median (default), or ``p10_ms``
+        where the machine is shared and contention inflates the upper samples.
+        """
+        if stat not in ("median_ms", "p10_ms"):
+            raise InputError(f"stat={stat!r} must be median_ms or p10_ms")
+        rows = pd.DataFrame(rows)
+        if stat != "median_ms":
+            rows = rows.assign(median_ms=rows[stat])
         rows = _training_frame(rows)
         if len(rows) < 4:
             raise InputError(

@@ -249,6 +249,17 @@ def cpu_throttle_probe() -> int | None:
         return None
 
 
+class CpuFreqProbe:
+    """`timing.ClockProbe` for the CPU: its frequency (cpufreq), no throttle-reason bits; a
+    frequency drop during a sample flags it as throttled."""
+
+    def sm_clock_mhz(self) -> int | None:
+        return cpu_throttle_probe()
+
+    def throttle_mask(self) -> int:
+        return 0
+
+
 # --- the identity -------------------------------------------------------------------------
 def detect_hardware(device: str = "auto", dtype: str = "float32", threads: int | None = None) -> HardwareInfo:
     """Identity of `device` (resolved first). For the CPU, `threads` is the fixed thread count

@@ -38,38 +38,36 @@ class ProfileOptions:
     repeats: int = 30
     threads: int | None = None
     clock: str = "wall"
+    passes: int = 1
     holdout: float = 0.2
     fit_only: bool = False
     seed: int = 0
     show_progress: bool | None = None
 
 
-def load_target(target: str, device: str, dtype: Any) -> tuple[Any, dict[str, Any]]:
-    """The target model (eval, on `device`) and its run.json ``target`` entry."""
-    if target == "builtin":
-        try:
-            from dreams_nas.supernet import demo_target  # the demo issue's module
-        except ImportError:
-            raise InputError(
-                "the built-in demo target is not part of this build yet; pass --target "
-                "PATH (a Hugging Face VLM checkpoint folder)"
-            ) from None
-        path = Path(demo_target.ensure_demo_target())
-    else:
-        path = Path(target)
-        if not (path / "config.json").is_file():
-            raise InputError(
-                f"--target {target}: no Hugging Face checkpoint there (config.json is missing); "
-                "give a folder written by save_pretrained, or --target builtin"
-            )
-    from transformers import AutoConfig, AutoModelForImageTextToText
+def load_target(target: str, device: str, dtype: Any) -> Any:
+    """The engine's `TargetAdapter` over `target` ("builtin", a checkpoint folder or hub id)."""
+    from dreams_nas.supernet.target import TargetAdapter
 
-    config = AutoConfig.from_pretrained(path)
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype).to(device).eval()
-    text = getattr(config, "text_config", None) or config
-    entry = {"id": target, "path": str(path.resolve()), "family": config.model_type,
-             "num_layers": int(text.num_hidden_layers), "hidden_size": int(text.hidden_size)}
-    return model, entry
+    return TargetAdapter.load(target, device=device, dtype=dtype)
+
+
+def count_visual_tokens(adapter: Any) -> int:
+    """Visual tokens of one image in a real prompt built by the target's processor; from the
+    config when the checkpoint has no processor."""
+    from .steps import visual_tokens_of
+
+    if adapter.processor is not None:
+        try:
+            from PIL import Image
+
+            size = getattr(getattr(adapter.model.config, "vision_config", None), "image_size", 224)
+            image = Image.new("RGB", (int(size), int(size)), (127, 127, 127))
+            ids = adapter.build_inputs(image, "What is in the picture?")["input_ids"]
+            return int((ids == adapter.info.image_token_id).sum())
+        except Exception as exc:  # noqa: BLE001 - fall back to the config's count
+            log.debug("cannot build a prompt to count visual tokens (%s); using the config", exc)
+    return visual_tokens_of(adapter.model.config)
 
 
 def _space_and_supernet(run: RunFolder, model: Any) -> tuple[SearchSpace, Any]:
@@ -93,7 +91,7 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
     import torch
 
-    from .steps import ModelSteps, default_context_lengths, resolve_dtype, visual_tokens_of
+    from .steps import ModelSteps, default_context_lengths, resolve_dtype
 
     started = time.perf_counter()
     device = resolve_device(options.device)
@@ -114,19 +112,23 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     result = None
     if options.fit_only:
         if not store.exists():
+            others = run.hardware_ids()
+            hint = (f" (profiled in this run: {', '.join(others)}; give the --device and "
+                    "--threads they were timed with)") if others else ""
             raise MissingArtefactError(
                 f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
-                "without --fit-only first"
+                f"without --fit-only first{hint}"
             )
         plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
         visual_tokens = int(plan_info.get("visual_tokens", 0))
     else:
-        _check_same_hardware(folder, hw)
+        _check_same_hardware(folder, hw, options.clock)
         target_id = options.target or run.read_run().get("target", {}).get("path") or "builtin"
         torch.manual_seed(options.seed)
-        model, entry = load_target(target_id, device, dtype)
-        space, supernet = _space_and_supernet(run, model)
-        visual_tokens = visual_tokens_of(model.config)
+        adapter = load_target(target_id, device, dtype)
+        entry = adapter.describe()
+        space, supernet = _space_and_supernet(run, adapter.model)
+        visual_tokens = count_visual_tokens(adapter)
         contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
         keys = build_plan(space, contexts, budget=options.budget, seed=options.seed)
         existing = run.read_run()
@@ -137,10 +139,13 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
             "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
             "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
             "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
+            "passes": options.passes,
         })
+        if options.passes < 1:
+            raise InputError(f"--passes {options.passes} must be at least 1")
         settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
-                                  threads=hw.threads, clock=options.clock)
-        steps = ModelSteps(model, supernet, visual_tokens, seed=options.seed)
+                                  threads=hw.threads, clock=options.clock, passes=options.passes)
+        steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed)
         log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
     predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
@@ -159,14 +164,21 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     return summary
 
 
-def _check_same_hardware(folder: Path, hw: HardwareInfo) -> None:
-    """Refuse to append rows timed in another dtype or clock setting to an existing profile."""
+def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
+    """Refuse to append rows timed in another dtype or with another clock to a profile."""
     path = folder / "hardware.json"
-    if not path.is_file():
-        return
-    old = read_json(path)
-    if old.get("dtype") != hw.dtype:
-        raise InputError(
-            f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for {hw.dtype}; "
-            f"pass --dtype {old.get('dtype')} or use another --run folder"
-        )
+    if path.is_file():
+        old = read_json(path)
+        if old.get("dtype") != hw.dtype:
+            raise InputError(
+                f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "
+                f"{hw.dtype}; pass --dtype {old.get('dtype')} or use another --run folder"
+            )
+    plan = folder / "plan.json"
+    if plan.is_file() and hw.kind == "cpu":
+        old_clock = read_json(plan).get("clock", "wall")
+        if old_clock != clock:
+            raise InputError(
+                f"the profile in {folder} was timed with --clock {old_clock}, this run asks for "
+                f"--clock {clock}; pass --clock {old_clock} or use another --run folder"
+            )

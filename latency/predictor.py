@@ -107,14 +107,14 @@ def default_candidates(random_state: int = 0) -> list[tuple[str, Any]]:
     """The regressors cross-validation chooses among."""
     return [
         ("ridge_poly3", make_pipeline(StandardScaler(), PolynomialFeatures(3),
-                                      RidgeCV(alphas=np.logspace(-6, 2, 17)))),
+                                      RidgeCV(alphas=np.logspace(-6, 2, 9)))),
         ("ridge_poly2", make_pipeline(StandardScaler(), PolynomialFeatures(2),
-                                      RidgeCV(alphas=np.logspace(-6, 2, 17)))),
+                                      RidgeCV(alphas=np.logspace(-6, 2, 9)))),
         ("gradient_boosting", GradientBoostingRegressor(
-            n_estimators=400, learning_rate=0.05, max_depth=3, subsample=0.9,
+            n_estimators=150, learning_rate=0.1, max_depth=3, subsample=0.9,
             random_state=random_state)),
         ("random_forest", RandomForestRegressor(
-            n_estimators=200, min_samples_leaf=1, random_state=random_state)),
+            n_estimators=100, min_samples_leaf=1, random_state=random_state)),
     ]
 
 

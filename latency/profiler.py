@@ -8,14 +8,17 @@ restored by the callable, so every repeat times the same work).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .hardware import HardwareInfo, NvmlDevice
+import numpy as np
+
+from .hardware import CpuFreqProbe, HardwareInfo, NvmlDevice, cpu_throttle_probe
 from .plan import StepKey
 from .store import ProfileStore, make_row
-from .timing import measure
+from .timing import Timing, measure
 
 log = logging.getLogger("dreams_nas.latency")
 
@@ -36,6 +39,8 @@ class TimingSettings:
     budget_s: float = 2.0  # ... or until this many seconds have passed
     threads: int | None = None  # CPU: fixed torch thread count (None: leave as is)
     clock: str = "wall"  # CPU: "wall" (perf_counter) or "cpu" (thread CPU time, threads=1)
+    passes: int = 1  # > 1: interleave the repeats of `chunk` keys over this many passes
+    chunk: int = 16  # keys timed together (and appended together) when passes > 1
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,17 @@ def run_profile(
     settings: TimingSettings = TimingSettings(),
     *,
     show_progress: bool | None = None,
+    shuffle_seed: int | None = 0,
 ) -> ProfileResult:
     """Time each key not yet in `store` and append its row at once (kill-safe, resumable).
+
+    With ``settings.passes > 1`` keys are timed in blocks of ``settings.chunk`` whose repeats
+    are interleaved over the passes (see `_time_block`); a block's rows are appended together,
+    so a kill loses at most the block in flight.
+
+    The keys are timed in an order shuffled by `shuffle_seed` (None: as given), so that a slow
+    drift of the machine (other load, heat) spreads over the grid as noise instead of
+    correlating with one axis of it.
 
     A step that runs out of memory is recorded with status ``oom`` (``failed`` for other
     runtime errors) and profiling goes on.
@@ -69,28 +83,70 @@ def run_profile(
 
     done = store.done_keys()
     todo = [k for k in keys if k.ident not in done]
+    if shuffle_seed is not None:
+        order = np.random.default_rng(shuffle_seed).permutation(len(todo))
+        todo = [todo[i] for i in order]
     skipped = len(keys) - len(todo)
     if skipped:
         log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
     measured = failed = 0
     cuda_index = int(hw.device.split(":")[1]) if hw.kind == "cuda" else None
-    with NvmlDevice(cuda_index) if cuda_index is not None else _NoProbe() as probe:
+    cpu_probe = CpuFreqProbe() if cpu_throttle_probe() is not None else None
+    with NvmlDevice(cuda_index) if cuda_index is not None else _NoProbe(cpu_probe) as probe:
         bar = progress(total=len(todo), desc=f"profile {hw.hardware_id}", unit="step",
                        disable=None if show_progress is None else not show_progress)
         try:
-            for key in todo:
+            size = 1 if settings.passes <= 1 else max(1, settings.chunk)
+            for start in range(0, len(todo), size):
+                block = todo[start:start + size]
+                key = block[0]
                 bar.set_postfix_str(f"{key.kind} {key.spec_id or ''} ctx={key.context_len} k={key.k}")
-                row = _time_one(builder, key, hw, settings, probe)
-                measured += store.append([row])
-                failed += row["status"] != "ok"
-                bar.update(1)
+                rows = _time_block(builder, block, hw, settings, probe)
+                measured += store.append(rows)
+                failed += sum(row["status"] != "ok" for row in rows)
+                bar.update(len(block))
         finally:
             bar.close()
     return ProfileResult(measured=measured, skipped=skipped, failed=failed)
 
 
+def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo,
+                settings: TimingSettings, probe: NvmlDevice | CpuFreqProbe | None) -> list[dict]:
+    """Rows of `block`: each key timed in `settings.passes` interleaved passes (a pass times
+    every key of the block once with its share of the repeats), so that the machine's drift
+    over the block's time spreads over all its keys; the samples of the passes are pooled."""
+    passes = max(1, settings.passes)
+    share = TimingSettings(
+        warmup=settings.warmup, min_repeats=math.ceil(settings.min_repeats / passes),
+        repeats=math.ceil(settings.repeats / passes), budget_s=settings.budget_s / passes,
+        threads=settings.threads, clock=settings.clock)
+    timings: dict[tuple, list[Timing]] = {k.ident: [] for k in block}
+    failures: dict[tuple, dict] = {}
+    for p in range(passes):
+        for key in (block if p % 2 == 0 else block[::-1]):
+            if key.ident not in failures:
+                result = _time_one(builder, key, hw, share, probe)
+                if isinstance(result, dict):
+                    failures[key.ident] = result
+                else:
+                    timings[key.ident].append(result)
+    rows = []
+    for key in block:
+        if key.ident in failures:
+            rows.append(failures[key.ident])
+            continue
+        parts = timings[key.ident]
+        pooled = Timing(samples_ms=tuple(s for t in parts for s in t.samples_ms),
+                        warmup=sum(t.warmup for t in parts),
+                        throttled=any(t.throttled for t in parts),
+                        clock_mhz=tuple(c for t in parts for c in t.clock_mhz))
+        rows.append(make_row(hw, key, pooled, clock=settings.clock))
+    return rows
+
+
 def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: TimingSettings,
-              probe: NvmlDevice | None) -> dict:
+              probe: NvmlDevice | CpuFreqProbe | None) -> Timing | dict:
+    """The step's timing, or the row recording why it could not be timed."""
     try:
         step = builder.build(key)
         timing = measure(step, device=hw.device, warmup=settings.warmup,
@@ -98,9 +154,9 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
                          budget_s=settings.budget_s, threads=settings.threads, probe=probe,
                          clock=settings.clock if hw.kind == "cpu" else "wall")
         del step
-        return make_row(hw, key, timing, clock=settings.clock)
-    except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
-        status = "oom" if _is_oom(exc) else "failed"
+        return timing
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        status = "oom" if isinstance(exc, MemoryError) or _is_oom(exc) else "failed"
         log.warning("%s step %s at context %d, k=%d: %s (%s); recorded, continuing",
                     key.kind, key.spec_id, key.context_len, key.k, status, exc)
         _free_cuda(hw)
@@ -116,8 +172,13 @@ def _free_cuda(hw: HardwareInfo) -> None:
 
 
 class _NoProbe:
-    def __enter__(self) -> None:
-        return None
+    """Stands in for the NVML context on the CPU (yields the cpufreq probe, if any)."""
+
+    def __init__(self, probe: CpuFreqProbe | None = None) -> None:
+        self.probe = probe
+
+    def __enter__(self) -> CpuFreqProbe | None:
+        return self.probe
 
     def __exit__(self, *exc: object) -> None:
         return None

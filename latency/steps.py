@@ -76,17 +76,22 @@ def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None) ->
 
 
 class ModelSteps:
-    """`StepBuilder` over a Hugging Face VLM target and a DREAM-S supernet on one device."""
+    """`StepBuilder` over the engine's `TargetAdapter` and a DREAM-S supernet on one device.
 
-    def __init__(self, target: nn.Module, supernet: nn.Module, visual_tokens: int,
-                 seed: int = 0) -> None:
-        param = next(target.parameters())
-        self.target, self.supernet = target.eval(), supernet.eval()
-        self.device, self.dtype = param.device, param.dtype
+    The target steps run exactly what speculative decoding runs: ``adapter.verify(tokens,
+    layers)`` on the adapter's KV cache (decode: one token, no hidden states requested;
+    verify: k tokens and the hidden states of the layer the draft reads), then
+    ``adapter.rollback(k)``.
+    """
+
+    def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0) -> None:
+        self.adapter, self.supernet = adapter, supernet.eval()
+        self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
-        self.vocab = int(text_config(target.config).vocab_size)
-        self.hidden = int(text_config(target.config).hidden_size)
-        self.avoid = {getattr(target.config, n, None) for n in ("image_token_id", "image_token_index")}
+        self.vocab = int(adapter.vocab_size)
+        self.hidden = int(adapter.hidden_size)
+        self.avoid = {adapter.info.image_token_id}
+        self.verify_layers = (max(supernet.config.inject_layers),)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self._compact: tuple[tuple[int, float, int], nn.Module] | None = None
 
@@ -107,22 +112,18 @@ class ModelSteps:
         return ids.to(self.device)
 
     # --- target ------------------------------------------------------------------------
-    @torch.inference_mode()
     def _target_step(self, key: StepKey) -> Callable[[], object]:
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+        adapter, k = self.adapter, key.k
         # The KV cache's cost depends on its length, not on which positions held image tokens.
-        self.target(input_ids=self._ids(key.context_len), cache=cache, use_cache=True,
-                    logits_to_keep=1)
-        new = self._ids(key.k)
-        target, k = self.target, key.k
+        adapter.prefill({"input_ids": self._ids(key.context_len)})
+        assert adapter.cache_len == key.context_len
+        new = self._ids(k)
+        layers = () if key.kind == "decode" else self.verify_layers
 
-        @torch.inference_mode()
         def step() -> torch.Tensor:
-            logits = target(input_ids=new, cache=cache, use_cache=True).logits  # (1, k, vocab)
-            cache.crop(-k)
-            return logits.argmax(-1)
+            out = adapter.verify(new, layers)  # logits (1, k, vocab)
+            adapter.rollback(k)
+            return out.logits.argmax(-1)
 
         return step
 

@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
                              "--threads 1; for shared machines)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="interleave each step's repeats over this many passes through "
+                             "blocks of 16 steps, averaging out the machine's drift (default: 1)")
     parser.add_argument("--holdout", type=float, default=0.2,
                         help="share of the rows held out to measure the predictor (default: 0.2)")
     parser.add_argument("--fit-only", action="store_true",
@@ -40,7 +43,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = ProfileOptions(
         target=args.target, device=args.device, dtype=args.dtype, budget=args.budget,
         context_lengths=args.context_lengths, repeats=args.repeats, threads=args.threads,
-        clock=args.clock, holdout=args.holdout, fit_only=args.fit_only, seed=args.seed,
+        clock=args.clock, passes=args.passes, holdout=args.holdout, fit_only=args.fit_only,
+        seed=args.seed,
         show_progress=False if args.quiet else None,
     )
     return profile(RunFolder(args.run), options)

@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="cache folder (default: $DREAMS_NAS_CACHE or ~/.cache/dreams-nas)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                        help="torch CPU threads for the build (default: torch's own choice)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="build afresh even when a valid cached build exists (benchmarking)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -29,7 +31,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"--threads {args.threads} must be at least 1")
     folder, metrics, cached = ensure_demo_target_with_metrics(
         args.cache_dir, variant=args.variant, seed=args.seed, progress=not args.quiet,
-        threads=args.threads)
+        threads=args.threads, rebuild=args.rebuild)
     keys = ("exact_match", "exact_match_per_task", "num_params", "decode_ms_target",
             "decode_ms_draft_1layer", "decode_ms_draft_3layer", "draft_1layer_to_target",
             "draft_3layer_to_target", "build_s", "train_steps", "num_layers", "hidden_size",

@@ -8,7 +8,10 @@ import sys
 import time
 
 from dreams_nas.latency.fitting import LatencyPredictor
-from dreams_nas.latency.store import ProfileStore
+from dreams_nas.latency.hardware import detect_hardware
+from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.store import ProfileStore, make_row
+from dreams_nas.latency.timing import Timing
 from dreams_nas.nas import cli
 
 FAST = ["--device", "cpu", "--threads", "1", "--repeats", "3", "--context-lengths", "12", "20", "36"]
@@ -43,6 +46,13 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     assert again["measured"] == 0 and again["resumed"] == 36 and again["rows"] == 36
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 36
+    # the same profile cannot grow rows timed with another clock
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--clock", "cpu",
+                     *FAST]) == 2
+    assert "was timed with --clock wall, this run asks for --clock cpu" in capsys.readouterr().err
+    # --fit-only with another thread count names what is profiled
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
+    assert f"profiled in this run: {hw['hardware_id']}" in capsys.readouterr().err
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
@@ -55,7 +65,7 @@ def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
 def test_bad_inputs(small_run, tiny_llava, tmp_path, capsys) -> None:
     base = ["profile", "--run", str(small_run.root)]
     assert cli.main([*base, "--target", str(tmp_path), *FAST]) == 2
-    assert "no Hugging Face checkpoint there" in capsys.readouterr().err
+    assert "holds no config.json, so it is not a Hugging Face checkpoint" in capsys.readouterr().err
     assert cli.main([*base, "--fit-only", *FAST]) == 2
     assert "no latency profile in" in capsys.readouterr().err
     assert cli.main([*base, "--target", tiny_llava, "--clock", "cpu", "--device", "cpu"]) == 2
@@ -64,9 +74,11 @@ def test_bad_inputs(small_run, tiny_llava, tmp_path, capsys) -> None:
     assert "--budget 'lots' is not a number" in capsys.readouterr().err
 
 
-def test_corrupt_profile_names_file_and_line(small_run, tiny_llava, capsys) -> None:
-    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, *FAST]) == 0
-    _, store = _profile_dir(small_run)
+def test_corrupt_profile_names_file_and_line(small_run, capsys) -> None:
+    hw = detect_hardware("cpu", threads=1)
+    store = ProfileStore(small_run.profile_csv(hw.hardware_id))
+    timing = Timing(samples_ms=(1.0, 1.1), warmup=0, throttled=False)
+    store.append([make_row(hw, StepKey("verify", 20, k), timing) for k in range(2, 9)])
     lines = store.path.read_text().splitlines()
     lines[4] = lines[4].replace(",ok,", ",fine,")
     store.path.write_text("\n".join(lines) + "\n")
@@ -74,10 +86,11 @@ def test_corrupt_profile_names_file_and_line(small_run, tiny_llava, capsys) -> N
     assert f"{store.path}, line 5: status 'fine' is not one of" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tiny_llava) -> None:
     argv = [sys.executable, "-m", "dreams_nas.nas.cli", "profile", "--run", str(small_run.root),
-            "--target", tiny_llava, "-q", "--device", "cpu", "--threads", "1", "--repeats", "20",
-            "--context-lengths", "12", "20", "36", "52", "68"]
+            "--target", tiny_llava, "-q", "--device", "cpu", "--threads", "1", "--repeats", "10",
+            "--context-lengths", "12", "20", "36", "--holdout", "0.3"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     csv = None
@@ -96,12 +109,26 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
     store = ProfileStore(csv)
     partial = len(store.read())
-    total = 2 * 2 * 5 + 5 + 5 * 7
+    total = 2 * 2 * 3 + 3 + 3 * 7
     assert 5 <= partial < total
-    done = subprocess.run(argv + ["--json"], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv + ["--json", "--holdout", "0"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     rows = store.read()
     keys = list(zip(rows.kind, rows.spec_id, rows.context_len, rows.k, strict=True))
     assert len(keys) == len(set(keys)) == total  # nothing twice, nothing missing
     assert summary["resumed"] == partial and summary["measured"] == total - partial
+
+
+@pytest.mark.cuda
+def test_profile_on_the_gpu(small_run, tiny_llava, capsys) -> None:
+    argv = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json",
+            "--device", "cuda:0", "--repeats", "5", "--context-lengths", "12", "36"]
+    assert cli.main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    folder, store = _profile_dir(small_run)
+    hw = json.loads((folder / "hardware.json").read_text())
+    assert hw["kind"] == "cuda" and hw["dtype"] == "bfloat16" and summary["hardware_id"] == hw["hardware_id"]
+    rows = store.read()
+    assert len(rows) == 2 * 2 * 2 + 2 + 2 * 7 and set(rows.status) == {"ok"}
+    assert set(rows.clock) == {"cuda-events"}

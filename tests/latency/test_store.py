@@ -81,3 +81,27 @@ def test_corrupt_csv_names_the_file_and_line(tmp_path, hw, damage, message) -> N
         store.read()
     with pytest.raises(InputError, match="profile.csv, line 3"):
         store.done_keys()
+
+
+def _append_many(path, start, hw_dict):
+    from dreams_nas.latency.hardware import HardwareInfo
+
+    hw = HardwareInfo.from_dict(hw_dict)
+    store = ProfileStore(path)
+    for c in range(start, start + 30):  # overlapping ranges: half the keys are written by both
+        store.append([_row(hw, StepKey("decode", c + 1))])
+
+
+def test_two_processes_appending_never_tear_or_duplicate(tmp_path, hw) -> None:
+    import multiprocessing
+
+    path = tmp_path / "profile.csv"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(path, s, hw.to_dict())) for s in (0, 15)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    frame = ProfileStore(path).read()
+    assert sorted(frame.context_len) == list(range(1, 46))  # every key once, none torn

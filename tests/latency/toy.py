@@ -36,12 +36,12 @@ class ToyBuilder:
 
         cache = DynamicCache()
         ids = torch.randint(0, 128, (1, key.context_len))
-        self.target(input_ids=ids, past_key_values=cache, use_cache=True)
+        self.target(input_ids=ids, cache=cache, use_cache=True)
         new = torch.randint(0, 128, (1, key.k))
 
         @torch.no_grad()
         def step() -> None:
-            self.target(input_ids=new, past_key_values=cache, use_cache=True)
+            self.target(input_ids=new, cache=cache, use_cache=True)
             cache.crop(-key.k)
 
         return step

@@ -101,7 +101,11 @@ def test_teacher_forced_exact_match_equals_greedy_generate(tiny) -> None:
 
 def test_damaged_or_half_written_cache_is_rebuilt(tiny, tmp_path) -> None:
     cache = tmp_path / "cache"
-    folder = ensure_demo_target(cache, variant="tiny", progress=False, threads=1)
+    folder = demo_target_dir(cache, variant="tiny")
+    killed = folder.parent / f".{folder.name}.abc123.tmp"  # left by a builder that was killed
+    (killed / "sub").mkdir(parents=True)
+    assert ensure_demo_target(cache, variant="tiny", progress=False, threads=1) == folder
+    assert not killed.exists()
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])  # a torn file
     assert read_complete_marker(folder) is None
@@ -133,3 +137,16 @@ def test_unknown_variant() -> None:
 def test_cache_env_var(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path))
     assert demo_target_dir(variant="tiny").is_relative_to(tmp_path)
+
+
+def test_rebuild_swaps_in_a_fresh_build(tmp_path) -> None:
+    folder, _, cached = ensure_demo_target_with_metrics(tmp_path, variant="tiny", progress=False,
+                                                        threads=1)
+    marker = (folder / MARKER).read_text()
+    again, _, cached = ensure_demo_target_with_metrics(tmp_path, variant="tiny", progress=False,
+                                                       threads=1, rebuild=True)
+    assert again == folder and not cached
+    assert (folder / MARKER).read_text() != marker  # new build time in the metrics
+    assert read_complete_marker(folder) is not None
+    assert sorted(p.name for p in folder.parent.iterdir() if not p.name.endswith(".lock")) == [
+        folder.name]

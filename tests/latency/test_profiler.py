@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+from dreams_nas.latency.hardware import detect_hardware
+from dreams_nas.latency.plan import build_plan
+from dreams_nas.latency.profiler import TimingSettings, run_profile
+from dreams_nas.latency.store import ProfileStore
+from dreams_nas.supernet.space import SearchSpace
+from toy import ToyBuilder
+
+SPACE = SearchSpace(heads=(2, 8), visual_keep=(0.5, 1.0), inject_layer=(1,), draft_len=(1, 3))
+FAST = TimingSettings(warmup=1, min_repeats=2, repeats=3, budget_s=0.05, threads=1)
+
+
+def test_an_oom_subnet_is_recorded_and_profiling_goes_on(tmp_path, caplog) -> None:
+    keys = build_plan(SPACE, [24, 40], verify_ks=(2, 4))
+    store = ProfileStore(tmp_path / "profile.csv")
+    hw = detect_hardware("cpu", threads=1)
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        result = run_profile(ToyBuilder(hidden=32, heads=8, visual_tokens=8, fail_heads=8), keys,
+                             store, hw, FAST, show_progress=False)
+    rows = store.read()
+    assert result.measured == len(keys) == len(rows) and result.failed == 4
+    failed = rows[rows.status == "oom"]
+    assert set(failed.heads) == {8} and failed.median_ms.isna().all()
+    assert failed.error.str.contains("OutOfMemoryError").all()
+    assert "oom" in caplog.text and "continuing" in caplog.text
+    ok = store.ok_rows()
+    assert len(ok) == len(keys) - 4 and (ok.n_samples >= 2).all()
+    # resuming skips every recorded key, failed ones included
+    again = run_profile(ToyBuilder(hidden=32, heads=8, visual_tokens=8), keys, store, hw, FAST,
+                        show_progress=False)
+    assert (again.measured, again.skipped) == (0, len(keys))
+
+
+def test_programming_errors_are_not_swallowed(tmp_path) -> None:
+    class Broken(ToyBuilder):
+        def build(self, key):
+            raise TypeError("a bug")
+
+    with pytest.raises(TypeError, match="a bug"):
+        run_profile(Broken(hidden=32), build_plan(SPACE, [24]), ProfileStore(tmp_path / "p.csv"),
+                    detect_hardware("cpu", threads=1), FAST, show_progress=False)
+
+
+def test_interleaved_passes_pool_their_samples(tmp_path) -> None:
+    keys = build_plan(SPACE, [24, 40], verify_ks=(2,))
+    store = ProfileStore(tmp_path / "profile.csv")
+    settings = TimingSettings(warmup=1, min_repeats=3, repeats=6, budget_s=5.0, threads=1,
+                              passes=3, chunk=4)
+    result = run_profile(ToyBuilder(hidden=32, heads=8, visual_tokens=8, fail_heads=8), keys, store,
+                         detect_hardware("cpu", threads=1), settings, show_progress=False)
+    rows = store.read()
+    assert result.measured == len(rows) == len(keys) and result.failed == 4
+    ok = rows[rows.status == "ok"]
+    assert (ok.n_samples == 6).all()  # 3 passes x 2 repeats, pooled into one row per key
+    assert all(len(s.split()) == 6 for s in ok.samples_ms)
