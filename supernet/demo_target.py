@@ -38,6 +38,7 @@ log = logging.getLogger("dreams_nas")
 DEMO_VERSION = "demo-v1"
 CACHE_ENV = "DREAMS_NAS_CACHE"
 MARKER = "dreams-nas-complete.json"
+REQUIRED_EXACT_MATCH = 0.95
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,10 @@ def build_demo_target(
         "versions": library_versions(),
     }
     atomic_write_json(out / "demo_metrics.json", metrics)
+    if variant == "default" and em < REQUIRED_EXACT_MATCH:
+        log.warning("the demo target reached only %.3f eval exact match (< %.2f) in %d steps; "
+                    "its answers are less predictable than intended", em, REQUIRED_EXACT_MATCH,
+                    result["steps"])
     return metrics
 
 
