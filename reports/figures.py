@@ -149,16 +149,16 @@ def _baseline(ax, data: ReportData) -> None:
 
 
 def _mark_best(ax, data: ReportData, x: float | None, y: float | None,
-               others: Sequence[tuple[float, float]] = ()) -> None:
-    """Label the best subnet's star where the label covers the fewest other points."""
+               others: Sequence[tuple[float, float, float]] = ()) -> None:
+    """Label the best subnet's star where it hides the least: `others` are (x, y, weight)."""
     if x is None or y is None:
         return
     fig = ax.figure
     to_px = ax.transData.transform
     bx, by = to_px((x, y))
-    pts = [to_px(p) for p in others]
+    pts = [(*to_px((px, py)), wt) for px, py, wt in others]
     scale = fig.dpi / 72.0
-    w, h = 165 * scale, 30 * scale        # the two-line label's size, roughly
+    w, h = 175 * scale, 34 * scale        # the two-line label's size, with a margin
     x0, y0 = to_px((ax.get_xlim()[0], ax.get_ylim()[0]))
     x1, y1 = to_px((ax.get_xlim()[1], ax.get_ylim()[1]))
     best_choice, best_cost = None, None
@@ -167,7 +167,8 @@ def _mark_best(ax, data: ReportData, x: float | None, y: float | None,
         top = by + dy * scale + (h if dy > 0 else 0)
         box = (left, top - h, left + w, top)
         inside = box[0] >= x0 and box[2] <= x1 and box[1] >= y0 and box[3] <= y1
-        covered = sum(box[0] <= px <= box[2] and box[1] <= py <= box[3] for px, py in pts)
+        covered = sum(wt for px, py, wt in pts
+                      if box[0] <= px <= box[2] and box[1] <= py <= box[3])
         cost = covered + (0 if inside else 1000)
         if best_cost is None or cost < best_cost:
             best_choice, best_cost = (dx, dy), cost
@@ -193,7 +194,8 @@ def pareto_latency_figure(data: ReportData) -> Figure:
     _scatter_subnets(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
     b = data.best_subnet
     _mark_best(ax, data, b.draft_ms if b else None, b.speedup if b else None,
-               [(s.draft_ms, s.speedup) for s in data.subnets if s is not b])
+               [(s.draft_ms, s.speedup, 20.0 if s.on_front else 1.0)
+                for s in data.subnets if s is not b])
     ax.set_xlabel("draft step latency (ms, predicted)")
     ax.set_ylabel("expected speedup over target alone (×)")
     ax.set_title(f"Expected speedup vs draft latency — {data.hardware_id}", loc="left")

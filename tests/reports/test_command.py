@@ -41,3 +41,13 @@ def test_bad_out_and_unknown_hardware_are_input_errors(tmp_path, capsys) -> None
     assert "must end in .html" in capsys.readouterr().err
     assert cli.main(["report", "--run", str(run), "--hardware", "tpu-v9"]) == 2
     assert f"searched: {CPU.hardware_id}" in capsys.readouterr().err
+
+
+def test_help_imports_no_matplotlib() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from dreams_nas.nas import cli; rc = cli.main(['report', '--help']); "
+            "print(rc, 'matplotlib' in sys.modules, 'dreams_nas.reports' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "0 False False"
