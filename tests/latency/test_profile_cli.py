@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from dreams_nas.latency.fitting import LatencyPredictor
 from dreams_nas.latency.hardware import detect_hardware
 from dreams_nas.latency.plan import StepKey
