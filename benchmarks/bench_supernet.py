@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -72,18 +73,21 @@ def main() -> int:
     parser.add_argument("--n-table", type=int, default=16, help="prompts per cell of the table")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--skip-ablation", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (train and eval)")
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
     parser.add_argument("--train-args", default="",
                         help="extra `dreams-nas train` options (smoke tests only; the benchmark "
                              "is the default settings)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     run = RunFolder(args.run)
     results: dict = {}
 
     if not (run.supernet_dir / "model.safetensors").is_file():
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "dreams_nas.nas.cli", "train", "--run", args.run,
-                        "--json", *args.train_args.split()], check=True)
+                        "--json", *args.train_args.split()], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
         results["train_wall_s"] = round(time.perf_counter() - start, 1)
     meta = run.read_run()
     results["train_recorded_s"] = meta["supernet"]["train"].get("seconds")

@@ -28,9 +28,11 @@ log = logging.getLogger("dreams_nas")
 COMMANDS: dict[str, str] = {
     "data": "dreams_nas.nas.commands.data",
     "target": "dreams_nas.nas.commands.target",
-    "train": "dreams_nas.nas.commands.train",
     "generate": "dreams_nas.nas.commands.generate",
+    "train": "dreams_nas.nas.commands.train",
     "profile": "dreams_nas.nas.commands.profile",
+    "score": "dreams_nas.nas.commands.score",
+    "search": "dreams_nas.nas.commands.search",
     "report": "dreams_nas.nas.commands.report",
 }
 

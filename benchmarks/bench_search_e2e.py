@@ -1,0 +1,79 @@
+"""End to end on this machine: the searched subnet vs the full draft vs an EAGLE-like setting.
+
+    dreams-nas search --run dreams-run          # first: score + search on this hardware
+    python benchmarks/bench_search_e2e.py --run dreams-run [--prompts 8] [--max-new-tokens 64]
+
+Measures, in one interleaved run against plain decoding of the same prompts:
+  * the search's best subnet (best.json),
+  * the full supernet draft (all heads, all visual tokens, last inject layer) at its own best
+    draft length by the same prediction,
+  * a fixed EAGLE-like configuration: all heads, all visual tokens, last layer, gamma = 5,
+and prints predicted and measured speedups (issue 7: predicted within 10% of measured for the
+best subnet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", default="dreams-run")
+    parser.add_argument("--hardware", default=None)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from dreams_nas.nas.inputs import RunModels, load_eval_examples, resolve_hardware
+    from dreams_nas.nas.verify import measure_end_to_end
+    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.supernet.space import SubnetSpec
+
+    run = RunFolder(args.run)
+    hw = resolve_hardware(run, args.hardware)
+    best = json.loads(run.best_json(hw).read_text())
+    trials = {r["spec_id"]: r for r in _read_csv(run.trials_csv(hw))}
+    space = run.space()
+    full = [s for s in space.enumerate() if (s.heads, s.visual_keep, s.inject_layer)
+            == (max(space.heads), max(space.visual_keep), max(space.inject_layer))]
+    full_best = max(full, key=lambda s: float(trials[s.id]["speedup"]))
+    eagle = SubnetSpec(max(space.heads), 1.0, max(space.inject_layer), 5)
+    chosen = {"searched best": SubnetSpec.from_dict(best["spec"]), "full draft": full_best,
+              "EAGLE-like (gamma 5)": eagle}
+    models = RunModels(run, "cpu")
+    examples = load_eval_examples("builtin", args.prompts, 0)  # the eval prompts the search scored
+    prompts = [models.target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
+    results = measure_end_to_end(models.target, models.draft, list(dict.fromkeys(chosen.values())),
+                                 prompts, max_new_tokens=args.max_new_tokens)
+    by_spec = {m.spec: m for m in results}
+    print(f"hardware {hw}; {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens; "
+          f"plain decoding {results[0].baseline_tokens_per_s:.1f} tokens/s")
+    print(f"{'configuration':24} {'spec':18} {'pred. tau':>9} {'meas. tau':>9} "
+          f"{'pred. x':>8} {'meas. x':>8} {'gap':>6}")
+    for name, spec in chosen.items():
+        m, t = by_spec[spec], trials[spec.id]
+        pred = float(t["speedup"])
+        print(f"{name:24} {spec.id:18} {float(t['tau']):9.2f} {m.tau:9.2f} {pred:8.2f} "
+              f"{m.speedup:8.2f} {abs(m.speedup - pred) / pred:6.1%}")
+    b, f, e = (by_spec[chosen[k]] for k in chosen)
+    print(f"searched / full draft: {b.speedup / f.speedup:.2f}x; searched / EAGLE-like: "
+          f"{b.speedup / e.speedup:.2f}x")
+    return 0
+
+
+def _read_csv(path):
+    import csv
+
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Deterministic acceptance scorer and latency predictor for search tests (no models)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dreams_nas.supernet.acceptance_table import AcceptanceRow
+from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+
+SMALL_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                          draft_len=(1, 2, 3, 5))
+
+
+def accept_prob(spec: SubnetSpec) -> float:
+    """Per-position acceptance: more heads, visual tokens and deeper features help."""
+    return min(0.95, 0.35 + 0.08 * spec.heads + 0.15 * spec.visual_keep
+               + 0.03 * spec.inject_layer)
+
+
+def tau_of(spec: SubnetSpec) -> float:
+    a = accept_prob(spec)
+    return sum(a**i for i in range(spec.draft_len + 1))
+
+
+class FakeScorer:
+    """tau = 1 + a + ... + a^gamma (i.i.d. acceptance a); counts every spec it scores."""
+
+    def __init__(self, supernet_hash: str = "abc123", dataset_id: str = "builtin") -> None:
+        self.supernet_hash = supernet_hash
+        self.dataset_id = dataset_id
+        self.calls: list[SubnetSpec] = []
+
+    def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
+        self.calls.extend(specs)
+        out = []
+        for spec in specs:
+            tau, a = tau_of(spec), accept_prob(spec)
+            out.append(AcceptanceRow(
+                spec=spec, tau=tau, tau_lo=tau - 0.1, tau_hi=tau + 0.1,
+                supernet_hash=self.supernet_hash, dataset_id=self.dataset_id, n_prompts=4,
+                n_tokens=64, context_len=32, accept_rates=(a,) * spec.draft_len,
+            ))
+        return out
+
+
+class FakeLatency:
+    """draft step grows with heads and visual tokens; verify grows slowly with k."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+        self.calls += 1
+        if kind == "draft":
+            assert spec is not None
+            return 0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
+        if kind == "verify":
+            return 10.0 + 0.9 * k
+        if kind == "decode":
+            return 9.5
+        raise ValueError(kind)
+
+
+def fake_params(spec: SubnetSpec) -> int:
+    return 1000 * spec.heads + 10 * spec.inject_layer

@@ -1,0 +1,51 @@
+"""A search worker process for the distributed tests: `python search_worker.py CONFIG.json`.
+
+It scores with the deterministic fake scorer (slowed a little so workers interleave), logs
+every subnet it scores to its own file and prints its result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from dreams_nas.nas.search import search  # noqa: E402
+from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params  # noqa: E402
+
+
+class LoggingScorer(FakeScorer):
+    def __init__(self, log: Path, delay_s: float) -> None:
+        super().__init__()
+        self.log, self.delay_s = log, delay_s
+
+    def score(self, specs):
+        rows = super().score(specs)
+        time.sleep(self.delay_s)
+        with self.log.open("a") as handle:
+            for spec in specs:
+                handle.write(spec.id + "\n")
+                handle.flush()
+        return rows
+
+
+def main(config_path: str) -> None:
+    cfg = json.loads(Path(config_path).read_text())
+    scorer = LoggingScorer(Path(cfg["log"]), cfg.get("delay_s", 0.01))
+    result = search(SMALL_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
+                    objective=cfg.get("objective", "pareto"), method=cfg["method"],
+                    n_trials=cfg.get("n_trials"), storage=cfg["storage"],
+                    study_name=cfg.get("study_name"), seed=cfg.get("seed", 0),
+                    show_progress=False, wait_s=120)
+    print(json.dumps({
+        "front": [[c.spec.id, c.speedup] for c in result.front],
+        "best": result.best.spec.id if result.best else None,
+        "n": result.n_evaluations,
+    }))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from dreams_nas.nas.export import TRIAL_COLUMNS, export_result
+from dreams_nas.nas.search import search
+from dreams_nas.supernet.space import SubnetSpec
+from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+
+HW = {"hardware_id": "cpu-test-2t", "kind": "cpu", "name": "test cpu"}
+TARGET = {"id": "builtin", "path": "/tmp/x", "family": "llava"}
+
+
+def _read(path):
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(params=["exhaustive", "optuna"])
+def exported(request, run_dir):
+    result = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                    method=request.param, n_trials=10, show_progress=False, objective="pareto")
+
+    def write_draft(spec, folder):
+        (folder / "config.json").write_text(json.dumps({"heads": spec.heads}))
+
+    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
+                          target=TARGET, supernet_hash="abc123", write_draft=write_draft)
+    return result, paths, run_dir
+
+
+def test_trials_and_pareto_follow_the_schema(exported) -> None:
+    result, paths, _ = exported
+    trials, front = _read(paths["trials"]), _read(paths["pareto"])
+    with paths["trials"].open() as handle:
+        assert next(csv.reader(handle)) == list(TRIAL_COLUMNS)
+    assert len(trials) == result.n_evaluations
+    assert {r["spec_id"] for r in front} <= {r["spec_id"] for r in trials}
+    assert {r["spec_id"] for r in front} == {c.spec.id for c in result.front}
+    row = trials[0]
+    assert SubnetSpec.from_id(row["spec_id"]) == SubnetSpec(
+        int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]),
+        int(row["draft_len"]))
+    assert row["state"] == "complete" and row["method"] == result.method
+    assert row["objective"] == "pareto" and row["feasible"] in ("0", "1")
+    assert float(row["speedup"]) == pytest.approx(result.candidates[0].speedup, rel=1e-15)
+
+
+def test_best_json_and_spec_dir(exported) -> None:
+    result, paths, run = exported
+    best = json.loads(paths["best"].read_text())
+    for key in ("hardware_id", "objective", "method", "spec", "spec_id", "spec_dir",
+                "predicted", "measured", "verified", "hardware", "supernet_hash", "created",
+                "versions"):
+        assert key in best
+    assert best["spec_id"] == result.best.spec.id
+    assert SubnetSpec.from_dict(best["spec"]) == result.best.spec
+    assert set(best["predicted"]) == {"speedup", "tau", "tau_ci", "draft_ms", "verify_ms",
+                                      "decode_ms"}
+    assert best["measured"] is None and best["verified"] == []
+    spec_dir = run.root / best["spec_dir"]
+    spec = json.loads((spec_dir / "spec.json").read_text())
+    assert spec["schema_version"] == 1 and spec["supernet_hash"] == "abc123"
+    assert spec["target"] == TARGET and spec["hardware"] == HW
+    assert spec["predicted"] == best["predicted"]
+    assert (spec_dir / "config.json").is_file()
+    for c in result.front:  # every front member is deployable
+        assert (run.spec_dir(c.spec.id) / "spec.json").is_file()
+    assert not list(run.root.rglob("*.tmp"))
+
+
+def test_history_only_for_optuna(exported) -> None:
+    result, paths, _ = exported
+    if result.method == "exhaustive":
+        assert "history" not in paths
+        return
+    rows = _read(paths["history"])
+    assert len(rows) == result.n_evaluations
+    bests = [float(r["best_so_far"]) for r in rows]
+    assert bests == sorted(bests)

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from dreams_nas.nas.scoring import CachedAcceptance
+from dreams_nas.nas.search import best_candidate, pareto_front, search
+from dreams_nas.nas.speedup import expected_speedup
+from dreams_nas.supernet.acceptance_table import AcceptanceTable
+from dreams_nas.supernet.errors import InputError
+from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, tau_of
+
+
+def _run(**kwargs):
+    scorer = kwargs.pop("scorer", FakeScorer())
+    return search(SMALL_SPACE, kwargs.pop("acceptance", scorer), FakeLatency(), fake_params,
+                  context_len=32, show_progress=False, **kwargs), scorer
+
+
+def _brute_best(max_draft_ms=None):
+    lat = FakeLatency()
+    best = None
+    for spec in SMALL_SPACE.enumerate():
+        draft = lat.predict_ms("draft", spec, 32, 1)
+        if max_draft_ms is not None and draft > max_draft_ms:
+            continue
+        s = float(expected_speedup(tau_of(spec), spec.draft_len, draft,
+                                   lat.predict_ms("verify", None, 32, spec.draft_len + 1), 9.5))
+        if best is None or s > best[0]:
+            best = (s, spec)
+    return best
+
+
+def test_exhaustive_scores_every_subnet_once_and_finds_the_true_best() -> None:
+    result, scorer = _run()
+    assert len(result.candidates) == SMALL_SPACE.size
+    assert sorted(scorer.calls) == sorted(SMALL_SPACE.enumerate())
+    speedup, spec = _brute_best()
+    assert result.best.spec == spec
+    assert result.best.speedup == pytest.approx(speedup)
+    assert result.best.tau == pytest.approx(tau_of(spec))
+    assert result.front[0] == result.best  # the front is sorted by speedup
+
+
+def test_constraint_makes_slow_drafts_infeasible() -> None:
+    result, _ = _run(max_draft_ms=1.5)
+    assert all(c.feasible == (c.draft_ms <= 1.5) for c in result.candidates)
+    assert any(not c.feasible for c in result.candidates)
+    assert result.best.draft_ms <= 1.5
+    assert result.best.spec == _brute_best(1.5)[1]
+    assert all(c.feasible for c in result.front)
+
+
+def test_front_is_the_non_dominated_set() -> None:
+    result, _ = _run(objective="pareto")
+    cands = result.candidates
+    for c in cands:
+        dominated = any(o.speedup >= c.speedup and o.draft_params <= c.draft_params
+                        and (o.speedup > c.speedup or o.draft_params < c.draft_params)
+                        for o in cands)
+        assert (c in result.front) == (not dominated)
+    assert pareto_front(list(cands)) == list(result.front)
+    assert best_candidate(list(cands)) == result.best
+
+
+def test_exhaustive_only_scores_what_the_cache_lacks(tmp_path) -> None:
+    table = AcceptanceTable(tmp_path / "acc.csv", "abc123", "builtin")
+    first = FakeScorer()
+    half = list(SMALL_SPACE.enumerate())[:10]
+    CachedAcceptance(first, table).rows(half, show_progress=False)
+    second = FakeScorer()
+    result, _ = _run(acceptance=CachedAcceptance(second, table))
+    assert len(second.calls) == SMALL_SPACE.size - 10
+    assert not set(second.calls) & set(half)
+    assert len(table.load()) == SMALL_SPACE.size
+    assert result.n_scored == SMALL_SPACE.size - 10
+
+
+def test_optuna_in_memory_is_seeded_and_enqueues_extremes_first() -> None:
+    a, scorer = _run(method="optuna", n_trials=12, seed=3)
+    b, _ = _run(method="optuna", n_trials=12, seed=3)
+    assert [c.spec for c in a.candidates] == [c.spec for c in b.candidates]
+    assert a.candidates[0].spec == SMALL_SPACE.largest()
+    assert a.candidates[1].spec == SMALL_SPACE.smallest()
+    assert len(a.candidates) == 12
+    assert len(set(scorer.calls)) == len(scorer.calls) == 12  # never scored twice
+    assert [h[0] for h in a.history] == [c.number for c in a.candidates]
+    bests = [h[2] for h in a.history]
+    assert bests == sorted(bests) and bests[-1] == pytest.approx(a.best.speedup)
+
+
+def test_optuna_pareto_and_constraint() -> None:
+    result, _ = _run(method="optuna", objective="pareto", n_trials=15, max_draft_ms=1.5)
+    assert len(result.candidates) == 15
+    assert all(c.feasible for c in result.front)
+    assert result.best is None or result.best.draft_ms <= 1.5
+
+
+def test_optuna_sqlite_resumes_the_same_study(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first, s1 = _run(method="optuna", n_trials=6, storage=url)
+    again, s2 = _run(method="optuna", n_trials=6, storage=url)
+    assert s2.calls == []  # the study already holds 6 scored subnets
+    assert [c.spec for c in again.candidates] == [c.spec for c in first.candidates]
+    more, s3 = _run(method="optuna", n_trials=10, storage=url)
+    assert len(more.candidates) == 10
+    assert len(s3.calls) == 4
+    assert not set(s3.calls) & set(s1.calls)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"objective": "fast"}, r"objective 'fast' is not one of"),
+        ({"method": "grid"}, r"method 'grid' is not one of"),
+        ({"max_draft_ms": 0}, r"max_draft_ms=0 must be a positive"),
+        ({"n_trials": 0}, r"n_trials=0 must be at least 1"),
+    ],
+)
+def test_bad_arguments(kwargs, match) -> None:
+    with pytest.raises(InputError, match=match):
+        _run(**kwargs)
+
+
+def test_speedups_are_finite() -> None:
+    result, _ = _run()
+    assert all(math.isfinite(c.speedup) and c.speedup > 0 for c in result.candidates)

@@ -1,0 +1,172 @@
+"""`dreams-nas score` and `dreams-nas search` on a real (tiny) trained run folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+from dreams_nas.nas import cli
+from dreams_nas.supernet.runfolder import RunFolder
+from dreams_nas.supernet.space import SearchSpace
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
+from _draft_fixtures import one_torch_thread  # noqa: E402
+from tiny_models import PROMPTS, save_tiny_vlm, tiny_image  # noqa: E402
+
+pytestmark = pytest.mark.slow  # trains a tiny supernet once for the module (~10 s)
+HW = "cpu-test-box-1t"
+SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3, 5))
+
+
+def _examples(folder: Path, n: int) -> list[SimpleNamespace]:
+    out = []
+    for i in range(n):
+        path = folder / f"img{i}.png"
+        tiny_image(i).save(path)
+        out.append(SimpleNamespace(id=str(i), image_path=str(path), prompt=PROMPTS[i]))
+    return out
+
+
+def _fit_latency(run: RunFolder) -> None:
+    """A predictor fitted on synthetic timings (the search's plumbing is what is tested)."""
+    from dreams_nas.latency.fitting import LatencyPredictor
+
+    rows = []
+    for ctx in (16, 32):
+        for h in SPACE.heads:
+            for v in SPACE.visual_keep:
+                rows.append({"kind": "draft", "spec_id": f"h{h}-v{v:.2f}-l1-g1", "heads": h,
+                             "visual_keep": v, "inject_layer": 1, "draft_len": 1,
+                             "context_len": ctx, "k": 1,
+                             "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx})
+        for k in range(1, 8):
+            rows.append({"kind": "decode" if k == 1 else "verify", "spec_id": "",
+                         "heads": float("nan"), "visual_keep": float("nan"),
+                         "inject_layer": float("nan"), "draft_len": float("nan"),
+                         "context_len": ctx, "k": k, "median_ms": 4.0 + 0.3 * k})
+    predictor = LatencyPredictor.fit(pd.DataFrame(rows), HW, holdout=0.0)
+    predictor.save(run.latency_dir(HW))
+    (run.latency_dir(HW) / "profile.csv").write_text("hardware_id,kind\n")
+    (run.latency_dir(HW) / "hardware.json").write_text(json.dumps(
+        {"hardware_id": HW, "kind": "cpu", "name": "test box"}))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.train import TrainConfig
+    from dreams_nas.supernet.training_run import train_run
+
+    root = tmp_path_factory.mktemp("search-cmd")
+    with one_torch_thread():
+        target_dir = save_tiny_vlm("llava", root / "target")
+        run = RunFolder(root / "dreams-run")
+        target = TargetAdapter.load(target_dir)
+        examples = _examples(root, 6)
+        train_run(run, target, examples, TrainConfig(warmup_steps=15, multires_steps=15,
+                  batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=16,
+                  aifd_prompts=2, show_progress=False)
+    run.save_space(SPACE)
+    _fit_latency(run)
+    return run, examples
+
+
+@pytest.fixture
+def cmd(tiny_run, monkeypatch, capsys):
+    run, examples = tiny_run
+    monkeypatch.setattr("dreams_nas.nas.inputs.load_eval_examples",
+                        lambda data, limit, seed: examples[: limit or len(examples)])
+
+    def call(*argv):
+        with one_torch_thread():
+            code = cli.main([*argv, "--run", str(run.root), "--json", "-q"])
+        out, err = capsys.readouterr()
+        return code, (json.loads(out) if code == 0 else None), err
+
+    return call
+
+
+def test_score_then_search_writes_every_artefact(tiny_run, cmd) -> None:
+    run, _ = tiny_run
+    code, score, err = cmd("score", "--limit", "4", "--max-new-tokens", "12", "--device", "cpu")
+    assert code == 0, err
+    assert score["n_specs"] == SPACE.size and score["method"] == "teacher-forced"
+    assert score["n_scored"] == SPACE.size and score["n_cached"] == 0
+    code, again, _ = cmd("score", "--limit", "4", "--max-new-tokens", "12", "--device", "cpu")
+    assert again["n_scored"] == 0  # all cached
+
+    code, out, err = cmd("search", "--limit", "4", "--max-new-tokens", "12", "--device", "cpu",
+                         "--verify", "2", "--verify-prompts", "2", "--objective", "pareto")
+    assert code == 0, err
+    assert out["n_scored"] == 0 and out["n_evaluations"] == SPACE.size
+    best = json.loads(run.best_json(HW).read_text())
+    assert best["spec_id"] == out["best"] and best["objective"] == "pareto"
+    assert best["measured"]["speedup"] > 0 and best["predicted"]["speedup"] > 0
+    assert out["measured"]["speedup"] == pytest.approx(best["measured"]["speedup"])
+    assert len(best["verified"]) == min(2, len(set(out["front"]) | {out["best"]}))
+    assert best["verified"][0]["spec_id"] == best["spec_id"]
+    assert best["hardware"]["hardware_id"] == HW and best["supernet_hash"]
+    spec_dir = run.root / best["spec_dir"]
+    assert {"spec.json", "config.json", "draft.safetensors"} <= {p.name for p in spec_dir.iterdir()}
+    trials = pd.read_csv(run.trials_csv(HW))
+    assert len(trials) == SPACE.size and set(trials["method"]) == {"exhaustive"}
+    assert len(pd.read_csv(run.pareto_csv(HW))) == len(out["front"])
+
+    # the exported spec folder decodes with the engine, losslessly
+    from dreams_nas.supernet.decoding import generate, plain_generate
+    from dreams_nas.supernet.drafting import load_drafter
+    from dreams_nas.supernet.target import TargetAdapter
+
+    target = TargetAdapter.load(json.loads(run.run_json.read_text())["target"]["path"])
+    inputs = target.build_inputs(tiny_run[1][0].image_path, tiny_run[1][0].prompt)
+    drafter = load_drafter(spec_dir, target)
+    spec = json.loads((spec_dir / "spec.json").read_text())["spec"]
+    fast = generate(target, inputs, drafter, gamma=spec["draft_len"], max_new_tokens=12)
+    assert fast.tokens.tolist() == plain_generate(target, inputs, max_new_tokens=12).tokens.tolist()
+
+
+def test_optuna_search_resumes_in_the_run_folder(tiny_run, cmd) -> None:
+    run, _ = tiny_run
+    args = ("search", "--method", "optuna", "--trials", "5", "--limit", "4",
+            "--max-new-tokens", "12", "--device", "cpu", "--verify", "0")
+    code, first, err = cmd(*args)
+    assert code == 0, err
+    assert first["n_evaluations"] == 5 and run.study_db(HW).is_file()
+    code, second, _ = cmd(*args[:4], "8", *args[5:])
+    assert second["n_evaluations"] == 8 and second["study_name"] == first["study_name"]
+    assert len(pd.read_csv(run.search_dir(HW) / "history.csv")) == 8
+
+
+def test_unprofiled_hardware_lists_the_profiled_ones(cmd) -> None:
+    code, _, err = cmd("search", "--hardware", "nvidia-h100", "--verify", "0")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "'nvidia-h100' has no latency profile" in err and HW in err
+
+
+def test_spec_outside_the_space_is_one_line(tiny_run, cmd, tmp_path) -> None:
+    specs = tmp_path / "specs.txt"
+    specs.write_text("h4-v0.50-l1-g3\nh3-v0.50-l1-g3\n")
+    code, _, err = cmd("score", "--specs", str(specs), "--limit", "4")
+    assert code == 2 and err.count("\n") == 1
+    assert "The value 3 of field 'heads'" in err and "allowed: [2, 4]" in err
+
+
+def test_acceptance_of_another_supernet_is_refused(tiny_run, cmd) -> None:
+    run, _ = tiny_run
+    path = run.acceptance_csv("builtin-eval-n3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from dreams_nas.supernet.acceptance_table import ACCEPTANCE_COLUMNS
+
+    row = dict.fromkeys(ACCEPTANCE_COLUMNS, "")
+    row.update(supernet_hash="0123456789abcdef", dataset_id="builtin-eval-n3",
+               spec_id="h2-v0.50-l1-g1", heads=2, visual_keep=0.5, inject_layer=1, draft_len=1,
+               temperature=0.0, method="teacher-forced", tau=1.5, tau_lo=1.4, tau_hi=1.6)
+    pd.DataFrame([row]).to_csv(path, index=False)
+    code, _, err = cmd("search", "--limit", "3", "--verify", "0")
+    assert code == 2 and err.count("\n") == 1
+    assert "scored with supernet 0123456789abcdef" in err and "move the file aside" in err

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dreams_nas.nas.speedup import expected_speedup
+from dreams_nas.supernet.errors import InputError
+
+# (tau, gamma, draft_ms, verify_ms, decode_ms, expected)
+CASES = [
+    # free drafting, verify as cheap as decode: speedup = tau
+    (3.0, 4, 0.0, 10.0, 10.0, 3.0),
+    # every draft rejected (tau = 1, only the bonus token): a cycle costs more than a step
+    (1.0, 1, 2.0, 10.0, 10.0, 10.0 / 12.0),
+    # worked example: 4.2 * 20 / (5 * 1.5 + 24) = 84 / 31.5
+    (4.2, 5, 1.5, 24.0, 20.0, 84.0 / 31.5),
+    # all accepted at gamma 7 (tau = 8), verify twice a decode step, draft 1 ms
+    (8.0, 7, 1.0, 20.0, 10.0, 80.0 / 27.0),
+    # a draft as slow as the target: no gain even with tau = gamma + 1
+    (3.0, 2, 10.0, 10.0, 10.0, 1.0),
+]
+
+
+@pytest.mark.parametrize(("tau", "gamma", "draft", "verify", "decode", "expected"), CASES)
+def test_table(tau, gamma, draft, verify, decode, expected) -> None:
+    got = expected_speedup(tau, gamma, draft, verify, decode)
+    assert got.shape == ()
+    assert float(got) == pytest.approx(expected, rel=1e-12)
+
+
+def test_vectorised_matches_elementwise() -> None:
+    cols = np.array([c[:5] for c in CASES], dtype=float).T
+    got = expected_speedup(*cols)
+    assert got.shape == (len(CASES),)
+    np.testing.assert_allclose(got, [c[5] for c in CASES], rtol=1e-12)
+
+
+def test_broadcasts_one_decode_time_over_a_grid() -> None:
+    tau = np.array([[1.5], [3.0]])  # (2, 1)
+    gamma = np.array([1, 2, 3])  # (3,)
+    got = expected_speedup(tau, gamma, 1.0, 10.0, 10.0)
+    assert got.shape == (2, 3)
+    assert got[1, 2] == pytest.approx(3.0 * 10 / (3 + 10))
+
+
+def test_nan_propagates_per_element() -> None:
+    got = expected_speedup([2.0, math.nan], [2, 2], 1.0, 10.0, 10.0)
+    assert got[0] == pytest.approx(20.0 / 12.0)
+    assert math.isnan(got[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"draft_ms": -1.0}, r"draft_ms=-1.0 is negative"),
+        ({"verify_ms": -3.0}, r"verify_ms=-3.0 is negative"),
+        ({"decode_ms": -2.0}, r"decode_ms=-2.0 is negative"),
+        ({"draft_len": 0}, r"draft_len=0.0 must be at least 1"),
+        ({"tau": -0.5}, r"tau=-0.5 must be >= 0"),
+        ({"draft_ms": 0.0, "verify_ms": 0.0}, r"cycle .* <= 0 ms"),
+    ],
+)
+def test_bad_inputs_name_the_value(kwargs, match) -> None:
+    base = {"tau": 2.0, "draft_len": 3, "draft_ms": 1.0, "verify_ms": 10.0, "decode_ms": 9.0}
+    with pytest.raises(InputError, match=match):
+        expected_speedup(**{**base, **kwargs})

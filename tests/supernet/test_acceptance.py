@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
+from dreams_nas.supernet.acceptance import (
+    TeacherForcedScorer,
+    accept_rates,
+    pooled_tau,
+    simulate_cycles,
+)
+from dreams_nas.supernet.decoding import generate
+from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.dream_drafter import DreamDrafter
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.selfdistill import collect_samples, regenerate_answers
+from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.target import TargetAdapter
+from dreams_nas.supernet.train import TrainConfig, train_supernet
+
+MAX_NEW = 24
+LAYERS = (2, 4)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    with one_torch_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny LLaVA target and a DREAM draft trained briefly on its own answers, so that
+    acceptance is far from trivial (tau between 2 and 3 rather than 1)."""
+    model = tiny_llava(0, layers=4)
+    adapter = TargetAdapter(model)
+    prompts = tiny_prompts(8)
+    answers = regenerate_answers(model, prompts, max_new_tokens=MAX_NEW, show_progress=False)
+    samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
+    cfg = DraftConfig.for_target(model.config.text_config, inject_layers=LAYERS)
+    draft = DreamDraft.initialised(cfg, SharedTargetModules(adapter.embed_tokens, adapter.lm_head), 0)
+    train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=40,
+                   batch_size=4, lr=5e-3, checkpoint_every=1000), show_progress=False)
+    return adapter, draft, prompts
+
+
+def _scorer(trained, **kwargs):
+    adapter, draft, prompts = trained
+    return TeacherForcedScorer(adapter, draft, prompts, supernet_hash="abc", dataset_id="tiny",
+                               max_new_tokens=MAX_NEW, show_progress=False, **kwargs)
+
+
+SPECS = [SubnetSpec(4, 1.0, 4, 5), SubnetSpec(2, 0.5, 2, 3), SubnetSpec(1, 0.25, 2, 7)]
+
+
+@pytest.mark.slow  # trains a tiny draft and runs 24 real speculative generations
+def test_teacher_forced_tau_agrees_with_real_speculative_runs(trained) -> None:
+    adapter, draft, prompts = trained
+    rows = {r.spec: r for r in _scorer(trained).score(SPECS)}
+    for spec in SPECS:
+        lengths = []
+        for prompt in prompts:
+            out = generate(adapter, prompt, DreamDrafter(draft, spec),
+                           gamma=spec.draft_len, max_new_tokens=MAX_NEW)
+            lengths += out.stats.cycle_lengths
+        measured = sum(lengths) / len(lengths)
+        assert measured > 1.5  # the check is not the trivial tau = 1
+        assert rows[spec].tau == pytest.approx(measured, rel=0.02)
+        assert rows[spec].tau_lo <= rows[spec].tau <= rows[spec].tau_hi
+
+
+def test_one_rollout_scores_every_draft_len_of_a_triple(trained) -> None:
+    scorer = _scorer(trained, draft_lens=(1, 2, 3, 5))
+    rows = scorer.score([SubnetSpec(2, 0.5, 2, 3)])
+    assert [r.spec.draft_len for r in rows] == [1, 2, 3, 5]
+    assert all(r.method == "teacher-forced" and r.n_prompts == 8 for r in rows)
+    assert all(len(r.accept_rates) == r.spec.draft_len for r in rows)
+    assert all(1.0 <= r.tau <= r.spec.draft_len + 1 for r in rows)
+    assert rows[0].context_len == 20  # tiny prompts: bos, word, 16 image tokens, 2 words
+    traces = scorer._traces
+    scorer.score([SubnetSpec(4, 1.0, 4, 1)])
+    assert scorer._traces is traces  # the target ran once per prompt
+
+
+def test_empty_prompt_list_is_refused(trained) -> None:
+    adapter, draft, _ = trained
+    with pytest.raises(InputError, match="no evaluation prompts"):
+        TeacherForcedScorer(adapter, draft, [], supernet_hash="a", dataset_id="d")
+
+
+# --- the pure parts ----------------------------------------------------------------------
+CYCLES = [
+    # (matches per start, gamma, max_new, eos_index, lengths, proposed)
+    ([0] * 9, 3, 10, None, [1] * 9, [3] * 6 + [2, 1, 0]),
+    ([3] * 9, 3, 10, None, [4, 4, 1], [3, 3, 0]),
+    ([5] * 9, 2, 10, None, [3, 3, 3], [2, 2, 2]),
+    # EOS at index 4 accepted inside the second cycle: the loop stops there
+    ([2, 0, 0, 5, 5], 3, 10, 4, [3, 4], [3, 3]),
+    # EOS as the very first token: no cycle at all
+    ([], 3, 10, 0, [], []),
+    # the budget leaves no room: a last cycle with zero proposals
+    ([1] * 4, 4, 3, None, [2], [1]),
+]
+
+
+@pytest.mark.parametrize(("matches", "gamma", "max_new", "eos", "lengths", "proposed"), CYCLES)
+def test_simulate_cycles(matches, gamma, max_new, eos, lengths, proposed) -> None:
+    got = simulate_cycles(np.array(matches), gamma, max_new, eos)
+    assert got == (lengths, proposed)
+    produced = 1 + sum(lengths)
+    assert produced <= max_new or eos is not None
+
+
+def test_accept_rates_follow_the_engines_definition() -> None:
+    rates = accept_rates([4, 2, 1, 3], [3, 3, 3, 2], 3)
+    assert rates[0] == pytest.approx(3 / 4)  # cycles with >= 1 accepted
+    assert rates[1] == pytest.approx(2 / 4)
+    assert rates[2] == pytest.approx(1 / 3)  # only three cycles offered a third token
+    assert math.isnan(accept_rates([1], [0], 1)[0])
+
+
+def test_pooled_tau_and_bootstrap_interval() -> None:
+    cycles = [([4, 4, 1], [3, 3, 3]), ([1, 1], [3, 3]), ([2, 3, 4, 1], [3, 3, 3, 3])]
+    tau, lo, hi = pooled_tau(cycles, 2000, np.random.default_rng(0))
+    assert tau == pytest.approx(21 / 9)
+    assert lo < tau < hi and lo >= 1.0 and hi <= 4.0
+    again = pooled_tau(cycles, 2000, np.random.default_rng(0))
+    assert again == (tau, lo, hi)
+    assert pooled_tau([([], [])], 10, np.random.default_rng(0)) == (1.0, 1.0, 1.0)
+
+
+def test_sampled_scoring_is_seeded_real_runs(trained) -> None:
+    from dreams_nas.supernet.acceptance_sampled import SampledScorer
+
+    adapter, draft, prompts = trained
+
+    def scorer(seed):
+        return SampledScorer(adapter, draft, prompts[:3], supernet_hash="abc", dataset_id="tiny",
+                             temperature=0.8, max_new_tokens=12, seed=seed)
+
+    specs = [SubnetSpec(4, 1.0, 4, 3), SubnetSpec(1, 0.25, 2, 2)]
+    rows = scorer(0).score(specs)
+    assert [r.spec for r in rows] == specs
+    assert all(r.method == "sampled" and r.temperature == 0.8 for r in rows)
+    assert all(1.0 <= r.tau <= r.spec.draft_len + 1 for r in rows)
+    assert [r.tau for r in scorer(0).score(specs)] == [r.tau for r in rows]
+    with pytest.raises(InputError, match="needs a temperature > 0"):
+        SampledScorer(adapter, draft, prompts, supernet_hash="a", dataset_id="d", temperature=0)
