@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+from dreams_nas.supernet.errors import InputError
 
 
 class ClockProbe(Protocol):
@@ -68,7 +69,7 @@ def fixed_threads(threads: int | None) -> Iterator[None]:
         yield
         return
     if threads < 1:
-        raise ValueError(f"threads={threads} must be at least 1")
+        raise InputError(f"--threads {threads} must be at least 1")
     before = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:

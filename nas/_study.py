@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from .candidate import Candidate, DraftParams, LatencyCache
 from .candidate import evaluate as evaluate_rows
-from .claims import Claim, ClaimLedger
+from .claims import Claim, ClaimLedger, _pid_alive
 from .scoring import CachedAcceptance
 
 MAX_CONSECUTIVE_DUPLICATES = 200  # the sampler has converged: stop instead of spinning
@@ -69,16 +69,6 @@ class LocalClaims:
 
     def close(self) -> None:
         pass
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StudyRunner:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -162,25 +162,14 @@ def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
     return examples[:limit] if limit else examples
 
 
-@contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
+def torch_threads(n: int | None) -> AbstractContextManager[None]:
     """Run with `n` torch CPU threads (None: leave as is), restored afterwards.
 
     Small drafts on a busy CPU run many times faster on one thread: OpenMP workers spin
     waiting for each other when other processes hold the cores."""
-    import torch
+    from dreams_nas.latency.timing import fixed_threads
 
-    if n is None:
-        yield
-        return
-    if n < 1:
-        raise InputError(f"--threads {n} must be at least 1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return fixed_threads(n)
 
 
 class RunModels:

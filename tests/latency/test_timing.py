@@ -5,6 +5,7 @@ import time
 import pytest
 import torch
 from dreams_nas.latency.timing import fixed_threads, measure
+from dreams_nas.supernet.errors import InputError
 
 
 def test_repeats_stop_at_the_budget_but_not_below_min_repeats() -> None:
@@ -28,7 +29,7 @@ def test_cpu_timing_uses_the_fixed_thread_count_and_restores_it() -> None:
     measure(lambda: seen.append(torch.get_num_threads()), threads=1, warmup=1, min_repeats=3, max_repeats=3)
     assert set(seen) == {1}
     assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="threads=0 must be at least 1"):
+    with pytest.raises(InputError, match="--threads 0 must be at least 1"):
         with fixed_threads(0):
             pass
 
