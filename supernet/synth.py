@@ -71,6 +71,7 @@ FONT: dict[str, tuple[str, ...]] = {
     "-": ("00000", "00000", "00000", "11111", "00000", "00000", "00000"),
 }
 INK = (245, 245, 245)
+TEXT_ROW = 2  # OCR codes and math problems are written on this row, left-aligned
 
 _PROMPTS: dict[str, tuple[str, ...]] = {
     "scene": ("Describe the image.", "What objects are in the picture?",
@@ -127,7 +128,7 @@ def vocabulary_texts() -> list[str]:
     texts += list(REGIONS) + list(NUMBER_WORDS) + list(COLORS) + list(SHAPES) + list(SIZES)
     texts += [str(v) for v in range(0, 19)] + list(CODE_CHARS)
     texts += [
-        "The image shows objects. There is a and",
+        "The image shows object objects. There is a and",
         "Counting the shapes in the image gives, so there is are shape.",
         "The text in the image reads, which is characters long.",
         "The chart has bars. From left to right, the bar is. The bar in the chart has a value of",
@@ -178,26 +179,26 @@ def _join(parts: list[str]) -> str:
 # --- the five tasks -------------------------------------------------------------------------------
 
 def _scene(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
-    n = rng.randint(2, 4)
+    # 1-3 objects, each on the top-left cell of its region, listed in reading order.
+    n = rng.randint(1, 3)
     regions = sorted(rng.sample(range(9), n))
     parts = []
     for region in regions:
         color = rng.choice(list(COLORS))
         shape = rng.choice(SHAPES)
         size = rng.choice(SIZES)
-        row = (region // 3) * 2 + rng.randint(0, 1)
-        col = (region % 3) * 2 + rng.randint(0, 1)
-        _draw_shape(draw, row, col, shape, size, COLORS[color])
+        _draw_shape(draw, (region // 3) * 2, (region % 3) * 2, shape, size, COLORS[color])
         parts.append(f"a {size} {color} {shape} {REGIONS[region]}")
     prompt = rng.choice(_PROMPTS["scene"])
-    return prompt, f"The image shows {NUMBER_WORDS[n]} objects. There is {_join(parts)}."
+    noun = "object" if n == 1 else "objects"
+    return prompt, f"The image shows {NUMBER_WORDS[n]} {noun}. There is {_join(parts)}."
 
 
 def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     target = rng.choice(list(COLORS))
-    n = rng.randint(1, 6)
+    n = rng.randint(1, 4)
     others = [c for c in COLORS if c != target]
-    distractors = rng.randint(0, 4)
+    distractors = rng.randint(0, 3)
     cells = rng.sample(range(GRID * GRID), n + distractors)
     for i, cell in enumerate(cells):
         color = target if i < n else rng.choice(others)
@@ -213,7 +214,7 @@ def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
 def _ocr(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     length = rng.randint(3, GRID)
     code = [rng.choice(CODE_CHARS) for _ in range(length)]
-    row = rng.randrange(GRID)
+    row = TEXT_ROW
     for col, char in enumerate(code):
         _draw_glyph(draw, row, col, char)
     prompt = rng.choice(_PROMPTS["ocr"])
@@ -244,7 +245,7 @@ def _math(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     op = rng.choice("+-")
     if op == "-" and b > a:
         a, b = b, a
-    row = rng.randrange(GRID)
+    row = TEXT_ROW
     for col, char in enumerate((str(a), op, str(b))):
         _draw_glyph(draw, row, col, char)
     word = "plus" if op == "+" else "minus"

@@ -86,7 +86,8 @@ def test_teacher_forced_exact_match_equals_greedy_generate(tiny) -> None:
     inputs = processor(images=[sample.image], text=[text], return_tensors="pt")
     prompt = inputs["input_ids"]  # (1, prompt_len)
     assert prompt[0].tolist() == encoder.prompt_ids(sample.prompt)
-    out = model.generate(**inputs, do_sample=False, max_new_tokens=10, min_new_tokens=10)
+    # no min_new_tokens: suppressing EOS would make greedy decoding differ from the argmax
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=10)
     labels = torch.full_like(out, IGNORE)
     labels[:, prompt.shape[1]:] = out[:, prompt.shape[1]:]
     batch = Batch(input_ids=out, attention_mask=torch.ones_like(out),
