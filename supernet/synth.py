@@ -46,6 +46,7 @@ SIZES = ("small", "large")
 # 3 x 3 regions of 2 x 2 cells each, row-major; the phrase that names each region.
 REGIONS = ("at the top left", "at the top", "at the top right", "on the left", "in the center",
            "on the right", "at the bottom left", "at the bottom", "at the bottom right")
+SCENE_REGIONS = (3, 4, 5)  # the regions scene objects are drawn in (the middle row)
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 CODE_CHARS = "0123456789ABCDEF"
 
@@ -179,9 +180,9 @@ def _join(parts: list[str]) -> str:
 # --- the five tasks -------------------------------------------------------------------------------
 
 def _scene(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
-    # 1-3 objects, each on the top-left cell of its region, listed in reading order.
-    n = rng.randint(1, 3)
-    regions = sorted(rng.sample(range(9), n))
+    # 2-3 objects on the middle row (left / center / right), listed from left to right.
+    n = rng.randint(2, 3)
+    regions = sorted(rng.sample(SCENE_REGIONS, n))
     parts = []
     for region in regions:
         color = rng.choice(list(COLORS))
@@ -223,7 +224,7 @@ def _ocr(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
 
 
 def _chart(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
-    n = rng.randint(3, GRID)
+    n = rng.randint(3, 4)
     colors = rng.sample(list(COLORS), n)
     values = [rng.randint(1, GRID - 1) for _ in range(n)]
     for col, (color, value) in enumerate(zip(colors, values, strict=True)):
