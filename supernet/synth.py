@@ -199,7 +199,7 @@ def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     target = rng.choice(list(COLORS))
     n = rng.randint(1, 4)
     others = [c for c in COLORS if c != target]
-    distractors = rng.randint(0, 3)
+    distractors = rng.randint(0, 2)
     cells = rng.sample(range(GRID * GRID), n + distractors)
     for i, cell in enumerate(cells):
         color = target if i < n else rng.choice(others)
@@ -228,10 +228,11 @@ def _chart(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     colors = rng.sample(list(COLORS), n)
     values = [rng.randint(1, GRID - 1) for _ in range(n)]
     for col, (color, value) in enumerate(zip(colors, values, strict=True)):
-        top = GRID - value
+        top = GRID - value  # >= 1: row 0 holds the value labels
         x0, y0, _, _ = _cell_box(top, col)
         draw.rectangle((x0 + 1, y0, x0 + CELL - 2, GRID * CELL - 1), fill=COLORS[color])
         draw.line((x0 + 1, y0, x0 + CELL - 2, y0), fill=INK)  # the bar's cap marks its top
+        _draw_glyph(draw, 0, col, str(value))  # a value label above each bar, as in ChartQA
     prompt = rng.choice(_PROMPTS["chart"])
     if "{color}" in prompt:
         i = rng.randrange(n)
