@@ -71,7 +71,7 @@ VARIANTS: dict[str, DemoVariant] = {
     "default": DemoVariant(
         name="default", vision_hidden=64, vision_layers=1, vision_heads=2, text_hidden=128,
         text_layers=16, text_heads=4, text_intermediate=384,
-        train=TrainConfig(max_steps=1200, batch_size=32, lr=3e-3, warmup_steps=30,
+        train=TrainConfig(max_steps=1000, batch_size=32, lr=3e-3, warmup_steps=30,
                           eval_every=50, n_val=100, target_exact_match=0.99),
         n_eval=250, timing_repeats=40, grow_from_layers=4,
         finetune=TrainConfig(max_steps=40, batch_size=32, lr=5e-4, warmup_steps=5,

@@ -197,16 +197,13 @@ def _scene(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
 
 def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     target = rng.choice(list(COLORS))
-    # The counted shapes stand in a row, left-aligned on the text row; 0-2 shapes of other
-    # colours stand elsewhere as distractors.
-    n = rng.randint(1, 5)
+    n = rng.randint(1, 4)
     others = [c for c in COLORS if c != target]
-    for col in range(n):
-        _draw_shape(draw, TEXT_ROW, col, rng.choice(SHAPES), "large", COLORS[target])
-    free = [cell for cell in range(GRID * GRID) if cell // GRID != TEXT_ROW]
-    for cell in rng.sample(free, rng.randint(0, 2)):
-        _draw_shape(draw, cell // GRID, cell % GRID, rng.choice(SHAPES), "large",
-                    COLORS[rng.choice(others)])
+    distractors = rng.randint(0, 2)
+    cells = rng.sample(range(GRID * GRID), n + distractors)
+    for i, cell in enumerate(cells):
+        color = target if i < n else rng.choice(others)
+        _draw_shape(draw, cell // GRID, cell % GRID, rng.choice(SHAPES), "large", COLORS[color])
     prompt = rng.choice(_PROMPTS["count"]).format(color=target)
     word = NUMBER_WORDS[n]
     noun = "shape" if n == 1 else "shapes"
