@@ -2,7 +2,8 @@
 
 `build_demo_target` trains a real `LlavaForConditionalGeneration` (a one-layer CLIP vision tower
 with patch size = the synthetic tasks' cell size, and a deep, narrow Llama) on the synthetic tasks
-of `synth` until its greedy answers match the references, then saves model + processor with
+of `synth` until its greedy answers match the references (trained shallow, then grown to full
+depth function-preservingly and fine-tuned, see `grow_text_layers`), then saves model + processor with
 `save_pretrained`, so the folder loads like any checkpoint on disk. `ensure_demo_target` builds it
 on first use into ``$DREAMS_NAS_CACHE`` (default ``~/.cache/dreams-nas``) under a version key, in a
 temporary folder that is renamed into place only after a completion marker (with the sha256 of
@@ -35,7 +36,7 @@ from .word_tokenizer import CHAT_TEMPLATE, IMAGE, build_word_tokenizer
 log = logging.getLogger("dreams_nas")
 
 # Bump when the data, the architecture or the recipe changes: old cache folders are then ignored.
-DEMO_VERSION = "demo-v1"
+DEMO_VERSION = "demo-v2"
 CACHE_ENV = "DREAMS_NAS_CACHE"
 MARKER = "dreams-nas-complete.json"
 REQUIRED_EXACT_MATCH = 0.95
@@ -56,24 +57,34 @@ class DemoVariant:
     train: TrainConfig
     n_eval: int
     timing_repeats: int
+    # Progressive depth: train a `grow_from_layers`-layer Llama with `train`, grow it to
+    # `text_layers` (function-preserving, see `grow_text_layers`), then fine-tune with `finetune`.
+    grow_from_layers: int = 0
+    finetune: TrainConfig | None = None
 
 
 VARIANTS: dict[str, DemoVariant] = {
     # 16 layers x 128 hidden: every layer costs about the same fixed time at batch 1, so the
     # three-layer draft costs well under a third of a target step (measured at build time).
+    # Trained as a 4-layer model (a third of the cost per sample), grown to 16 layers
+    # function-preservingly, then fine-tuned as a whole.
     "default": DemoVariant(
         name="default", vision_hidden=64, vision_layers=1, vision_heads=2, text_hidden=128,
         text_layers=16, text_heads=4, text_intermediate=384,
-        train=TrainConfig(max_steps=3000, batch_size=16, lr=2e-3, warmup_steps=50,
-                          eval_every=100, n_val=96, target_exact_match=0.98),
-        n_eval=250, timing_repeats=40),
+        train=TrainConfig(max_steps=1000, batch_size=32, lr=3e-3, warmup_steps=30,
+                          eval_every=50, n_val=100, target_exact_match=0.99),
+        n_eval=250, timing_repeats=40, grow_from_layers=4,
+        finetune=TrainConfig(max_steps=40, batch_size=32, lr=5e-4, warmup_steps=5,
+                             eval_every=40, n_val=100, target_exact_match=1.01)),
     # The same code at test size: builds in seconds, answers are not expected to be right.
     "tiny": DemoVariant(
         name="tiny", vision_hidden=16, vision_layers=1, vision_heads=2, text_hidden=32,
         text_layers=2, text_heads=2, text_intermediate=64,
         train=TrainConfig(max_steps=6, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=3,
                           n_val=4, target_exact_match=1.01),
-        n_eval=8, timing_repeats=3),
+        n_eval=8, timing_repeats=3, grow_from_layers=1,
+        finetune=TrainConfig(max_steps=2, batch_size=4, lr=1e-3, warmup_steps=1, eval_every=2,
+                             n_val=4, target_exact_match=1.01)),
 }
 
 
@@ -148,14 +159,18 @@ def build_demo_target(
         torch.set_num_threads(threads)
     start = time.perf_counter()
     processor = build_processor()
-    config = build_config(spec, processor.tokenizer)
+    grow = spec.grow_from_layers > 0 and spec.finetune is not None
+    first_layers = spec.grow_from_layers if grow else spec.text_layers
+    config = build_config(replace(spec, text_layers=first_layers), processor.tokenizer)
     with torch.random.fork_rng(devices=[]):  # weight init reads the global RNG; keep it local
         torch.manual_seed(seed)
         model = LlavaForConditionalGeneration(config)
     init_patch_embeddings(model, torch.Generator().manual_seed(seed))
+    init_projector(model, torch.Generator().manual_seed(seed + 1))
     encoder = Encoder(processor)
 
-    bar = progress_bar(total=spec.train.max_steps, desc=f"training demo target ({variant})",
+    total = spec.train.max_steps + (spec.finetune.max_steps if grow and spec.finetune else 0)
+    bar = progress_bar(total=total, desc=f"training demo target ({variant})",
                        unit="step", disable=None if progress else True)
     state: dict[str, float] = {}
 
@@ -169,6 +184,19 @@ def build_demo_target(
 
     try:
         result = train(model, encoder, spec.train, data_seed=seed, on_step=on_step)
+        finetune_steps = 0
+        if grow and spec.finetune is not None:
+            bar.total = result["steps"] + spec.finetune.max_steps
+            log.info("demo target: growing %d -> %d layers after %d steps", first_layers,
+                     spec.text_layers, result["steps"])
+            model = grow_text_layers(model, spec.text_layers, seed + 2)
+            tuned = train(model, encoder, spec.finetune, data_seed=seed, on_step=on_step,
+                          sample_offset=result["steps"] * spec.train.batch_size)
+            finetune_steps = tuned["steps"]
+            result = {"steps": result["steps"],
+                      "loss_curve": result["loss_curve"] + tuned["loss_curve"],
+                      "val_history": result["val_history"] + [
+                          {**h, "phase": "finetune"} for h in tuned["val_history"]]}
     finally:
         bar.close()
     train_s = time.perf_counter() - start
@@ -190,7 +218,9 @@ def build_demo_target(
         "generate_check": generate_check,
         "num_params": sum(p.numel() for p in model.parameters()),
         "num_layers": spec.text_layers, "hidden_size": spec.text_hidden,
-        "train_steps": result["steps"], "val_history": result["val_history"],
+        "train_steps": result["steps"], "finetune_steps": finetune_steps,
+        "grown_from_layers": first_layers if grow else None,
+        "val_history": result["val_history"],
         "final_loss": result["loss_curve"][-1]["loss"],
         **timing,
         "train_s": round(train_s, 1),
@@ -204,6 +234,63 @@ def build_demo_target(
                     "its answers are less predictable than intended", em, REQUIRED_EXACT_MATCH,
                     result["steps"])
     return metrics
+
+
+def grow_text_layers(model: Any, num_layers: int, seed: int) -> Any:
+    """A copy of `model` whose Llama has `num_layers` layers and computes the same function.
+
+    Function-preserving depth growth (zero-initialised residual branches, as in Net2Net-style
+    progressive training): the trained layers keep their weights and are spread evenly over the
+    new depth; every inserted layer is freshly initialised except that its two residual output
+    projections (attention ``o_proj``, MLP ``down_proj``) are zero, so it starts as the identity
+    and only moves away from it in the fine-tuning that follows. Training the shallow model
+    first costs a fraction of a deep step per sample; the deep model still pays every layer at
+    decode time.
+    """
+    import copy
+
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    old = model.model.language_model.layers
+    if num_layers < len(old):
+        raise InputError(f"cannot grow a {len(old)}-layer model to {num_layers} layers; "
+                         "pick num_layers >= the current depth")
+    config = copy.deepcopy(model.config)
+    config.text_config.num_hidden_layers = num_layers
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        grown = LlavaForConditionalGeneration(config)
+    new = grown.model.language_model.layers
+    kept = {round(i * num_layers / len(old)): i for i in range(len(old))}  # new index -> old
+    state = {k: v for k, v in model.state_dict().items() if ".language_model.layers." not in k}
+    grown.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        for j, layer in enumerate(new):
+            if j in kept:
+                layer.load_state_dict(old[kept[j]].state_dict())
+            else:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+    grown.generation_config = copy.deepcopy(model.generation_config)
+    return grown
+
+
+def init_projector(model: Any, generator: Any) -> None:
+    """Fan-in init of the multimodal projector, so image tokens enter the LM at unit scale.
+
+    With the default std-0.02 init the projected patches are ~50x smaller than their content
+    code and the language model needs many steps before it can read them.
+    """
+    import math
+
+    import torch
+
+    projector = model.model.multi_modal_projector
+    with torch.no_grad():
+        for linear in (projector.linear_1, projector.linear_2):
+            weight = linear.weight  # (out, in)
+            weight.copy_(torch.randn(weight.shape, generator=generator) / math.sqrt(weight.shape[1]))
 
 
 def init_patch_embeddings(model: Any, generator: Any) -> None:

@@ -137,10 +137,12 @@ def train(
     *,
     data_seed: int,
     on_step: Callable[[int, float, float | None], None] | None = None,
+    sample_offset: int = 0,
 ) -> dict[str, Any]:
     """Train on fresh synthetic train samples until validation exact match or `max_steps`.
 
-    Step ``s`` uses train samples ``s*batch .. (s+1)*batch - 1`` of dataset seed `data_seed`;
+    Step ``s`` uses train samples ``offset + s*batch .. offset + (s+1)*batch - 1`` of dataset
+    seed `data_seed` (`sample_offset` lets a second phase continue on unseen samples);
     validation uses train-split indices far beyond any step's, so it never overlaps training
     data and never touches the eval split. The loop draws no random numbers (no dropout, data
     order is a function of the step), so a run is reproducible from the initial weights alone.
@@ -156,7 +158,7 @@ def train(
     for step in range(cfg.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        samples = [make_sample("train", data_seed, step * cfg.batch_size + i)
+        samples = [make_sample("train", data_seed, sample_offset + step * cfg.batch_size + i)
                    for i in range(cfg.batch_size)]
         batch = encoder.encode(samples)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

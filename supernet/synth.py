@@ -46,6 +46,7 @@ SIZES = ("small", "large")
 # 3 x 3 regions of 2 x 2 cells each, row-major; the phrase that names each region.
 REGIONS = ("at the top left", "at the top", "at the top right", "on the left", "in the center",
            "on the right", "at the bottom left", "at the bottom", "at the bottom right")
+SCENE_REGIONS = (3, 4, 5)  # the regions scene objects are drawn in (the middle row)
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 CODE_CHARS = "0123456789ABCDEF"
 
@@ -71,6 +72,7 @@ FONT: dict[str, tuple[str, ...]] = {
     "-": ("00000", "00000", "00000", "11111", "00000", "00000", "00000"),
 }
 INK = (245, 245, 245)
+TEXT_ROW = 2  # OCR codes and math problems are written on this row, left-aligned
 
 _PROMPTS: dict[str, tuple[str, ...]] = {
     "scene": ("Describe the image.", "What objects are in the picture?",
@@ -127,7 +129,7 @@ def vocabulary_texts() -> list[str]:
     texts += list(REGIONS) + list(NUMBER_WORDS) + list(COLORS) + list(SHAPES) + list(SIZES)
     texts += [str(v) for v in range(0, 19)] + list(CODE_CHARS)
     texts += [
-        "The image shows objects. There is a and",
+        "The image shows object objects. There is a and",
         "Counting the shapes in the image gives, so there is are shape.",
         "The text in the image reads, which is characters long.",
         "The chart has bars. From left to right, the bar is. The bar in the chart has a value of",
@@ -178,26 +180,26 @@ def _join(parts: list[str]) -> str:
 # --- the five tasks -------------------------------------------------------------------------------
 
 def _scene(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
-    n = rng.randint(2, 4)
-    regions = sorted(rng.sample(range(9), n))
+    # 2-3 objects on the middle row (left / center / right), listed from left to right.
+    n = rng.randint(2, 3)
+    regions = sorted(rng.sample(SCENE_REGIONS, n))
     parts = []
     for region in regions:
         color = rng.choice(list(COLORS))
         shape = rng.choice(SHAPES)
         size = rng.choice(SIZES)
-        row = (region // 3) * 2 + rng.randint(0, 1)
-        col = (region % 3) * 2 + rng.randint(0, 1)
-        _draw_shape(draw, row, col, shape, size, COLORS[color])
+        _draw_shape(draw, (region // 3) * 2, (region % 3) * 2, shape, size, COLORS[color])
         parts.append(f"a {size} {color} {shape} {REGIONS[region]}")
     prompt = rng.choice(_PROMPTS["scene"])
-    return prompt, f"The image shows {NUMBER_WORDS[n]} objects. There is {_join(parts)}."
+    noun = "object" if n == 1 else "objects"
+    return prompt, f"The image shows {NUMBER_WORDS[n]} {noun}. There is {_join(parts)}."
 
 
 def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     target = rng.choice(list(COLORS))
-    n = rng.randint(1, 6)
+    n = rng.randint(1, 4)
     others = [c for c in COLORS if c != target]
-    distractors = rng.randint(0, 4)
+    distractors = rng.randint(0, 2)
     cells = rng.sample(range(GRID * GRID), n + distractors)
     for i, cell in enumerate(cells):
         color = target if i < n else rng.choice(others)
@@ -213,7 +215,7 @@ def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
 def _ocr(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     length = rng.randint(3, GRID)
     code = [rng.choice(CODE_CHARS) for _ in range(length)]
-    row = rng.randrange(GRID)
+    row = TEXT_ROW
     for col, char in enumerate(code):
         _draw_glyph(draw, row, col, char)
     prompt = rng.choice(_PROMPTS["ocr"])
@@ -222,14 +224,15 @@ def _ocr(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
 
 
 def _chart(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
-    n = rng.randint(3, GRID)
+    n = rng.randint(3, 4)
     colors = rng.sample(list(COLORS), n)
     values = [rng.randint(1, GRID - 1) for _ in range(n)]
     for col, (color, value) in enumerate(zip(colors, values, strict=True)):
-        top = GRID - value
+        top = GRID - value  # >= 1: row 0 holds the value labels
         x0, y0, _, _ = _cell_box(top, col)
         draw.rectangle((x0 + 1, y0, x0 + CELL - 2, GRID * CELL - 1), fill=COLORS[color])
         draw.line((x0 + 1, y0, x0 + CELL - 2, y0), fill=INK)  # the bar's cap marks its top
+        _draw_glyph(draw, 0, col, str(value))  # a value label above each bar, as in ChartQA
     prompt = rng.choice(_PROMPTS["chart"])
     if "{color}" in prompt:
         i = rng.randrange(n)
@@ -244,7 +247,7 @@ def _math(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
     op = rng.choice("+-")
     if op == "-" and b > a:
         a, b = b, a
-    row = rng.randrange(GRID)
+    row = TEXT_ROW
     for col, char in enumerate((str(a), op, str(b))):
         _draw_glyph(draw, row, col, char)
     word = "plus" if op == "+" else "minus"

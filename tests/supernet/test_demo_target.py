@@ -86,7 +86,8 @@ def test_teacher_forced_exact_match_equals_greedy_generate(tiny) -> None:
     inputs = processor(images=[sample.image], text=[text], return_tensors="pt")
     prompt = inputs["input_ids"]  # (1, prompt_len)
     assert prompt[0].tolist() == encoder.prompt_ids(sample.prompt)
-    out = model.generate(**inputs, do_sample=False, max_new_tokens=10, min_new_tokens=10)
+    # no min_new_tokens: suppressing EOS would make greedy decoding differ from the argmax
+    out = model.generate(**inputs, do_sample=False, max_new_tokens=10)
     labels = torch.full_like(out, IGNORE)
     labels[:, prompt.shape[1]:] = out[:, prompt.shape[1]:]
     batch = Batch(input_ids=out, attention_mask=torch.ones_like(out),
@@ -150,3 +151,29 @@ def test_rebuild_swaps_in_a_fresh_build(tmp_path) -> None:
     assert read_complete_marker(folder) is not None
     assert sorted(p.name for p in folder.parent.iterdir() if not p.name.endswith(".lock")) == [
         folder.name]
+
+
+def test_growing_depth_preserves_the_function() -> None:
+    from dataclasses import replace
+
+    from dreams_nas.supernet.demo_target import VARIANTS, build_config, grow_text_layers
+
+    processor = build_processor()
+    config = build_config(replace(VARIANTS["tiny"], text_layers=2), processor.tokenizer)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(config).eval()
+    batch = Encoder(processor).encode([make_sample("eval", 0, i) for i in range(3)])
+    grown = grow_text_layers(model, 5, seed=1).eval()
+    assert len(grown.model.language_model.layers) == 5
+    assert grown.config.text_config.num_hidden_layers == 5
+    with torch.no_grad():
+        before = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       pixel_values=batch.pixel_values).logits
+        after = grown(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                      pixel_values=batch.pixel_values).logits
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    inserted = grown.model.language_model.layers[1]  # new index 1 sits between old 0 and 1
+    assert not inserted.self_attn.q_proj.weight.eq(0).all()  # a real layer, zero residual out
+    assert inserted.self_attn.o_proj.weight.eq(0).all()
+    with pytest.raises(InputError, match="cannot grow a 2-layer model to 1 layers"):
+        grow_text_layers(model, 1, seed=1)
