@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-import time
+import math
 
 import pytest
 import torch
@@ -79,33 +79,30 @@ def test_parameter_count_and_step_time_shrink():
     counts = [sum(p.numel() for p in extract(tiny_draft(), s).parameters()) for s in SPECS]
     assert counts == sorted(counts) and counts[0] < counts[-1]
     assert [extract(tiny_draft(), s).num_params() for s in SPECS] == counts
-    # a long visual memory makes the cross-attention dominate the step, so timing differences
-    # dwarf noise (with a 4k-wide model and ~600 visual tokens the effect is real but smaller)
+    # The work really shrinks (timings belong in benchmarks/, not in assertions): the
+    # cross-attention memory holds only the kept visual tokens and only the kept heads.
     cfg = DraftConfig(hidden_size=64, num_heads=8, head_dim=8, intermediate_size=64,
                       vocab_size=50, inject_layers=(1,), num_target_layers=1)
     torch.manual_seed(0)
     big = DreamDraft(cfg, None)
     big.attach(_wide_shared())
-    layer_hidden = torch.randn(1, 16384, 64)
-    visual = torch.zeros(1, 16384, dtype=torch.bool)
-    visual[:, 8:] = True
-    scores = torch.rand(1, 16384)
+    n_text, n_visual = 8, 400
+    layer_hidden = torch.randn(1, n_text + n_visual, 64)
+    visual = torch.zeros(1, n_text + n_visual, dtype=torch.bool)
+    visual[:, n_text:] = True
+    scores = torch.rand(1, n_text + n_visual)
 
-    def step_ms(spec: SubnetSpec) -> float:
+    def memory_shape(spec: SubnetSpec) -> tuple[int, ...]:
         model = extract(big, spec)
-        ids, prev, pos = torch.tensor([[1]]), torch.randn(1, 1, 64), torch.tensor([[20000]])
         with torch.no_grad():
-            memory = model.memory(layer_hidden, visual, scores)
-            times = []
-            for _ in range(15):
-                start = time.perf_counter()
-                model(ids, prev, pos, memory, cache=DraftCache())
-                times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2] * 1e3
+            return tuple(model.memory(layer_hidden, visual, scores).keys.shape)
 
-    full = step_ms(SubnetSpec(8, 1.0, 1, 1))
-    assert step_ms(SubnetSpec(8, 0.25, 1, 1)) < 0.7 * full
-    assert step_ms(SubnetSpec(1, 1.0, 1, 1)) < 0.7 * full
+    full = memory_shape(SubnetSpec(8, 1.0, 1, 1))
+    quarter = memory_shape(SubnetSpec(8, 0.25, 1, 1))
+    one_head = memory_shape(SubnetSpec(1, 1.0, 1, 1))
+    assert math.prod(full) == 8 * (n_text + n_visual) * 8
+    assert math.prod(quarter) == 8 * (n_text + n_visual // 4) * 8
+    assert math.prod(one_head) == 1 * (n_text + n_visual) * 8
 
 
 def _wide_shared():
