@@ -17,7 +17,6 @@ from torch import Tensor
 
 from .draft import DraftConfig, DreamDraft, SharedTargetModules
 from .errors import InputError, MissingArtefactError
-from .io import atomic_write_json
 from .space import SubnetSpec
 
 WEIGHTS_NAME = "draft.safetensors"
@@ -39,17 +38,10 @@ class CompactDraft(DreamDraft):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write `draft.safetensors` and `config.json` into `directory` (atomically)."""
-        from safetensors.torch import save_file
+        from .store import save_weights_and_config
 
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
-        tmp = directory / f".{WEIGHTS_NAME}.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.replace(directory / WEIGHTS_NAME)
-        atomic_write_json(directory / CONFIG_NAME, {"kind": "dreams-nas-compact-draft",
-                                                   **self.config.to_dict()})
-        return directory
+        return save_weights_and_config(self, directory, WEIGHTS_NAME, CONFIG_NAME,
+                                       {"kind": "dreams-nas-compact-draft", **self.config.to_dict()})
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, shared: SharedTargetModules | None = None,

@@ -26,19 +26,27 @@ def file_hash(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def save_supernet(model: DreamDraft, directory: str | Path,
-                  extra: dict[str, Any] | None = None) -> str:
-    """Write the supernet's weights and config atomically; returns the weights' hash."""
+def save_weights_and_config(module: torch.nn.Module, directory: str | Path, weights_name: str,
+                            config_name: str, config: dict[str, Any]) -> Path:
+    """Write `module`'s weights (safetensors) and its JSON config, each atomically."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    tmp = directory / f".{SUPERNET_WEIGHTS}.tmp"
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+    tmp = directory / f".{weights_name}.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(directory / SUPERNET_WEIGHTS)
-    atomic_write_json(directory / SUPERNET_CONFIG, {"kind": "dreams-nas-supernet",
-                                                    **model.config.to_dict(), **(extra or {})})
+    tmp.replace(directory / weights_name)
+    atomic_write_json(directory / config_name, config)
+    return directory
+
+
+def save_supernet(model: DreamDraft, directory: str | Path,
+                  extra: dict[str, Any] | None = None) -> str:
+    """Write the supernet's weights and config atomically; returns the weights' hash."""
+    directory = save_weights_and_config(
+        model, directory, SUPERNET_WEIGHTS, SUPERNET_CONFIG,
+        {"kind": "dreams-nas-supernet", **model.config.to_dict(), **(extra or {})})
     return file_hash(directory / SUPERNET_WEIGHTS)
 
 
