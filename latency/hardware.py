@@ -96,9 +96,11 @@ def resolve_device(text: str) -> str:
     if value == "cuda":
         value = "cuda:0"
     if value not in existing:
+        seen = ("torch sees no CUDA device" if len(existing) == 1
+                else f"torch sees {len(existing) - 1} CUDA device(s)")
         raise InputError(
             f"--device {value} does not exist on this machine; the devices here are: "
-            f"{', '.join(existing)}; pick one of them (or --device auto)"
+            f"{', '.join(existing)} ({seen}); pick one of them (or --device auto)"
         )
     return value
 

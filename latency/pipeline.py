@@ -182,3 +182,39 @@ def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
                 f"the profile in {folder} was timed with --clock {old_clock}, this run asks for "
                 f"--clock {clock}; pass --clock {old_clock} or use another --run folder"
             )
+
+
+def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any] | None:
+    """The summary of this device's finished profile (every planned step timed with the same
+    settings, predictor fitted after the last row), or None when `profile` has work to do.
+
+    Loads no model: the demo and `search` use it to skip a profile that is already done."""
+    from .steps import resolve_dtype
+
+    device = resolve_device(options.device)
+    dtype_name = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    folder = run.latency_dir(hw.hardware_id)
+    store = ProfileStore(run.profile_csv(hw.hardware_id))
+    plan_path, predictor_path = folder / "plan.json", run.predictor_json(hw.hardware_id)
+    if not (store.exists() and plan_path.is_file() and predictor_path.is_file()):
+        return None
+    plan = read_json(plan_path)
+    asked = {"budget": options.budget, "repeats": options.repeats, "clock": options.clock,
+             "passes": options.passes, "seed": options.seed}
+    if any(plan.get(key) != value for key, value in asked.items()):
+        return None
+    if options.context_lengths is not None and list(plan.get("context_lengths") or []) != list(
+            options.context_lengths):
+        return None
+    if run.read_run().get("space") not in (None, plan.get("space")):
+        return None  # the run's space changed since: new steps to time
+    rows = store.read()
+    if len(store.done_keys()) < int(plan.get("n_keys", 0)):
+        return None
+    if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
+        return None
+    report = read_json(predictor_path)
+    return {"hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
+            "rows": int(len(rows)), "predictor": str(predictor_path),
+            "regressor": report.get("regressor") if isinstance(report, dict) else None}

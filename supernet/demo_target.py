@@ -38,6 +38,8 @@ log = logging.getLogger("dreams_nas")
 # Bump when the data, the architecture or the recipe changes: old cache folders are then ignored.
 DEMO_VERSION = "demo-v2"
 CACHE_ENV = "DREAMS_NAS_CACHE"
+# Which variant `--target builtin` means; for tests only (`tiny`), unset for real use.
+VARIANT_ENV = "DREAMS_NAS_DEMO_VARIANT"
 MARKER = "dreams-nas-complete.json"
 REQUIRED_EXACT_MATCH = 0.95
 
@@ -92,6 +94,14 @@ def get_variant(name: str) -> DemoVariant:
     if name not in VARIANTS:
         raise InputError(f"demo-target variant {name!r} is unknown; pick one of {list(VARIANTS)}")
     return VARIANTS[name]
+
+
+def builtin_variant() -> str:
+    """The variant `builtin` resolves to: ``$DREAMS_NAS_DEMO_VARIANT`` (tests set ``tiny``),
+    else ``default``."""
+    name = os.environ.get(VARIANT_ENV) or "default"
+    get_variant(name)
+    return name
 
 
 def default_cache_dir() -> Path:

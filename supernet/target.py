@@ -94,11 +94,11 @@ class TargetAdapter:
         target_id = str(target)
         if target_id == "builtin":
             try:
-                from .demo_target import ensure_demo_target  # the built-in demo target
+                from .demo_target import builtin_variant, ensure_demo_target
             except ImportError as exc:
                 raise InputError("the builtin demo target is not part of this build; "
                                  "pass --target PATH or a hub id") from exc
-            target = ensure_demo_target()
+            target = ensure_demo_target(variant=builtin_variant())
         model, processor, tokenizer, path = load_model_and_processor(target, device=device, dtype=dtype)
         return cls(model, processor, tokenizer, target_id=target_id, path=path)
 

@@ -114,23 +114,11 @@ def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, se
 
 
 def resolve_device(device: str | None) -> torch.device:
-    """'auto' (or None): CUDA when present, else CPU; a named device must exist."""
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise InputError(f"--device {device!r} is not a device name; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        count = torch.cuda.device_count()
-        index = dev.index or 0
-        if count == 0 or index >= count:
-            have = ", ".join(["cpu", *(f"cuda:{i}" for i in range(count))])
-            raise InputError(f"--device {device} does not exist on this machine (devices: {have}); "
-                             "pick one of those")
-    elif dev.type != "cpu":
-        raise InputError(f"--device {device!r} is not supported; use auto, cpu or cuda:N")
-    return dev
+    """'auto' (or None): CUDA when present, else CPU; a named device must exist here (else a
+    one-line error naming the devices that do)."""
+    from dreams_nas.latency.hardware import resolve_device as resolve
+
+    return torch.device(resolve("auto" if device is None else device))
 
 
 def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], config: TrainConfig,

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                         help="model dtype (default: the checkpoint's)")
 
@@ -56,7 +56,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.supernet.target import TargetAdapter
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from dreams_nas.supernet.training_run import resolve_device
+
+    device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     target = TargetAdapter.load(args.target, device=device, dtype=dtype)
     inputs = target.build_inputs(args._image, args.prompt)

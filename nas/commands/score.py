@@ -26,43 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import time
-
-    from dreams_nas.nas.inputs import (
-        LazyScorer,
-        RunModels,
-        dataset_id,
-        read_specs,
-        supernet_hash,
-        torch_threads,
-    )
-    from dreams_nas.nas.scoring import CachedAcceptance
-    from dreams_nas.supernet.acceptance_table import AcceptanceTable
-    from dreams_nas.supernet.errors import InputError
+    from dreams_nas.nas.score_run import ScoreOptions, score_run
     from dreams_nas.supernet.runfolder import RunFolder
-    from dreams_nas.supernet.training_run import resolve_device
 
-    start = time.perf_counter()
-    if args.temperature < 0:
-        raise InputError(f"--temperature {args.temperature} must be >= 0 (0 means greedy)")
-    run_folder = RunFolder(args.run)
-    digest = supernet_hash(run_folder)
-    space = run_folder.space()
-    specs = read_specs(args.specs, space)
-    data_id = dataset_id(args.data, args.limit, args.seed)
-    table = AcceptanceTable(run_folder.acceptance_csv(data_id), digest, data_id, args.temperature)
-    show = False if args.json or args.quiet else None
-    scorer = LazyScorer(RunModels(run_folder, str(resolve_device(args.device))), data=args.data,
-                        limit=args.limit, seed=args.seed, supernet_hash=digest,
-                        dataset_id=data_id, temperature=args.temperature,
-                        max_new_tokens=args.max_new_tokens, draft_lens=space.draft_len,
-                        show_progress=show)
-    cached = CachedAcceptance(scorer, table)
-    with torch_threads(args.threads):
-        rows = cached.rows(specs, show_progress=show)
-    best = max(rows, key=lambda r: r.tau)
-    return {"acceptance": str(table.path), "dataset_id": data_id, "supernet_hash": digest,
-            "temperature": args.temperature, "method": best.method, "n_specs": len(rows),
-            "n_scored": cached.n_scored, "n_cached": len(rows) - min(len(rows), cached.n_scored),
-            "best_tau": round(best.tau, 4), "best_tau_spec": best.spec.id,
-            "seconds": round(time.perf_counter() - start, 1)}
+    options = ScoreOptions(
+        data=args.data, specs=args.specs, temperature=args.temperature, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,
+        seed=args.seed, show_progress=False if args.json or args.quiet else None)
+    return score_run(RunFolder(args.run), options)

@@ -54,17 +54,9 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
-    from dreams_nas.supernet.data import builtin_dataset, load_llava_jsonl
-    from dreams_nas.supernet.errors import InputError
+    from dreams_nas.nas.supernet_run import load_examples as load
 
-    if n is not None and n < 1:
-        raise InputError(f"--n-train {n} must be at least 1")
-    if data == "builtin":
-        return builtin_dataset("train", n or 384, seed=seed)
-    if not data.endswith(".jsonl"):
-        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
-    examples = load_llava_jsonl(data)
-    return examples[:n] if n else examples
+    return load(data, n, seed)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

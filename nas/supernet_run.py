@@ -1,0 +1,114 @@
+"""The supernet stage as a library call: reuse the run's trained supernet, or train one.
+
+`dreams-nas train` always trains (resuming a killed run); `dreams-nas search` and
+`dreams-nas demo` call `ensure_supernet`, which trains with the default settings only when the
+run folder holds no trained supernet of that target.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.runfolder import RunFolder
+
+log = logging.getLogger("dreams_nas")
+DEFAULT_TRAIN_PROMPTS = 384
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The training settings a stage may change; None keeps `TrainConfig`'s default."""
+
+    target: str = "builtin"  # builtin | hub id | checkpoint folder
+    data: str = "builtin"  # builtin | FILE.jsonl
+    n_train: int | None = None
+    warmup_steps: int | None = None
+    multires_steps: int | None = None
+    batch_size: int | None = None
+    max_new_tokens: int = 64
+    device: str = "auto"
+    seed: int = 0
+    show_progress: bool | None = None
+
+
+def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
+    """The training prompts: the built-in synthetic train split or a LLaVA-style JSONL."""
+    from dreams_nas.supernet.data import builtin_dataset, load_llava_jsonl
+
+    if n is not None and n < 1:
+        raise InputError(f"--n-train {n} must be at least 1")
+    if data == "builtin":
+        return builtin_dataset("train", n or DEFAULT_TRAIN_PROMPTS, seed=seed)
+    if not data.endswith(".jsonl"):
+        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
+    examples = load_llava_jsonl(data)
+    return examples[:n] if n else examples
+
+
+def trained_supernet(run: RunFolder) -> dict[str, Any] | None:
+    """run.json's `supernet` block when its weights are on disk and match its hash, else None."""
+    from dreams_nas.supernet.store import SUPERNET_WEIGHTS, file_hash
+
+    weights = run.supernet_dir / SUPERNET_WEIGHTS
+    block = run.read_run().get("supernet")
+    if not weights.is_file() or not isinstance(block, dict):
+        return None
+    return block if block.get("hash") == file_hash(weights) else None
+
+
+def run_target(run: RunFolder) -> str:
+    """What to load as the run's target: `builtin` for the demo target (its cache), else the
+    checkpoint folder recorded in run.json (its id when the folder is gone)."""
+    info = run.read_run().get("target") or {}
+    if not info or info.get("id") == "builtin":
+        return "builtin"
+    path = info.get("path")
+    return str(path) if path and Path(path).exists() else str(info.get("id"))
+
+
+def same_target(info: dict[str, Any], target: str, target_path: str | None) -> bool:
+    """Whether run.json's target block describes `target` (loaded from `target_path`)."""
+    if not info:
+        return True
+    if target_path is not None:
+        return str(info.get("path")) == str(target_path)
+    return info.get("id") == target
+
+
+def ensure_supernet(run: RunFolder, options: TrainOptions, *, target_path: str | None = None
+                    ) -> tuple[dict[str, Any], bool]:
+    """(summary, reused): the run's trained supernet, trained first when it is missing.
+
+    `target_path` is the folder `options.target` loads from when known (the demo target's
+    cache folder); a run trained on another target is refused rather than overwritten."""
+    info = run.read_run().get("target") or {}
+    block = trained_supernet(run)
+    if block is not None:
+        if not same_target(info, options.target, target_path):
+            raise InputError(
+                f"the run folder {run.root} holds a supernet of target "
+                f"{info.get('path') or info.get('id')}, not of {target_path or options.target}; "
+                "pass another --run folder")
+        return {"supernet": str(run.supernet_dir), "hash": block["hash"],
+                "num_params": block.get("num_params")}, True
+    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.train import TrainConfig
+    from dreams_nas.supernet.training_run import resolve_device, train_run
+
+    device = resolve_device(options.device)
+    changes = {name: getattr(options, name) for name in
+               ("warmup_steps", "multires_steps", "batch_size")
+               if getattr(options, name) is not None}
+    config = replace(TrainConfig(), **changes, seed=options.seed)
+    examples = load_examples(options.data, options.n_train, options.seed)
+    log.info("no trained supernet in %s: training one now on %d %s prompts (%d + %d steps, "
+             "batch %d; `dreams-nas train` sets these)", run.supernet_dir, len(examples),
+             options.data, config.warmup_steps, config.multires_steps, config.batch_size)
+    target = TargetAdapter.load(options.target, device=device)
+    summary = train_run(run, target, examples, config, max_new_tokens=options.max_new_tokens,
+                        device=device, show_progress=options.show_progress)
+    return summary, False
