@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "score": "dreams_nas.nas.commands.score",
     "search": "dreams_nas.nas.commands.search",
     "report": "dreams_nas.nas.commands.report",
+    "demo": "dreams_nas.nas.commands.demo",
 }
 
 

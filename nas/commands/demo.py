@@ -1,0 +1,54 @@
+"""`dreams-nas demo`: the whole pipeline on the built-in demo target, every artefact reused."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
+        "search, verify, report (a rerun reuses every artefact)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda:N",
+                        help="device to train, profile, score and verify on (default: auto = "
+                             "cuda:0 if present, else cpu)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU: torch threads while profiling (default: physical cores)")
+    small = parser.add_argument_group(
+        "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
+        "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size demo target)")
+    small.add_argument("--train-prompts", type=int, default=None, metavar="N",
+                       help="supernet training prompts (default 384)")
+    small.add_argument("--train-steps", type=int, default=None, metavar="N",
+                       help="steps of each supernet training phase (default 300 + 300)")
+    small.add_argument("--profile-budget", default=None, metavar="N|FRACTION",
+                       help="draft measurements of the profile (default: the whole grid)")
+    small.add_argument("--repeats", type=int, default=30, metavar="N",
+                       help="timed repeats per profiled step (default 30)")
+    small.add_argument("--context-lengths", type=int, nargs="+", default=None, metavar="N",
+                       help="profiled prompt lengths (default: image + 16..256 text)")
+    small.add_argument("--limit", type=int, default=None, metavar="N",
+                       help="evaluation prompts scored (default 32)")
+    small.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                       help="tokens per prompt when training, scoring and verifying (default 64)")
+    small.add_argument("--verify-prompts", type=int, default=8, metavar="N",
+                       help="prompts decoded to verify the best subnets (default 8)")
+
+
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.nas.demo import DemoOptions, run_demo
+    from dreams_nas.nas.supernet_run import TrainOptions
+
+    train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
+                         multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens)
+    options = DemoOptions(
+        device=args.device, seed=args.seed, train=train, profile_budget=args.profile_budget,
+        profile_repeats=args.repeats,
+        context_lengths=tuple(args.context_lengths) if args.context_lengths else None,
+        threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
+        verify_prompts=args.verify_prompts,
+        show_progress=False if args.json or args.quiet else None)
+    return run_demo(args.run, options)
