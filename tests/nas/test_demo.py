@@ -1,0 +1,130 @@
+"""`dreams-nas demo` end to end and the user's own commands in an empty folder, on the tiny
+demo target (DREAMS_NAS_DEMO_VARIANT=tiny) with every stage shrunk to test size."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dreams_nas.nas import cli
+from dreams_nas.supernet.runfolder import RunFolder
+
+pytestmark = pytest.mark.slow  # builds the tiny demo target once, trains two tiny supernets
+
+# The real pipeline, every stage at test size.
+TRAIN = ["--train-prompts", "3", "--train-steps", "1"]
+PROFILE = ["--repeats", "2", "--context-lengths", "40", "--threads", "1"]
+EVAL = ["--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    from dreams_nas.supernet.demo_target import ensure_demo_target
+
+    folder = tmp_path_factory.mktemp("cache")
+    ensure_demo_target(folder, variant="tiny", progress=False, threads=1)
+    return folder
+
+
+@pytest.fixture
+def cmd(cache, monkeypatch, capsys):
+    monkeypatch.setenv("DREAMS_NAS_CACHE", str(cache))
+    monkeypatch.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
+
+    def call(*argv, quiet=True):
+        code = cli.main([*argv, "--json", *(["-q"] if quiet else [])])
+        out, err = capsys.readouterr()
+        return code, (json.loads(out) if code == 0 else None), err
+
+    return call
+
+
+def _counts(run: RunFolder, hardware_id: str) -> tuple[int, int]:
+    profile = run.profile_csv(hardware_id).read_text().count("\n")
+    acceptance = sum(p.read_text().count("\n") for p in (run.root / "acceptance").glob("*.csv"))
+    return profile, acceptance
+
+
+def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> None:
+    run = RunFolder(tmp_path / "run")
+    argv = ["demo", "--run", str(run.root), "--device", "cpu", "--profile-budget", "4",
+            *TRAIN, *PROFILE, *EVAL]
+    code, first, err = cmd(*argv)
+    assert code == 0, err
+    assert first["stages"] == {"target": "reused", "train": "done", "profile": "done",
+                               "score": "done", "search": "done", "report": "done"}
+    hw = first["hardware_id"]
+    assert (run.root / "report.html").is_file() and first["report"] == str(run.report_html)
+    best = json.loads(run.best_json(hw).read_text())
+    assert best["spec_id"] == first["best"] and best["objective"] == "speedup"
+    assert (run.spec_dir(first["best"]) / "spec.json").is_file()
+    assert first["measured_speedup"] == pytest.approx(best["measured"]["speedup"], abs=1e-4)
+    assert first["predicted_speedup"] == pytest.approx(best["predicted"]["speedup"], abs=1e-4)
+    assert first["predicted_tau"] > 0 and first["measured_tau"] >= 1
+
+    weights = run.supernet_dir / "model.safetensors"
+    stamps = {p: p.stat().st_mtime_ns for p in (weights, run.best_json(hw), run.report_html,
+                                                run.predictor_json(hw))}
+    counts = _counts(run, hw)
+    code, second, err = cmd(*argv)
+    assert code == 0, err
+    assert set(second["stages"].values()) == {"reused"}
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing retrained or rewritten
+    assert _counts(run, hw) == counts
+    assert (second["best"], second["measured_speedup"], second["report"]) == (
+        first["best"], first["measured_speedup"], first["report"])
+
+    # a changed stage setting redoes that stage only (the profile resumes its rows)
+    code, third, err = cmd(*[a if a != "4" else "6" for a in argv])
+    assert code == 0, err
+    assert third["stages"]["profile"] == "done" and third["stages"]["train"] == "reused"
+    assert _counts(run, hw)[0] > counts[0]
+
+
+def test_demo_refuses_a_run_folder_of_another_target(cmd, tmp_path) -> None:
+    from dreams_nas.nas.supernet_run import TrainOptions, ensure_supernet
+    from dreams_nas.supernet.errors import InputError
+    from dreams_nas.supernet.store import SUPERNET_WEIGHTS, file_hash
+
+    run = RunFolder(tmp_path / "run")
+    run.supernet_dir.mkdir(parents=True)
+    (run.supernet_dir / SUPERNET_WEIGHTS).write_bytes(b"weights")
+    run.update_run(target={"id": "/models/other", "path": "/models/other"},
+                   supernet={"hash": file_hash(run.supernet_dir / SUPERNET_WEIGHTS)})
+    with pytest.raises(InputError, match=r"holds a supernet of target /models/other, not of "):
+        ensure_supernet(run, TrainOptions(), target_path="/cache/demo-target")
+
+
+def test_profile_then_search_in_an_empty_folder(cmd, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, profiled, err = cmd("profile", "--device", "cpu", "--budget", "4", *PROFILE)
+    assert code == 0, err
+    run = RunFolder("dreams-run")
+    assert not run.supernet_dir.exists()
+    code, searched, err = cmd("search", "--objective", "speedup", *TRAIN, *EVAL, quiet=False)
+    assert code == 0, err
+    assert "no trained supernet in dreams-run/supernet: training one now" in err
+    assert searched["hardware_id"] == profiled["hardware_id"]
+    assert searched["n_scored"] == searched["space_size"]  # nothing was scored before
+    assert (run.supernet_dir / "model.safetensors").is_file()
+    assert run.best_json(profiled["hardware_id"]).is_file() and run.report_html.is_file()
+
+
+@pytest.mark.parametrize("command", ["profile", "train", "score", "search", "generate", "demo"])
+def test_missing_cuda_device_is_one_line(command, cmd, tmp_path, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.chdir(tmp_path)
+    extra = ["--image", str(tmp_path / "x.png"), "--prompt", "hi"] if command == "generate" else []
+    if command == "generate":
+        from PIL import Image
+
+        Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    code, _, err = cmd(command, "--device", "cuda:0", *extra)
+    assert code == 2
+    assert err.count("\n") == 1
+    assert (f"dreams-nas {command}: error: --device cuda:0 does not exist on this machine; the "
+            "devices here are: cpu (torch sees no CUDA device)") in err
+    assert not (tmp_path / "dreams-run").exists()
