@@ -64,5 +64,5 @@ def test_device_errors_name_the_devices():
     assert resolve_device("cpu").type == "cpu"
     with pytest.raises(InputError, match="does not exist on this machine"):
         resolve_device("cuda:7")
-    with pytest.raises(InputError, match="not a device name"):
+    with pytest.raises(InputError, match=r"--device .gpu0. is not a device; use auto, cpu or cuda:N"):
         resolve_device("gpu0")
