@@ -36,8 +36,13 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
     """The whole benchmark: returns the header facts, the rows and the markdown table."""
     import torch
     from dreams_nas.nas.inputs import RunModels, load_eval_examples, resolve_hardware, torch_threads
-    from dreams_nas.nas.peers import (load_assistant, markdown_table, measure_methods,
-                                      peer_methods, read_setup)
+    from dreams_nas.nas.peers import (
+        load_assistant,
+        markdown_table,
+        measure_methods,
+        peer_methods,
+        read_setup,
+    )
     from dreams_nas.supernet.progress import progress
     from dreams_nas.supernet.runfolder import RunFolder
 
