@@ -42,6 +42,7 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
         measure_methods,
         peer_methods,
         read_setup,
+        vision_calls,
     )
     from dreams_nas.supernet.progress import progress
     from dreams_nas.supernet.runfolder import RunFolder
@@ -54,8 +55,9 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
         target = models.target
         examples = load_eval_examples("builtin", prompts, 0)  # the eval prompts the search scored
         inputs = [target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
-        methods = peer_methods(target, models.draft, setup, inputs,
-                               assistant=load_assistant(assistant, target),
+        helper = load_assistant(assistant, target)
+        seen = vision_calls(helper)  # does HF let the assistant see the image?
+        methods = peer_methods(target, models.draft, setup, inputs, assistant=helper,
                                max_new_tokens=max_new_tokens, hf_lookup_tokens=hf_lookup_tokens)
         bar = progress(total=repeats * len(inputs) * len(methods), desc="peer benchmark",
                        unit="call", disable=None if show_progress is None else not show_progress)
@@ -68,7 +70,8 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
               "prompts": len(inputs), "max_new_tokens": max_new_tokens, "repeats": repeats,
               "threads": n_threads, "torch": torch.__version__, "python": platform.python_version(),
               "nas_spec": setup.best_spec.id, "full_spec": setup.full_spec.id,
-              "eagle_spec": setup.eagle_spec.id}
+              "eagle_spec": setup.eagle_spec.id, "assistant": assistant,
+              "assistant_vision_calls": seen[0] if helper is not None else None}
     return {**header, "rows": [r.to_dict() for r in rows], "table": markdown_table(rows)}
 
 
@@ -98,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['max_new_tokens']} new tokens, median of {result['repeats']} interleaved "
           f"passes, torch {result['torch']} with {result['threads']} threads\n", file=out)
     print(result["table"], file=out)
+    if result["assistant_vision_calls"] is not None:
+        print(f"\nThe assistant's vision tower ran {result['assistant_vision_calls']} times in all "
+              "assisted runs (0: HF drafted without the image).", file=out)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.json:

@@ -64,12 +64,16 @@ class PeerRow:
 # --- the configurations the benchmarks compare --------------------------------------------
 def full_and_eagle_specs(space: SearchSpace, predicted_speedup: Mapping[str, float],
                          ) -> tuple[SubnetSpec, SubnetSpec]:
-    """(the largest subnet at the draft length of its best predicted speedup, the fixed
-    EAGLE-like configuration: all heads, all visual tokens, the last inject layer, gamma = 5)."""
+    """(the largest subnet at the draft length of its best predicted speedup — the draft
+    length nearest 5 when the search predicted none of them (an Optuna search may skip them) —
+    and the fixed EAGLE-like configuration: all heads, all visual tokens, the last inject
+    layer, gamma = 5)."""
     heads, layer = max(space.heads), max(space.inject_layer)
     full = [s for s in space.enumerate()
             if (s.heads, s.visual_keep, s.inject_layer) == (heads, max(space.visual_keep), layer)]
-    full_best = max(full, key=lambda s: predicted_speedup.get(s.id, float("-inf")))
+    scored = [s for s in full if s.id in predicted_speedup]
+    full_best = (max(scored, key=lambda s: predicted_speedup[s.id]) if scored
+                 else min(full, key=lambda s: (abs(s.draft_len - 5), s.draft_len)))
     return full_best, SubnetSpec(heads, 1.0, layer, 5)
 
 
@@ -232,7 +236,8 @@ def read_setup(run: Any, hardware_id: str) -> PeerSetup:
 def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence[Mapping[str, Any]],
                  *, assistant: Any | None, max_new_tokens: int, hf_lookup_tokens: int = 10,
                  lookup_gamma: int = 5) -> list[Method]:
-    """The seven methods of the peer benchmark, HF greedy first (the reference)."""
+    """The seven methods of the peer benchmark (HF greedy first, the reference) and our plain
+    decoding, which separates the engine's own overhead from what drafting gains."""
     from dreams_nas.supernet.drafting import load_drafter
     from dreams_nas.supernet.dream_drafter import DreamDrafter
     from dreams_nas.supernet.extract import extract
@@ -253,6 +258,8 @@ def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence
     drafts = {"eagle": extract(supernet, setup.eagle_spec), "full": extract(supernet, setup.full_spec)}
     nas = load_drafter(setup.best_dir, target, max_new_tokens=n)  # as `dreams-nas generate --drafter`
     methods += [
+        engine_method("ours: plain decoding", target, prompts, None, 1, n,
+                      note="no drafter: our loop's own cost, for reading the rows below"),
         engine_method("ours: prompt lookup", target, prompts, lambda: load_drafter("lookup", target),
                       lookup_gamma, n, note=f"gamma={lookup_gamma}"),
         engine_method("ours: EAGLE-like draft", target, prompts,
@@ -279,6 +286,16 @@ def markdown_table(rows: Sequence[PeerRow]) -> str:
         lines.append(f"| {r.name} | {r.tokens_per_s:.1f} | {r.ratio:.2f}x | {r.tau:.2f} | "
                      f"{'yes' if r.identical else '**NO**'} | {r.note} |")
     return "\n".join(lines)
+
+
+def vision_calls(model: Any | None) -> list[int]:
+    """A counter, [n], of the forwards of `model`'s vision tower from now on (HF 5.24 drops the
+    pixel values from every assistant call, so an assistant VLM drafts without the image)."""
+    counter = [0]
+    tower = getattr(getattr(model, "model", None), "vision_tower", None)
+    if tower is not None:
+        tower.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+    return counter
 
 
 def load_assistant(where: str, target: Any, *, device: str = "cpu") -> Any | None:

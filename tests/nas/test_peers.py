@@ -19,7 +19,8 @@ from _draft_fixtures import one_torch_thread  # noqa: E402
 
 HW = "cpu-test-box-1t"
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 2))
-METHODS = (REFERENCE, "HF prompt lookup", "HF assisted (small VLM)", "ours: prompt lookup",
+METHODS = (REFERENCE, "HF prompt lookup", "HF assisted (small VLM)", "ours: plain decoding",
+           "ours: prompt lookup",
            "ours: EAGLE-like draft", "ours: full supernet", "ours: NAS-chosen subnet")
 
 
@@ -82,6 +83,8 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys) -> No
     assert not failed
     assert all(r["identical"] for r in rows.values())  # lossless, and HF's peers agree here
     assert rows[REFERENCE]["tau"] == 1.0 and rows[REFERENCE]["ratio"] == 1.0
+    assert rows["ours: plain decoding"]["tau"] == 1.0
+    assert rows["ours: EAGLE-like draft"]["tau"] > 1.0  # a trained draft gets tokens accepted
     assert all(r["tokens_per_s"] > 0 for r in rows.values())
     best = json.loads(run.best_json(HW).read_text())
     assert result["nas_spec"] == best["spec_id"] and best["spec_id"] in result["table"]
@@ -95,3 +98,16 @@ def _load_bench():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_full_and_eagle_specs() -> None:
+    from dreams_nas.nas.peers import full_and_eagle_specs
+
+    space = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                        draft_len=(1, 3, 7))
+    predicted = {"h2-v1.00-l2-g1": 1.1, "h2-v1.00-l2-g3": 1.4, "h2-v1.00-l2-g7": 1.2,
+                 "h1-v0.50-l1-g3": 9.0}
+    full, eagle = full_and_eagle_specs(space, predicted)
+    assert (full.id, eagle.id) == ("h2-v1.00-l2-g3", "h2-v1.00-l2-g5")
+    full, _ = full_and_eagle_specs(space, {})  # none predicted: the draft length nearest 5
+    assert full.id == "h2-v1.00-l2-g3"

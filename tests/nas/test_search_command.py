@@ -15,8 +15,8 @@ from dreams_nas.supernet.space import SearchSpace
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
 from _draft_fixtures import one_torch_thread  # noqa: E402
-from tiny_models import PROMPTS, save_tiny_vlm, tiny_image  # noqa: E402
 from search_fakes import fit_synthetic_latency  # noqa: E402
+from tiny_models import PROMPTS, save_tiny_vlm, tiny_image  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains a tiny supernet once for the module (~10 s)
 HW = "cpu-test-box-1t"
