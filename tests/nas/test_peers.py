@@ -75,8 +75,14 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys) -> No
         capsys.readouterr()
         bench = _load_bench()
         # the tiny target is its own assistant here: the "assistant" variant takes a minute
-        result = bench.bench(run.root, prompts=2, max_new_tokens=8, repeats=2,
-                             assistant=str(folder), threads=1, show_progress=False)
+        out_file = tmp_path / "peers.json"
+        assert bench.main(["--run", str(run.root), "--prompts", "2", "--max-new-tokens", "8",
+                           "--repeats", "2", "--assistant", str(folder), "--threads", "1",
+                           "--json", "--out", str(out_file)]) == 0
+    stdout, stderr = capsys.readouterr()
+    assert stdout.count("\n") == 1  # --json: one line on stdout, the table on stderr
+    result = json.loads(stdout)
+    assert json.loads(out_file.read_text()) == result and result["table"] in stderr
     rows = {r["method"]: r for r in result["rows"]}
     assert tuple(rows) == METHODS
     failed = {name: r["error"] for name, r in rows.items() if r["error"]}
