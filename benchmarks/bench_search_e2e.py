@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from dreams_nas.nas.inputs import RunModels, load_eval_examples, resolve_hardware
+    from dreams_nas.nas.peers import full_and_eagle_specs, predicted_speedups
     from dreams_nas.nas.verify import measure_end_to_end
     from dreams_nas.supernet.runfolder import RunFolder
     from dreams_nas.supernet.space import SubnetSpec
@@ -39,12 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     run = RunFolder(args.run)
     hw = resolve_hardware(run, args.hardware)
     best = json.loads(run.best_json(hw).read_text())
+    predicted = predicted_speedups(run.trials_csv(hw))
     trials = {r["spec_id"]: r for r in _read_csv(run.trials_csv(hw))}
-    space = run.space()
-    full = [s for s in space.enumerate() if (s.heads, s.visual_keep, s.inject_layer)
-            == (max(space.heads), max(space.visual_keep), max(space.inject_layer))]
-    full_best = max(full, key=lambda s: float(trials[s.id]["speedup"]))
-    eagle = SubnetSpec(max(space.heads), 1.0, max(space.inject_layer), 5)
+    full_best, eagle = full_and_eagle_specs(run.space(), predicted)
     chosen = {"searched best": SubnetSpec.from_dict(best["spec"]), "full draft": full_best,
               "EAGLE-like (gamma 5)": eagle}
     models = RunModels(run, "cpu")
@@ -59,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'pred. x':>8} {'meas. x':>8} {'gap':>6}")
     for name, spec in chosen.items():
         m, t = by_spec[spec], trials[spec.id]
-        pred = float(t["speedup"])
+        pred = predicted[spec.id]
         print(f"{name:24} {spec.id:18} {float(t['tau']):9.2f} {m.tau:9.2f} {pred:8.2f} "
               f"{m.speedup:8.2f} {abs(m.speedup - pred) / pred:6.1%}")
     b, f, e = (by_spec[chosen[k]] for k in chosen)

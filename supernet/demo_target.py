@@ -78,6 +78,16 @@ VARIANTS: dict[str, DemoVariant] = {
         n_eval=250, timing_repeats=40, grow_from_layers=4,
         finetune=TrainConfig(max_steps=40, batch_size=32, lr=5e-4, warmup_steps=5,
                              eval_every=40, n_val=100, target_exact_match=1.01)),
+    # A small same-family model for HF assisted generation (`assistant_model=`) in the peer
+    # benchmark: the default's vision tower, processor and width, 2 text layers, trained on the
+    # same synthetic data with the default's first-stage recipe, shorter and without growth
+    # (about a minute on 2 cores).
+    "assistant": DemoVariant(
+        name="assistant", vision_hidden=64, vision_layers=1, vision_heads=2, text_hidden=128,
+        text_layers=2, text_heads=4, text_intermediate=384,
+        train=TrainConfig(max_steps=400, batch_size=32, lr=3e-3, warmup_steps=30,
+                          eval_every=50, n_val=100, target_exact_match=0.99),
+        n_eval=100, timing_repeats=10),
     # The same code at test size: builds in seconds, answers are not expected to be right.
     "tiny": DemoVariant(
         name="tiny", vision_hidden=16, vision_layers=1, vision_heads=2, text_hidden=32,

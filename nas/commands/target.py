@@ -13,8 +13,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build-demo: train the built-in demo target (a small LLaVA on the "
                              "synthetic tasks) into $DREAMS_NAS_CACHE (default "
                              "~/.cache/dreams-nas) once; later calls return the cached one at once")
-    parser.add_argument("--variant", choices=("default", "tiny"), default="default",
-                       help="`tiny` is the seconds-long test-size build (default: default)")
+    parser.add_argument("--variant", choices=("default", "assistant", "tiny"), default="default",
+                       help="`tiny` is the seconds-long test-size build; `assistant` the 2-layer "
+                            "same-family model the peer benchmark gives HF assisted generation "
+                            "(default: default)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="cache folder (default: $DREAMS_NAS_CACHE or ~/.cache/dreams-nas)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",

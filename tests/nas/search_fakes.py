@@ -63,3 +63,31 @@ class FakeLatency:
 
 def fake_params(spec: SubnetSpec) -> int:
     return 1000 * spec.heads + 10 * spec.inject_layer
+
+
+def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str) -> None:
+    """A latency predictor fitted on synthetic timings, saved as `dreams-nas profile` would, so a
+    real run folder can be searched without timing anything (the plumbing is what is tested)."""
+    import json
+
+    import pandas as pd
+    from dreams_nas.latency.fitting import LatencyPredictor
+
+    rows = []
+    for ctx in (16, 32):
+        for h in space.heads:
+            for v in space.visual_keep:
+                rows.append({"kind": "draft", "spec_id": f"h{h}-v{v:.2f}-l1-g1", "heads": h,
+                             "visual_keep": v, "inject_layer": 1, "draft_len": 1,
+                             "context_len": ctx, "k": 1,
+                             "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx})
+        for k in range(1, 8):
+            rows.append({"kind": "decode" if k == 1 else "verify", "spec_id": "",
+                         "heads": float("nan"), "visual_keep": float("nan"),
+                         "inject_layer": float("nan"), "draft_len": float("nan"),
+                         "context_len": ctx, "k": k, "median_ms": 4.0 + 0.3 * k})
+    predictor = LatencyPredictor.fit(pd.DataFrame(rows), hardware_id, holdout=0.0)
+    predictor.save(run.latency_dir(hardware_id))
+    (run.latency_dir(hardware_id) / "profile.csv").write_text("hardware_id,kind\n")
+    (run.latency_dir(hardware_id) / "hardware.json").write_text(json.dumps(
+        {"hardware_id": hardware_id, "kind": "cpu", "name": "test box"}))

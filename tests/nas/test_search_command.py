@@ -15,6 +15,7 @@ from dreams_nas.supernet.space import SearchSpace
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
 from _draft_fixtures import one_torch_thread  # noqa: E402
+from search_fakes import fit_synthetic_latency  # noqa: E402
 from tiny_models import PROMPTS, save_tiny_vlm, tiny_image  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains a tiny supernet once for the module (~10 s)
@@ -32,27 +33,7 @@ def _examples(folder: Path, n: int) -> list[SimpleNamespace]:
 
 
 def _fit_latency(run: RunFolder) -> None:
-    """A predictor fitted on synthetic timings (the search's plumbing is what is tested)."""
-    from dreams_nas.latency.fitting import LatencyPredictor
-
-    rows = []
-    for ctx in (16, 32):
-        for h in SPACE.heads:
-            for v in SPACE.visual_keep:
-                rows.append({"kind": "draft", "spec_id": f"h{h}-v{v:.2f}-l1-g1", "heads": h,
-                             "visual_keep": v, "inject_layer": 1, "draft_len": 1,
-                             "context_len": ctx, "k": 1,
-                             "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx})
-        for k in range(1, 8):
-            rows.append({"kind": "decode" if k == 1 else "verify", "spec_id": "",
-                         "heads": float("nan"), "visual_keep": float("nan"),
-                         "inject_layer": float("nan"), "draft_len": float("nan"),
-                         "context_len": ctx, "k": k, "median_ms": 4.0 + 0.3 * k})
-    predictor = LatencyPredictor.fit(pd.DataFrame(rows), HW, holdout=0.0)
-    predictor.save(run.latency_dir(HW))
-    (run.latency_dir(HW) / "profile.csv").write_text("hardware_id,kind\n")
-    (run.latency_dir(HW) / "hardware.json").write_text(json.dumps(
-        {"hardware_id": HW, "kind": "cpu", "name": "test box"}))
+    fit_synthetic_latency(run, SPACE, HW)
 
 
 @pytest.fixture(scope="module")
