@@ -167,9 +167,13 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
-                         "measured_speedup": m.speedup, "measured_tau": m.tau,
+                         "measured_speedup": m.speedup,
+                         "measured_speedup_end_to_end": m.speedup_end_to_end,
+                         "measured_tau": m.tau,
                          "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
                          "baseline_tokens_per_s": m.baseline_tokens_per_s,
+                         "decode_tokens_per_s": m.decode_tokens_per_s,
+                         "baseline_decode_tokens_per_s": m.baseline_decode_tokens_per_s,
                          "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
                                          "loop_overhead": m.other_ms, "decode": m.decode_ms}})
         warning = gap_warning(cand, m)
@@ -177,8 +181,12 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
             log.warning("warning: %s", warning)
             warnings.append(warning)
     best = results[0]
-    measured = {"speedup": best.speedup, "tau": best.tau, "tokens_per_s": best.tokens_per_s,
-                "baseline_tokens_per_s": best.baseline_tokens_per_s}
+    measured = {"speedup": best.speedup, "speedup_end_to_end": best.speedup_end_to_end,
+                "tau": best.tau, "tokens_per_s": best.tokens_per_s,
+                "baseline_tokens_per_s": best.baseline_tokens_per_s,
+                "decode_tokens_per_s": best.decode_tokens_per_s,
+                "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
+                "prompts": len(prompts), "max_new_tokens": options.max_new_tokens}
     return measured, verified, warnings
 
 

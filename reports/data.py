@@ -247,6 +247,7 @@ def _load_best(search_dir: Path, run_dir: Path, subnets: Sequence[Subnet]) -> tu
         tokens_per_s=_num(meas.get("tokens_per_s")) if meas else None,
         baseline_tokens_per_s=_num(meas.get("baseline_tokens_per_s")) if meas else None,
         created=raw.get("created"),
+        measured_speedup_end_to_end=_num(meas.get("speedup_end_to_end")) if meas else None,
         exported=(run_dir / spec_dir / "spec.json").is_file(),
     )
     verified = []

@@ -174,6 +174,9 @@ def _best_card(data: ReportData) -> str:
             ("target decode step", _f(b.decode_ms, ".2f", " ms"))]
     if b.measured_tau is not None:
         rows.append(("measured τ", _f(b.measured_tau)))
+    if b.measured_speedup_end_to_end is not None:
+        rows.append(("measured speedup, whole calls (prefill included)",
+                     _f(b.measured_speedup_end_to_end, ".2f", "×")))
     if b.tokens_per_s is not None:
         rows.append(("tokens/s (target alone)",
                      f"{b.tokens_per_s:.1f} ({_f(b.baseline_tokens_per_s, '.1f')})"))
@@ -186,7 +189,7 @@ def _best_card(data: ReportData) -> str:
 <div class="fields">heads {b.heads} · visual_keep {b.visual_keep:.2f} · inject_layer {b.inject_layer} · draft_len γ={b.draft_len}</div>
 <div class="big">
 <div class="pred"><div class="v" id="best-predicted">{b.predicted_speedup:.2f}×</div><div class="l">predicted speedup</div></div>
-<div class="meas"><div class="v" id="best-measured">{measured}</div><div class="l">measured end to end</div></div>
+<div class="meas"><div class="v" id="best-measured">{measured}</div><div class="l">measured (decode phase)</div></div>
 </div>
 <table class="kv">{kv}</table>{gap_text}
 <pre class="cmd">{_e(generate_command(data, b.spec_id))}</pre>{exported}

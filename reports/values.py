@@ -71,6 +71,8 @@ class BestSubnet:
     baseline_tokens_per_s: float | None
     created: str | None
     exported: bool
+    # whole calls, prefill included (measured_speedup is the decode phase the formula predicts)
+    measured_speedup_end_to_end: float | None = None
 
     @property
     def speedup_gap(self) -> float | None:

@@ -37,6 +37,9 @@ class TrainConfig:
     n_val: int = 96
     target_exact_match: float = 0.98  # stop early once the validation set reaches this
     min_lr_ratio: float = 0.1
+    # Tasks of consecutive training samples, cycled (a task listed twice is drawn twice as
+    # often); None: every task equally often. Validation always uses every task equally.
+    task_mix: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ def train(
     for step in range(cfg.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        samples = [make_sample("train", data_seed, sample_offset + step * cfg.batch_size + i)
+        samples = [make_sample("train", data_seed, sample_offset + step * cfg.batch_size + i,
+                               *(() if cfg.task_mix is None else (cfg.task_mix,)))
                    for i in range(cfg.batch_size)]
         batch = encoder.encode(samples)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

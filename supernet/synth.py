@@ -132,7 +132,8 @@ def vocabulary_texts() -> list[str]:
         "The image shows object objects. There is a and",
         "Counting the shapes in the image gives, so there is are shape.",
         "The text in the image reads, which is characters long.",
-        "The chart has bars. From left to right, the bar is. The bar in the chart has a value of",
+        "The chart has bars. From left to right, the bar is.",
+        "Reading the bars from left to right, so the bar has a value of.",
         "The image shows plus minus, and equals, so the answer is.",
     ]
     return texts
@@ -234,11 +235,13 @@ def _chart(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
         draw.line((x0 + 1, y0, x0 + CELL - 2, y0), fill=INK)  # the bar's cap marks its top
         _draw_glyph(draw, 0, col, str(value))  # a value label above each bar, as in ChartQA
     prompt = rng.choice(_PROMPTS["chart"])
+    parts = [f"the {c} bar is {v}" for c, v in zip(colors, values, strict=True)]
     if "{color}" in prompt:
+        # Read every bar first, then answer from what was read (as a person reading the chart).
         i = rng.randrange(n)
         return (prompt.format(color=colors[i]),
-                f"The {colors[i]} bar in the chart has a value of {values[i]}.")
-    parts = [f"the {c} bar is {v}" for c, v in zip(colors, values, strict=True)]
+                f"Reading the bars from left to right, {_join(parts)}, so the {colors[i]} bar "
+                f"has a value of {values[i]}.")
     return prompt, f"The chart has {NUMBER_WORDS[n]} bars. From left to right, {_join(parts)}."
 
 

@@ -51,4 +51,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
         verify_prompts=args.verify_prompts,
         show_progress=False if args.json or args.quiet else None)
-    return run_demo(args.run, options)
+    summary = run_demo(args.run, options)
+    if not args.json:
+        print(format_summary(summary), flush=True)
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The few lines a person reads at the end of the demo."""
+
+    def x(value: Any) -> str:
+        return f"{value:.2f}x" if isinstance(value, int | float) else "not measured"
+
+    reused = [name for name, state in summary["stages"].items() if state == "reused"]
+    return "\n".join([
+        f"best subnet  {summary['best']}  ({summary['spec_dir']})",
+        f"speedup      predicted {x(summary['predicted_speedup'])}, measured "
+        f"{x(summary['measured_speedup'])} in the decode phase "
+        f"({x(summary.get('measured_speedup_end_to_end'))} over whole calls, prefill included) "
+        "vs plain greedy decoding",
+        f"tau          predicted {summary['predicted_tau']}, measured {summary['measured_tau']}",
+        f"report       {summary['report']}",
+        f"took         {summary['seconds']:.0f} s" + (f" (reused: {', '.join(reused)})" if reused else ""),
+    ])

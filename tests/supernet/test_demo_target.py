@@ -175,5 +175,10 @@ def test_growing_depth_preserves_the_function() -> None:
     inserted = grown.model.language_model.layers[1]  # new index 1 sits between old 0 and 1
     assert not inserted.self_attn.q_proj.weight.eq(0).all()  # a real layer, zero residual out
     assert inserted.self_attn.o_proj.weight.eq(0).all()
+    assert inserted.mlp.down_proj.weight.eq(0).all()
+    # block expansion: a copy of the trained layer before it (it attends like its neighbour)
+    source = grown.model.language_model.layers[0]
+    assert torch.equal(inserted.self_attn.q_proj.weight, source.self_attn.q_proj.weight)
+    assert torch.equal(inserted.mlp.up_proj.weight, source.mlp.up_proj.weight)
     with pytest.raises(InputError, match="cannot grow a 2-layer model to 1 layers"):
         grow_text_layers(model, 1, seed=1)
