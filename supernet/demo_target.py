@@ -90,10 +90,11 @@ VARIANTS: dict[str, DemoVariant] = {
     # same synthetic data with the default's first-stage recipe, shorter and without growth
     # (about a minute on 2 cores).
     "assistant": DemoVariant(
-        name="assistant", vision_hidden=64, vision_layers=1, vision_heads=2, text_hidden=128,
+        name="assistant", vision_hidden=128, vision_layers=1, vision_heads=2, text_hidden=128,
         text_layers=2, text_heads=4, text_intermediate=384,
         train=TrainConfig(max_steps=400, batch_size=32, lr=3e-3, warmup_steps=30,
-                          eval_every=50, n_val=100, target_exact_match=0.99),
+                          eval_every=50, n_val=100, target_exact_match=0.99,
+                          task_mix=DEFAULT_TASK_MIX),
         n_eval=100, timing_repeats=10),
     # The same code at test size: builds in seconds, answers are not expected to be right.
     "tiny": DemoVariant(
