@@ -150,7 +150,7 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
     store = ProfileStore(csv)
     partial = len(store.read())
-    total = 2 * 2 * 3 + 3 + 3 * 7
+    total = 2 * (2 * 2 * 3) + 3 + 3 * 7  # drafts hot and after a verify, decode, verify
     assert 5 <= partial < total
     done = subprocess.run(argv + ["--json", "--holdout", "0"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
