@@ -97,8 +97,13 @@ def training_mask(rows: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     train = np.zeros(len(rows), dtype=bool)
     draft = rows.kind == "draft"
-    target = ~draft
-    for mask, axes in ((draft, ("heads", "visual_keep", "context_len")), (target, ("k", "context_len"))):
+    first = rows.kind == "draft_first"  # the same points as draft, timed after a verify
+    target = ~(draft | first)
+    for mask, axes in ((draft, ("heads", "visual_keep", "context_len")),
+                       (first, ("heads", "visual_keep", "context_len")),
+                       (target, ("k", "context_len"))):
+        if not mask.any():
+            continue
         sub = rows[mask]
         levels = [sorted(set(sub[a])) for a in axes]
         index = {tuple(levels[i].index(v) for i, v in enumerate(vals)): j
@@ -106,7 +111,7 @@ def training_mask(rows: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
         top = tuple(len(v) - 1 for v in levels[:-1])
         anchors = [(*(0,) * (len(axes) - 1), c) for c in (0, len(levels[-1]) - 1)]
         anchors += [(*top, c) for c in (0, len(levels[-1]) - 1)]
-        if mask is draft:  # largest and smallest subnet at every context, as the plan does
+        if mask is not target:  # largest and smallest subnet at every context, as the plan does
             anchors = [(*(0,) * 2, c) for c in range(len(levels[-1]))] + [
                 (*top, c) for c in range(len(levels[-1]))]
         anchors = sorted(set(anchors) & set(index))
@@ -151,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hardware {summary['hardware_id']}  clock {args.clock}  threads {args.threads}  "
           f"repeats<= {args.repeats}  passes {args.passes}  target {target}")
     print(f"grid: {len(rows)} rows ({(rows.kind == 'draft').sum()} draft, "
-          f"{(rows.kind != 'draft').sum()} target), contexts {plan['context_lengths']}, "
+          f"{(rows.kind == 'draft_first').sum()} draft_first, "
+          f"{(~rows.kind.isin(['draft', 'draft_first'])).sum()} target), contexts {plan['context_lengths']}, "
           f"visual tokens {plan['visual_tokens']}")
     spread = (rows.p90_ms / rows.p10_ms).median()
     print(f"profile: {summary.get('measured', 0)} steps timed ({summary.get('resumed', 0)} resumed) "
@@ -175,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = hold[stat].to_numpy()
         predicted = pred.predict_rows(hold)
         report = {"overall": latency_metrics(measured, predicted)}
-        for kind in ("draft", "decode", "verify"):
+        for kind in ("draft", "draft_first", "decode", "verify"):
             sel = (hold.kind == kind).to_numpy()
             if sel.sum() > 1:
                 report[kind] = latency_metrics(measured[sel], predicted[sel])
@@ -186,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[{stat}] train {int(train.sum())} rows ({train.mean():.0%}), held out "
               f"{int((~train).sum())} ({(~train).mean():.0%}); regressor "
               f"{pred.report()['regressor']}; fit {fit_s:.1f} s")
-        print(f"{'rows':<8}{'n':>5}{'MAPE':>9}{'within10':>10}{'RMSE ms':>10}{'tau':>7}"
+        print(f"{'rows':<12}{'n':>5}{'MAPE':>9}{'within10':>10}{'RMSE ms':>10}{'tau':>7}"
               f"{'ms min..max':>16}")
         for name, m in report.items():
             sel = np.ones(len(hold), bool) if name == "overall" else (hold.kind == name).to_numpy()
-            print(f"{name:<8}{int(sel.sum()):>5}{m['mape']:>9.2%}{m['within_10pct']:>10.1%}"
+            print(f"{name:<12}{int(sel.sum()):>5}{m['mape']:>9.2%}{m['within_10pct']:>10.1%}"
                   f"{m['rmse']:>10.3f}{m['kendall_tau']:>7.3f}"
                   f"{measured[sel].min():>8.2f}..{measured[sel].max():.2f}")
         print("targets: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in checks.items()))

@@ -4,11 +4,12 @@ The public face (heavier pieces -- the model step builder, the profile pipeline 
 from their modules: `dreams_nas.latency.steps`, `dreams_nas.latency.pipeline`)::
 
     detect_hardware(device, dtype, threads) -> HardwareInfo      # hardware.json, hardware_id
-    measure(step, device=..., ...) -> Timing                      # warm-up, repeats, median/p10/p90
+    measure(step, device=..., prepare=None) -> Timing            # warm-up, repeats, median/p10/p90
     build_plan(space, context_lengths, budget=...) -> [StepKey]   # what to time
     ProfileStore(path).append(rows) / .read() / .done_keys()      # profile.csv
     run_profile(builder, keys, store, hw, settings)               # time + append, resumable
-    LatencyPredictor.fit(rows, hardware_id) / .load(folder)       # draft_ms, decode_ms, verify_ms
+    LatencyPredictor.fit(rows, hardware_id) / .load(folder)       # draft_ms, first_draft_ms,
+                                                                  # decode_ms, verify_ms
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Saved next to the profile, in ``latency/<hardware-id>/``:
 
 Pickles break across scikit-learn versions (nn-Meter's did), so `LatencyPredictor.load` refits
 from the saved rows when the recorded version differs from the installed one, or when the
-joblib file cannot be read, and rewrites the joblib file.
+joblib file cannot be read, or when it was saved by an older schema (other features: schema 1
+had no ``draft_first`` kind), and rewrites the joblib file. A profile without ``draft_first``
+rows (timed before that kind existed) loads and fits as before; `has_first_draft` says so.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .predictor import chosen_regressor, latency_metrics, make_latency_model
 log = logging.getLogger("dreams_nas.latency")
 TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
                  "context_len", "k", "median_ms")
-PREDICTOR_SCHEMA_VERSION = 1
+PREDICTOR_SCHEMA_VERSION = 2  # 2: the is_first feature (draft_first steps)
 
 
 def holdout_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,6 +78,19 @@ class LatencyPredictor:
     def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
         """One draft step of each spec (its inject_layer and draft_len do not change it)."""
         rows = pd.DataFrame({"kind": "draft", "heads": [s.heads for s in specs],
+                             "visual_keep": [s.visual_keep for s in specs],
+                             "context_len": int(context_len), "k": 1})
+        return self.predict_rows(rows)
+
+    @property
+    def has_first_draft(self) -> bool:
+        """Whether the profile timed ``draft_first`` steps (profiles before it did not)."""
+        return bool((self.train_rows["kind"] == "draft_first").any())
+
+    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        """The first draft step of a cycle (right after the target's verify) of each spec.
+        Only meaningful when `has_first_draft`; callers fall back to `draft_ms` otherwise."""
+        rows = pd.DataFrame({"kind": "draft_first", "heads": [s.heads for s in specs],
                              "visual_keep": [s.visual_keep for s in specs],
                              "context_len": int(context_len), "k": 1})
         return self.predict_rows(rows)
@@ -185,7 +200,11 @@ class LatencyPredictor:
         saved = (meta.get("versions") or {}).get("scikit-learn")
         installed = library_versions().get("scikit-learn")
         model = None
-        if saved == installed:
+        schema = meta.get("schema_version", 1)
+        if schema != PREDICTOR_SCHEMA_VERSION:
+            log.info("predictor in %s has schema %s, this is %s; refitting from its %d saved rows",
+                     directory, schema, PREDICTOR_SCHEMA_VERSION, len(rows))
+        elif saved == installed:
             try:
                 model = joblib.load(directory / "predictor.joblib")
             except Exception as exc:  # noqa: BLE001 - any unreadable pickle means: refit
@@ -203,7 +222,8 @@ class LatencyPredictor:
                   visual_tokens=visual_tokens, metrics=dict(meta.get("metrics") or {}),
                   holdout=list(meta.get("holdout") or []), n_holdout=int(meta.get("n_holdout", 0)),
                   seed=seed)
-        if saved != installed or not (directory / "predictor.joblib").is_file():
+        if (saved != installed or schema != PREDICTOR_SCHEMA_VERSION
+                or not (directory / "predictor.joblib").is_file()):
             out.save(directory)
         return out
 

@@ -21,7 +21,7 @@ from dreams_nas.supernet.space import SearchSpace
 
 from .fitting import LatencyPredictor
 from .hardware import HardwareInfo, detect_hardware, resolve_device
-from .plan import build_plan
+from .plan import KINDS, build_plan
 from .profiler import TimingSettings, run_profile
 from .store import ProfileStore
 
@@ -212,6 +212,8 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     rows = store.read()
     if len(store.done_keys()) < int(plan.get("n_keys", 0)):
         return None
+    if set(KINDS) - set(rows["kind"]):
+        return None  # a profile from before a kind existed (draft_first): time the new keys
     if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
         return None
     report = read_json(predictor_path)

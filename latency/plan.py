@@ -1,6 +1,6 @@
 """What to time: the measurement keys and the sampling plan over them.
 
-Three kinds of step are timed, each at several context lengths:
+Four kinds of step are timed, each at several context lengths:
 
 * ``draft``: one step of an extracted subnet. Its cost depends on `heads` and `visual_keep`
   (sliced weights, fewer visual keys) and the context length -- not on `inject_layer` (every
@@ -8,6 +8,11 @@ Three kinds of step are timed, each at several context lengths:
   `draft_len` (that is how many steps a cycle takes, not what one step costs). A draft
   measurement therefore stands for every spec sharing its (heads, visual_keep); it is recorded
   for the canonical spec with the largest inject_layer and draft_len of the space.
+* ``draft_first``: the same draft step timed right after a target verify, as the first step
+  of every speculative cycle runs: the verify evicts the draft's weights from the CPU caches
+  (on a GPU the launch queue drains at the verify's synchronisation), so this step costs more
+  than ``draft``, which is timed back to back (hot). A cycle of gamma steps pays one
+  ``draft_first`` and gamma - 1 ``draft``. Keyed exactly like ``draft`` (a spec, k = 1).
 * ``decode``: the target's one-token step (k = 1).
 * ``verify``: the target's step over k = 2..8 positions.
 
@@ -15,6 +20,9 @@ The target steps are few (contexts x 8) and always all timed. The draft grid is
 (heads x visual_keep x context) and is timed whole unless a budget says otherwise; then the
 points are a discrete Latin hypercube over the three axes (each level of each axis used about
 equally often), always including the largest and smallest subnet at every context length.
+Every draft point chosen is timed twice, as ``draft`` and as ``draft_first``: the budget
+counts draft *points* (a fraction is a share of the draft grid), so a plan has twice as many
+draft keys as the budget says.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ import numpy as np
 from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.space import SearchSpace, SubnetSpec
 
-KINDS = ("draft", "decode", "verify")
+KINDS = ("draft", "draft_first", "decode", "verify")
+DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec
 DEFAULT_VERIFY_KS = tuple(range(2, 9))
 FULL_GRID_LIMIT = 256  # draft points timed whole when no budget is given
 
@@ -44,8 +53,9 @@ class StepKey:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise InputError(f"step kind {self.kind!r} is not one of {list(KINDS)}")
-        if (self.spec is None) != (self.kind != "draft"):
-            raise InputError(f"a {self.kind} step {'needs' if self.kind == 'draft' else 'takes no'} subnet spec")
+        drafted = self.kind in DRAFT_KINDS
+        if (self.spec is None) == drafted:
+            raise InputError(f"a {self.kind} step {'needs' if drafted else 'takes no'} subnet spec")
         if self.context_len < 1 or self.k < 1:
             raise InputError(
                 f"context_len={self.context_len} and k={self.k} must both be at least 1"
@@ -167,7 +177,8 @@ def build_plan(
     seed: int = 0,
 ) -> list[StepKey]:
     """Every key to time: the target's decode and verify steps at every context length, and the
-    draft points the budget allows (see the module docstring)."""
+    draft points the budget allows, each as a ``draft`` and a ``draft_first`` key (see the
+    module docstring)."""
     contexts = sorted({int(c) for c in context_lengths})
     if not contexts or contexts[0] < 1:
         raise InputError(f"--context-lengths {list(context_lengths)} must be positive token counts")
@@ -192,8 +203,8 @@ def build_plan(
         rng = np.random.default_rng(seed)
         picks = anchors + latin_hypercube_grid(levels, n - len(anchors), rng, taken=anchors)
     keys = [
-        StepKey("draft", contexts[c], 1, canonical_spec(space, heads[h], keeps[v]))
-        for h, v, c in sorted(picks)
+        StepKey(kind, contexts[c], 1, canonical_spec(space, heads[h], keeps[v]))
+        for kind in DRAFT_KINDS for h, v, c in sorted(picks)
     ]
     for c in contexts:
         keys.append(StepKey("decode", c, 1))

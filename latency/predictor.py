@@ -31,10 +31,13 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .plan import DRAFT_KINDS, KINDS
+
 FEATURE_NAMES = (
     "is_draft", "heads", "visual_keep", "attended", "heads_x_attended", "log_context",
-    "context", "k", "k_x_context", "log_k",
+    "context", "k", "k_x_context", "log_k", "is_first",
 )
+
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
 
 
@@ -45,7 +48,10 @@ class StepFeatures(TransformerMixin, BaseEstimator):
     and the *kept* visual tokens, ``attended = context_len - visual_tokens * (1 - visual_keep)``.
     A target step (decode is verify with k = 1) grows with k and the context. `inject_layer`
     and `draft_len` are deliberately absent: they do not change what one step costs. Features
-    of the other kind are zero, so one regressor serves both kinds.
+    of the other kind are zero, so one regressor serves both kinds. A ``draft_first`` step
+    (the draft step right after a target verify, caches cold) has the draft features plus
+    ``is_first`` = 1, so the regressor learns the cold step's extra cost (and its growth with
+    the subnet's size) from the draft rows' shape.
 
     visual_tokens: visual tokens in one prompt of the target (0 when unknown: then
     ``attended`` is the context scaled by visual_keep).
@@ -65,7 +71,9 @@ class StepFeatures(TransformerMixin, BaseEstimator):
     def transform(self, X: Any) -> np.ndarray:
         check_is_fitted(self, "n_features_in_")
         frame = self._check_frame(X)
-        is_draft = (frame["kind"].astype(str) == "draft").to_numpy()
+        kinds = frame["kind"].astype(str)
+        is_draft = kinds.isin(DRAFT_KINDS).to_numpy()
+        is_first = (kinds == "draft_first").to_numpy()
         ctx = frame["context_len"].astype(float).to_numpy()
         k = frame["k"].astype(float).to_numpy()
         heads = np.where(is_draft, pd.to_numeric(frame["heads"], errors="coerce"), 0.0)
@@ -82,6 +90,7 @@ class StepFeatures(TransformerMixin, BaseEstimator):
         out = np.column_stack([
             is_draft.astype(float), heads, keep, attended, heads * attended, np.log(ctx),
             ctx, target_k, target_k * target_ctx, np.log(np.maximum(target_k, 1.0)),
+            is_first.astype(float),
         ])
         return out  # (rows, len(FEATURE_NAMES))
 
@@ -97,9 +106,9 @@ class StepFeatures(TransformerMixin, BaseEstimator):
         missing = [c for c in _INPUT_COLUMNS if c not in X.columns]
         if missing:
             raise ValueError(f"rows lack column(s) {missing}; they need {list(_INPUT_COLUMNS)}")
-        bad = sorted(set(X["kind"].astype(str)) - {"draft", "decode", "verify"})
+        bad = sorted(set(X["kind"].astype(str)) - set(KINDS))
         if bad:
-            raise ValueError(f"unknown step kind(s) {bad}; kinds are draft, decode, verify")
+            raise ValueError(f"unknown step kind(s) {bad}; kinds are {', '.join(KINDS)}")
         return X
 
 

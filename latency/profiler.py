@@ -2,7 +2,8 @@
 
 The profiler knows nothing about models: a `StepBuilder` turns a `StepKey` into a callable
 that runs that one step (state such as a prefilled KV cache is set up by the builder and
-restored by the callable, so every repeat times the same work).
+restored by the callable, so every repeat times the same work). A callable with a ``prepare``
+attribute has it run untimed before every repeat (see `timing.measure`).
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
         timing = measure(step, device=hw.device, warmup=settings.warmup,
                          min_repeats=settings.min_repeats, max_repeats=settings.repeats,
                          budget_s=settings.budget_s, threads=settings.threads, probe=probe,
-                         clock=settings.clock if hw.kind == "cpu" else "wall")
+                         clock=settings.clock if hw.kind == "cpu" else "wall",
+                         prepare=getattr(step, "prepare", None))
         del step
         return timing
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError

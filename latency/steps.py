@@ -5,6 +5,9 @@
   three draft layers over the draft's own KV cache and the cross-attention memory of the kept
   visual + text positions, the target's LM head, argmax. The memory's keys/values are computed
   once per request at prefill, so they are built before timing, as the draft's cache is.
+* ``draft_first``: the same draft step, with a `prepare` (run untimed before every repeat by
+  `measure`) that runs the target's verify over the cycle's gamma_max + 1 positions at the same
+  context length and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
   already holding `context_len` positions, cropped back after each repeat.
 
@@ -96,6 +99,8 @@ class ModelSteps:
         self._compact: tuple[tuple[int, float, int], nn.Module] | None = None
 
     def build(self, key: StepKey) -> Callable[[], object]:
+        """The step of `key`; a ``draft_first`` step carries a ``prepare`` attribute (the
+        target's verify pass) that the profiler runs untimed before every repeat."""
         if key.context_len <= self.visual_tokens:
             raise InputError(
                 f"context length {key.context_len} leaves no text after the {self.visual_tokens} "
@@ -103,6 +108,8 @@ class ModelSteps:
             )
         if key.kind == "draft":
             return self._draft_step(key)
+        if key.kind == "draft_first":
+            return self._first_draft_step(key)
         return self._target_step(key)
 
     def _ids(self, n: int) -> torch.Tensor:
@@ -128,6 +135,20 @@ class ModelSteps:
         return step
 
     # --- draft -------------------------------------------------------------------------
+    def _first_draft_step(self, key: StepKey) -> Callable[[], object]:
+        """The draft step of `key`, prepared by the target's verify over the canonical spec's
+        draft_len + 1 positions (the space's largest gamma; 8 without a spec)."""
+        assert key.spec is not None
+        k = key.spec.draft_len + 1 if key.spec.draft_len else 8
+        verify = self._target_step(StepKey("verify", key.context_len, max(2, k)))
+        step = self._draft_step(key)
+
+        def first() -> object:
+            return step()
+
+        first.prepare = verify  # type: ignore[attr-defined]
+        return first
+
     def _extracted(self, spec: SubnetSpec) -> nn.Module:
         from dreams_nas.supernet.extract import extract
 

@@ -20,7 +20,7 @@ from dreams_nas.supernet.errors import InputError
 from dreams_nas.supernet.io import append_csv_rows, locked
 
 from .hardware import HardwareInfo
-from .plan import KINDS, StepKey
+from .plan import DRAFT_KINDS, KINDS, StepKey
 from .timing import Timing
 
 PROFILE_COLUMNS: tuple[str, ...] = (
@@ -146,7 +146,7 @@ class ProfileStore:
             if not (math.isfinite(value) and value > 0):
                 self._corrupt(line, f"{name}={text!r} must be a positive time in ms")
             record[name] = value
-        if record["kind"] == "draft":
+        if record["kind"] in DRAFT_KINDS:
             try:
                 record["heads"] = int(record["heads"])
                 record["visual_keep"] = float(record["visual_keep"])

@@ -10,6 +10,11 @@
   processes -- the figure a quiet machine would show, measurable on a shared one. It is only
   valid with ``threads=1`` (other threads' work would be missed) and is recorded as such.
 
+`prepare` (optional) runs untimed before every warm-up call and every timed sample, to put the
+machine in the state the step meets in real use (e.g. the target's verify pass before the first
+draft step of a cycle, which evicts the draft's weights from the CPU caches). On CUDA the
+device is synchronised after it, so its kernels are not in the step's time.
+
 The raw samples are kept; the summary is the median with the 10th and 90th percentiles, and a
 flag when the clock dropped or the driver reported a slowdown reason during the sample.
 """
@@ -90,12 +95,14 @@ def measure(
     probe: ClockProbe | None = None,
     clock_drop: float = 0.10,
     clock: str = "wall",
+    prepare: Callable[[], object] | None = None,
 ) -> Timing:
     """Time `step()`: `warmup` untimed calls, then repeats until `max_repeats` or until
     `budget_s` seconds have passed (but at least `min_repeats`).
 
     `probe` (NVML) is read after every repeat; the timing is flagged `throttled` when a slowdown
     reason was set or the SM clock fell more than `clock_drop` below the highest clock seen.
+    `prepare`, when given, runs untimed before every warm-up call and every sample.
     """
     if min_repeats < 1 or max_repeats < min_repeats:
         raise ValueError(
@@ -114,6 +121,7 @@ def measure(
     timer = _time_thread if clock == "cpu" else _time_cpu
     with fixed_threads(None if on_cuda else threads):
         for _ in range(warmup):
+            _prepare(prepare, on_cuda, device)
             step()
         if on_cuda:
             import torch
@@ -124,6 +132,7 @@ def measure(
         throttled = False
         deadline = time.perf_counter() + budget_s
         while len(samples) < max_repeats:
+            _prepare(prepare, on_cuda, device)
             samples.append(_time_cuda(step, device) if on_cuda else timer(step))
             if probe is not None:
                 throttled |= bool(probe.throttle_mask())
@@ -136,6 +145,16 @@ def measure(
         throttled = True
     return Timing(samples_ms=tuple(samples), warmup=warmup, throttled=throttled,
                   clock_mhz=tuple(clocks))
+
+
+def _prepare(prepare: Callable[[], object] | None, on_cuda: bool, device: str) -> None:
+    if prepare is None:
+        return
+    prepare()
+    if on_cuda:
+        import torch
+
+        torch.cuda.synchronize(device)  # the preparation's kernels are not the step's time
 
 
 def _time_cpu(step: Callable[[], object]) -> float:

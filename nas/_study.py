@@ -168,7 +168,7 @@ class StudyRunner:
     def _attrs(cand: Candidate) -> dict[str, Any]:
         return {"spec_id": cand.spec.id, "tau": cand.tau, "tau_lo": cand.tau_ci[0],
                 "tau_hi": cand.tau_ci[1], "draft_ms": cand.draft_ms,
-                "verify_ms": cand.verify_ms, "decode_ms": cand.decode_ms,
+                "first_draft_ms": cand.first_draft_ms, "verify_ms": cand.verify_ms, "decode_ms": cand.decode_ms,
                 "speedup": cand.speedup, "draft_params": cand.draft_params,
                 "feasible": cand.feasible}
 
@@ -190,6 +190,7 @@ class StudyRunner:
             out[a["spec_id"]] = Candidate(
                 spec=spec, tau=float(a["tau"]), tau_ci=(float(a["tau_lo"]), float(a["tau_hi"])),
                 draft_ms=float(a["draft_ms"]), verify_ms=float(a["verify_ms"]),
+                first_draft_ms=float(a.get("first_draft_ms", "nan")),
                 decode_ms=float(a["decode_ms"]), speedup=float(a["speedup"]),
                 draft_params=int(a["draft_params"]), feasible=bool(a["feasible"]),
                 number=t.number,
@@ -266,6 +267,7 @@ class StudyRunner:
                 cand = Candidate(
                     spec=spec, tau=a["tau"], tau_ci=(a["tau_lo"], a["tau_hi"]),
                     draft_ms=a["draft_ms"], verify_ms=a["verify_ms"], decode_ms=a["decode_ms"],
+                    first_draft_ms=float(a.get("first_draft_ms", "nan")),
                     speedup=a["speedup"], draft_params=int(a["draft_params"]),
                     feasible=bool(a["feasible"]), number=number,
                 )

@@ -6,8 +6,9 @@ scorer and latency predictor as well as with deterministic ones in tests:
 * `AcceptanceScorer.score(specs) -> [AcceptanceRow]`: tau of each subnet (the expensive part;
   hardware independent).
 * `LatencyPredictor.predict_ms(kind, spec, context_len, k) -> ms` for kind "draft" (one draft
-  step of `spec`), "verify" (one target pass over k positions) or "decode" (one plain target
-  step); `spec` is None for the target's kinds.
+  step of `spec`), "draft_first" (the cycle's first draft step, right after the target's
+  verify; a predictor without it answers with the "draft" time), "verify" (one target pass
+  over k positions) or "decode" (one plain target step); `spec` is None for the target's kinds.
 """
 
 from __future__ import annotations
@@ -46,13 +47,24 @@ class Candidate:
     spec: SubnetSpec
     tau: float
     tau_ci: tuple[float, float]
-    draft_ms: float  # one draft step
+    draft_ms: float  # one draft step (hot: the cycle's 2nd..gamma-th)
     verify_ms: float  # one target pass over draft_len + 1 positions
     decode_ms: float  # one plain target step
     speedup: float
     draft_params: int
     feasible: bool  # meets the constraints (--max-draft-ms)
     number: int = -1  # evaluation order: Optuna trial number or enumeration index
+    first_draft_ms: float = float("nan")  # the cycle's first draft step (after the verify);
+    # NaN when not given (a study recorded before it): taken to be draft_ms
+
+    def __post_init__(self) -> None:
+        if self.first_draft_ms != self.first_draft_ms:  # nan
+            object.__setattr__(self, "first_draft_ms", float(self.draft_ms))
+
+    @property
+    def cycle_draft_ms(self) -> float:
+        """Draft time per cycle: the first step after the verify and draft_len - 1 hot ones."""
+        return self.first_draft_ms + (self.spec.draft_len - 1) * self.draft_ms
 
     @property
     def spec_id(self) -> str:
@@ -63,7 +75,8 @@ class Candidate:
         return {
             "number": self.number, "spec_id": self.spec.id, **self.spec.to_fields(),
             "tau": self.tau, "tau_lo": self.tau_ci[0], "tau_hi": self.tau_ci[1],
-            "draft_ms": self.draft_ms, "verify_ms": self.verify_ms, "decode_ms": self.decode_ms,
+            "draft_ms": self.draft_ms, "first_draft_ms": self.first_draft_ms,
+            "verify_ms": self.verify_ms, "decode_ms": self.decode_ms,
             "speedup": self.speedup, "draft_params": self.draft_params,
             "feasible": int(self.feasible),
         }
@@ -87,6 +100,9 @@ class LatencyCache:
     def draft(self, spec: SubnetSpec) -> float:
         return self._get("draft", spec.replace(draft_len=1), 1)
 
+    def first_draft(self, spec: SubnetSpec) -> float:
+        return self._get("draft_first", spec.replace(draft_len=1), 1)
+
     def verify(self, draft_len: int) -> float:
         return self._get("verify", None, draft_len + 1)
 
@@ -108,15 +124,17 @@ def evaluate(
     tau = np.array([r.tau for r in rows], dtype=np.float64)  # (n,)
     gamma = np.array([r.spec.draft_len for r in rows], dtype=np.float64)  # (n,)
     draft = np.array([latency.draft(r.spec) for r in rows], dtype=np.float64)  # (n,)
+    first = np.array([latency.first_draft(r.spec) for r in rows], dtype=np.float64)  # (n,)
     verify = np.array([latency.verify(r.spec.draft_len) for r in rows], dtype=np.float64)
     decode = latency.decode()
-    speedup = expected_speedup(tau, gamma, draft, verify, decode)  # (n,)
+    speedup = expected_speedup(tau, gamma, draft, verify, decode, first_draft_ms=first)  # (n,)
     feasible = np.ones(len(rows), dtype=bool) if max_draft_ms is None else draft <= max_draft_ms
     numbers = list(numbers) if numbers is not None else list(range(len(rows)))
     return [
         Candidate(
             spec=r.spec, tau=float(r.tau), tau_ci=(float(r.tau_lo), float(r.tau_hi)),
-            draft_ms=float(draft[i]), verify_ms=float(verify[i]), decode_ms=float(decode),
+            draft_ms=float(draft[i]), first_draft_ms=float(first[i]),
+            verify_ms=float(verify[i]), decode_ms=float(decode),
             speedup=float(speedup[i]), draft_params=int(draft_params(r.spec)),
             feasible=bool(feasible[i]), number=int(numbers[i]),
         )

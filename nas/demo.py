@@ -193,7 +193,8 @@ def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str,
             "method": best["method"], "best": best.get("spec_id"),
             "spec_dir": str(run.root / best["spec_dir"]),
             "predicted": {k: predicted.get(k) for k in ("speedup", "tau", "draft_ms",
-                                                         "verify_ms", "decode_ms")},
+                                                         "first_draft_ms", "verify_ms",
+                                                         "decode_ms")},
             "measured": best.get("measured"), "best_json": str(best_path), "warnings": []}
 
 

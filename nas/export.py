@@ -27,7 +27,7 @@ from .search import SearchResult
 
 TRIAL_COLUMNS: tuple[str, ...] = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
-    "tau_hi", "draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params", "feasible",
+    "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params", "feasible",
     "state", "method", "objective",
 )
 HISTORY_COLUMNS: tuple[str, ...] = ("number", "value", "best_so_far")
@@ -71,7 +71,8 @@ def write_history(path: Path, history: Sequence[tuple[int, float, float]]) -> Pa
 
 def predicted(c: Candidate) -> dict[str, Any]:
     return {"speedup": c.speedup, "tau": c.tau, "tau_ci": [c.tau_ci[0], c.tau_ci[1]],
-            "draft_ms": c.draft_ms, "verify_ms": c.verify_ms, "decode_ms": c.decode_ms}
+            "draft_ms": c.draft_ms, "first_draft_ms": c.first_draft_ms, "verify_ms": c.verify_ms,
+            "decode_ms": c.decode_ms}
 
 
 def write_spec_dir(folder: Path, c: Candidate, *, target: Mapping[str, Any], supernet_hash: str,

@@ -54,21 +54,40 @@ def hardware_identity(run: RunFolder, hardware_id: str) -> dict[str, Any]:
 
 
 class PredictorLatency:
-    """The latency issue's fitted predictor behind the search's `LatencyPredictor` protocol."""
+    """The latency issue's fitted predictor behind the search's `LatencyPredictor` protocol.
+
+    "draft_first" (the cycle's first draft step, after the verify) comes from the profile's
+    ``draft_first`` rows; a profile timed before that kind existed has none, and then the
+    (hot) draft step stands in for it, said once in the log."""
 
     def __init__(self, predictor: Any) -> None:
         self.predictor = predictor
+        self._warned = False
+
+    @property
+    def has_first_draft(self) -> bool:
+        return bool(getattr(self.predictor, "has_first_draft", False))
 
     def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
-        if kind == "draft":
+        if kind in ("draft", "draft_first"):
             if spec is None:
-                raise ValueError("a draft latency needs a spec")
+                raise ValueError(f"a {kind} latency needs a spec")
+            if kind == "draft_first":
+                if self.has_first_draft:
+                    return float(self.predictor.first_draft_ms([spec], context_len)[0])
+                if not self._warned:
+                    self._warned = True
+                    log.warning(
+                        "the latency profile of %s predates the draft_first step (the cycle's "
+                        "first draft step, after the verify); using the draft step for it, which "
+                        "overestimates the speedup: rerun `dreams-nas profile` to time it",
+                        getattr(self.predictor, "hardware_id", "this hardware"))
             return float(self.predictor.draft_ms([spec], context_len)[0])
         if kind == "verify":
             return float(self.predictor.verify_ms(k, context_len))
         if kind == "decode":
             return float(self.predictor.decode_ms(context_len))
-        raise ValueError(f"latency kind {kind!r} is not one of draft, verify, decode")
+        raise ValueError(f"latency kind {kind!r} is not one of draft, draft_first, verify, decode")
 
 
 def load_latency(run: RunFolder, hardware_id: str) -> PredictorLatency:

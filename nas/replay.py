@@ -34,14 +34,18 @@ class RecordedAcceptance:
 class RecordedLatency:
     """A `LatencyPredictor` over a table.
 
-    draft:  (heads, visual_keep, inject_layer) -> ms of one draft step
+    draft:  (heads, visual_keep, inject_layer) -> ms of one draft step (also served for
+            "draft_first", the cycle's first step, unless `first_draft` records it)
     verify: k -> ms of one target pass over k positions
     decode: ms of one plain target step
     """
 
     def __init__(self, draft: Mapping[tuple[int, float, int], float],
-                 verify: Mapping[int, float], decode: float) -> None:
+                 verify: Mapping[int, float], decode: float,
+                 first_draft: Mapping[tuple[int, float, int], float] | None = None) -> None:
         self.draft = {(int(h), float(v), int(lyr)): float(ms) for (h, v, lyr), ms in draft.items()}
+        self.first_draft = {(int(h), float(v), int(lyr)): float(ms)
+                            for (h, v, lyr), ms in (first_draft or {}).items()}
         self.verify = {int(k): float(ms) for k, ms in verify.items()}
         self.decode = float(decode)
 
@@ -52,9 +56,11 @@ class RecordedLatency:
             if k not in self.verify:
                 raise InputError(f"no recorded verify latency for k={k}; recorded: {sorted(self.verify)}")
             return self.verify[k]
-        if kind == "draft" and spec is not None:
+        if kind in ("draft", "draft_first") and spec is not None:
             key = (spec.heads, spec.visual_keep, spec.inject_layer)
+            if kind == "draft_first" and key in self.first_draft:
+                return self.first_draft[key]
             if key not in self.draft:
                 raise InputError(f"no recorded draft latency for {spec.id}")
             return self.draft[key]
-        raise InputError(f"latency kind {kind!r} is not one of ['draft', 'verify', 'decode']")
+        raise InputError(f"latency kind {kind!r} is not one of ['draft', 'draft_first', 'verify', 'decode']")

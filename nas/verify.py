@@ -7,7 +7,7 @@ decoding of the same prompts on the same target, and the measured speedup is rec
 to the prediction. A gap over `GAP_WARN` is reported with its likely cause.
 
 Two measured speedups are kept. `speedup` is the decode phase, the quantity the formula
-tau * T_decode / (gamma * T_draft + T_verify) predicts: tokens after the first over the time
+tau * T_decode / ((gamma - 1) * T_draft + T_draft_first + T_verify) predicts: tokens after the first over the time
 after the prefill, for both the speculative run (the drafter's own start-up included) and plain
 decoding. `speedup_end_to_end` is tokens over the whole call, prefill included: the prefill is
 the same work for both, so it dilutes the ratio the more, the shorter the answers.
@@ -138,9 +138,10 @@ def _latency_cause(p: Candidate, m: Measured) -> str:
         return ("tau agrees, so the gap is in the latencies: the latency predictor does not "
                 "match this machine now (profiled under other load, clocks or threads); re-run "
                 "`dreams-nas profile` on a quiet machine")
-    cycle = gamma * p.draft_ms + p.verify_ms
+    cycle = p.cycle_draft_ms + p.verify_ms
+    step_ms = p.cycle_draft_ms / gamma  # predicted mean step: the first (after the verify) + hot
     effects = {  # relative change of the speedup each part explains
-        "draft": gamma * (m.draft_ms - p.draft_ms) / cycle,
+        "draft": gamma * (m.draft_ms - step_ms) / cycle,
         "verify": (m.verify_ms - p.verify_ms) / cycle,
         "overhead": m.other_ms / cycle,
         "decode": (p.decode_ms - m.decode_ms) / p.decode_ms,
@@ -150,7 +151,13 @@ def _latency_cause(p: Candidate, m: Measured) -> str:
         return (f"the speculative loop's own work ({m.other_ms:.2f} ms per cycle: acceptance, "
                 "bookkeeping, Python) is not in the speedup formula; it weighs when a target "
                 f"step is as short as {m.decode_ms:.2f} ms")
-    names = {"draft": ("a draft step", m.draft_ms, p.draft_ms),
+    if worst == "draft" and p.first_draft_ms == p.draft_ms and m.draft_ms > step_ms:
+        return (f"a draft step took {m.draft_ms:.2f} ms here (mean over the cycle) vs "
+                f"{step_ms:.2f} ms predicted, and the profile has no draft_first step (the "
+                "cycle's first draft step runs after the verify, caches cold): rerun "
+                "`dreams-nas profile` to time it")
+    names = {"draft": ("a draft step (mean over the cycle, the first one after the verify "
+                       "included)", m.draft_ms, step_ms),
              "verify": ("a verify pass", m.verify_ms, p.verify_ms),
              "decode": ("a plain decoding step", m.decode_ms, p.decode_ms)}
     what, got, want = names[worst]

@@ -27,7 +27,7 @@ def test_small_grid_is_timed_whole_with_every_target_step() -> None:
     keys = build_plan(SPACE, CONTEXTS)
     assert _draft_points(keys) == set(itertools.product(SPACE.heads, SPACE.visual_keep, CONTEXTS))
     assert len({k.ident for k in keys}) == len(keys)
-    target = {(k.kind, k.context_len, k.k) for k in keys if k.kind != "draft"}
+    target = {(k.kind, k.context_len, k.k) for k in keys if k.spec is None}
     assert target == {("decode", c, 1) for c in CONTEXTS} | {
         ("verify", c, k) for c in CONTEXTS for k in range(2, 9)}
     # draft rows stand for every inject_layer / draft_len: recorded under one canonical spec
@@ -45,6 +45,19 @@ def test_budget_is_space_filling_and_keeps_the_extremes(budget) -> None:
         counts = np.array([sum(p[axis] == v for p in points) for v in levels])
         assert counts.min() >= 1  # every level of every axis is measured
         assert counts.max() - counts.min() <= 2  # ... about equally often
+
+
+@pytest.mark.parametrize("budget", [None, 20, 0.3])
+def test_every_draft_point_is_also_timed_after_a_verify(budget) -> None:
+    keys = build_plan(SPACE, CONTEXTS, budget=budget, seed=3)
+    draft = [(k.spec, k.context_len, k.k) for k in keys if k.kind == "draft"]
+    first = [(k.spec, k.context_len, k.k) for k in keys if k.kind == "draft_first"]
+    assert first == draft  # the same points (same budget, same Latin hypercube), k = 1
+    assert len(draft) == resolve_budget(budget, 80)  # the budget counts draft points
+    assert len({k.ident for k in keys}) == len(keys)
+    assert StepKey("draft_first", 64, 1, draft[0][0]).ident == ("draft_first", draft[0][0].id, 64, 1)
+    with pytest.raises(InputError, match="a draft_first step needs subnet spec"):
+        StepKey("draft_first", 64)
 
 
 def test_plan_is_deterministic_per_seed() -> None:

@@ -107,7 +107,8 @@ def test_save_load_and_spec_level_predictions(tmp_path) -> None:
     specs = [SubnetSpec(1, 0.25, 2, 3), SubnetSpec(4, 1.0, 9, 7), SubnetSpec(4, 1.0, 1, 1)]
     draft = loaded.draft_ms(specs, 144)
     np.testing.assert_allclose(draft, pred.draft_ms(specs, 144))
-    assert draft[0] < draft[1] and draft[1] == draft[2]  # inject_layer / draft_len: same cost
+    # inject_layer / draft_len: same cost (to the last bits, which BLAS may round per row)
+    assert draft[0] < draft[1] and draft[1] == pytest.approx(draft[2], rel=1e-12)
     assert loaded.decode_ms(144) < loaded.verify_ms(6, 144)
     assert loaded.decode_ms(144) == pytest.approx(3.0 + 0.3 + 0.288 + 0.0288, rel=0.05)
 

@@ -30,10 +30,12 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     assert {"mape", "rmse", "within_10pct", "kendall_tau"} <= set(summary)
     folder, store = _profile_dir(small_run)
     rows = store.read()
-    # 2 heads x 2 keeps x 3 contexts drafts + 3 decode + 3 x 7 verify
-    assert len(rows) == summary["rows"] == summary["measured"] == 12 + 3 + 21
+    # 2 heads x 2 keeps x 3 contexts drafts (hot and after a verify) + 3 decode + 3 x 7 verify
+    assert len(rows) == summary["rows"] == summary["measured"] == 2 * 12 + 3 + 21
     assert set(rows.status) == {"ok"} and (rows.median_ms > 0).all()
     assert sorted(set(rows.heads[rows.kind == "draft"])) == [1, 4]
+    first = rows[rows.kind == "draft_first"]
+    assert sorted(first.spec_id) == sorted(rows.spec_id[rows.kind == "draft"]) and (first.k == 1).all()
     hw = json.loads((folder / "hardware.json").read_text())
     assert hw["kind"] == "cpu" and hw["threads"] == 1 and hw["hardware_id"].endswith("-1t")
     doc = json.loads((folder / "predictor.json").read_text())
@@ -44,9 +46,9 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     # A rerun times nothing new; --fit-only refits from the profile alone.
     assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
     again = json.loads(capsys.readouterr().out)
-    assert again["measured"] == 0 and again["resumed"] == 36 and again["rows"] == 36
+    assert again["measured"] == 0 and again["resumed"] == 48 and again["rows"] == 48
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
-    assert json.loads(capsys.readouterr().out)["rows"] == 36
+    assert json.loads(capsys.readouterr().out)["rows"] == 48
     # the same profile cannot grow rows timed with another clock
     assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--clock", "cpu",
                      *FAST]) == 2
@@ -54,6 +56,44 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     # --fit-only with another thread count names what is profiled
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
     assert f"profiled in this run: {hw['hardware_id']}" in capsys.readouterr().err
+
+
+def test_a_profile_from_before_draft_first_loads_and_a_rerun_times_only_those(
+        small_run, tiny_llava, capsys) -> None:
+    from dreams_nas.latency.pipeline import ProfileOptions, completed_profile
+    from dreams_nas.nas.inputs import load_latency
+    from dreams_nas.supernet.space import SubnetSpec
+
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
+    capsys.readouterr()
+    folder, store = _profile_dir(small_run)
+    # Make it an old profile: no draft_first rows, the old plan's key count, a schema-1 predictor.
+    lines = store.path.read_text().splitlines(keepends=True)
+    store.path.write_text("".join(line for line in lines if ",draft_first," not in line))
+    plan = json.loads((folder / "plan.json").read_text())
+    (folder / "plan.json").write_text(json.dumps({**plan, "n_keys": 36}))
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
+    capsys.readouterr()
+    doc = json.loads((folder / "predictor.json").read_text())
+    (folder / "predictor.json").write_text(json.dumps({**doc, "schema_version": 1}))
+    # It still loads (refitted from its rows) and the search falls back to the draft step, once.
+    latency = load_latency(small_run, folder.name)
+    assert not latency.has_first_draft
+    spec = SubnetSpec(4, 1.0, 2, 3)
+    capsys.readouterr()
+    first = [latency.predict_ms("draft_first", spec, 20, 1) for _ in range(2)]
+    assert first == [latency.predict_ms("draft", spec, 20, 1)] * 2
+    assert capsys.readouterr().err.count("predates the draft_first step") == 1  # the CLI's handler
+    assert json.loads((folder / "predictor.json").read_text())["schema_version"] == 2
+    # The demo's reuse check sees the missing kind; a rerun times only the draft_first rows.
+    options = ProfileOptions(target=tiny_llava, device="cpu", threads=1, repeats=3,
+                             context_lengths=[12, 20, 36])
+    assert completed_profile(small_run, options) is None
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert (again["measured"], again["resumed"], again["rows"]) == (12, 36, 48)
+    assert load_latency(small_run, folder.name).has_first_draft
+    assert completed_profile(small_run, options) is not None
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
@@ -110,7 +150,7 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
     store = ProfileStore(csv)
     partial = len(store.read())
-    total = 2 * 2 * 3 + 3 + 3 * 7
+    total = 2 * (2 * 2 * 3) + 3 + 3 * 7  # drafts hot and after a verify, decode, verify
     assert 5 <= partial < total
     done = subprocess.run(argv + ["--json", "--holdout", "0"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

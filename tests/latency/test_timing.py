@@ -57,6 +57,33 @@ def test_throttle_flag_from_reasons_or_a_clock_drop() -> None:
     assert dropped.throttled
 
 
+def test_prepare_runs_untimed_before_every_warmup_call_and_sample(monkeypatch) -> None:
+    class FakeClock:  # prepare takes 1 s, the step 2 ms: only the step may be in a sample
+        now = 0
+
+        def perf_counter_ns(self) -> int:
+            return self.now
+
+        def perf_counter(self) -> float:
+            return self.now / 1e9
+
+    clock = FakeClock()
+    monkeypatch.setattr("dreams_nas.latency.timing.time", clock)
+    events: list[str] = []
+
+    def prepare() -> None:
+        events.append("prepare")
+        clock.now += 1_000_000_000
+
+    def step() -> None:
+        events.append("step")
+        clock.now += 2_000_000
+
+    timing = measure(step, warmup=2, min_repeats=3, max_repeats=4, budget_s=10.0, prepare=prepare)
+    assert timing.n_samples == 4 and timing.samples_ms == (2.0,) * 4
+    assert events == ["prepare", "step"] * (2 + 4)
+
+
 def test_bad_repeat_settings_are_refused() -> None:
     with pytest.raises(ValueError, match=r"1 <= min_repeats \(5\) <= max_repeats \(2\)"):
         measure(lambda: None, min_repeats=5, max_repeats=2)

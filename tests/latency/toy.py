@@ -28,6 +28,11 @@ class ToyBuilder:
     def build(self, key: StepKey) -> Callable[[], object]:
         if key.kind == "draft":
             return self._draft(key)
+        if key.kind == "draft_first":  # the draft step after an untimed target verify
+            step = self._draft(key)
+            first = lambda: step()  # noqa: E731 - a callable that can carry an attribute
+            first.prepare = self._target(StepKey("verify", key.context_len, 2))
+            return first
         return self._target(key)
 
     @torch.no_grad()

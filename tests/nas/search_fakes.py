@@ -51,7 +51,7 @@ class FakeLatency:
 
     def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
         self.calls += 1
-        if kind == "draft":
+        if kind in ("draft", "draft_first"):  # first step as hot as the rest: old formula
             assert spec is not None
             return 0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
         if kind == "verify":

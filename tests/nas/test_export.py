@@ -57,8 +57,8 @@ def test_best_json_and_spec_dir(exported) -> None:
         assert key in best
     assert best["spec_id"] == result.best.spec.id
     assert SubnetSpec.from_dict(best["spec"]) == result.best.spec
-    assert set(best["predicted"]) == {"speedup", "tau", "tau_ci", "draft_ms", "verify_ms",
-                                      "decode_ms"}
+    assert set(best["predicted"]) == {"speedup", "tau", "tau_ci", "draft_ms", "first_draft_ms",
+                                      "verify_ms", "decode_ms"}
     assert best["measured"] is None and best["verified"] == []
     spec_dir = run.root / best["spec_dir"]
     spec = json.loads((spec_dir / "spec.json").read_text())

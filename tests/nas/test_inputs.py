@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from dreams_nas.nas.candidate import Candidate
@@ -112,3 +113,31 @@ def test_gap_warning_points_at_the_part_that_differs() -> None:
     verify = Measured(spec, tau=3.0, tokens_per_s=80.0, baseline_tokens_per_s=100.0,
                       draft_ms=1.0, verify_ms=20.0, other_ms=0.1, decode_ms=10.0)
     assert "a verify pass took 20.00 ms here vs 12.00 ms predicted" in gap_warning(pred, verify)
+
+
+def test_gap_warning_names_a_slow_draft_and_a_profile_without_the_first_step() -> None:
+    spec = SubnetSpec(4, 1.0, 2, 3)
+    slow_draft = Measured(spec, tau=3.0, tokens_per_s=60.0, baseline_tokens_per_s=100.0,
+                          draft_ms=3.0, verify_ms=12.0, other_ms=0.1, decode_ms=10.0)
+    old = _cand(1.2, 3.0)  # no first_draft_ms: the first step taken as hot as the rest
+    assert old.first_draft_ms == old.draft_ms == 1.0 and old.cycle_draft_ms == 3.0
+    assert "the profile has no draft_first step" in gap_warning(old, slow_draft)
+    new = replace(old, first_draft_ms=2.5)  # mean step (2.5 + 2 x 1.0) / 3 = 1.5 ms
+    assert new.cycle_draft_ms == 4.5 and new.to_row()["first_draft_ms"] == 2.5
+    text = gap_warning(new, slow_draft)
+    assert "took 3.00 ms here vs 1.50 ms predicted" in text and "no draft_first" not in text
+
+
+class _FakeFittedWithFirst(_FakeFitted):
+    has_first_draft = True
+
+    def first_draft_ms(self, specs, context_len):
+        return [2.0 * s.heads for s in specs]
+
+
+def test_predictor_adapter_serves_the_first_draft_step_or_falls_back() -> None:
+    spec = SubnetSpec(4, 1.0, 2, 3)
+    assert PredictorLatency(_FakeFittedWithFirst()).predict_ms("draft_first", spec, 100, 1) == 8.0
+    old = PredictorLatency(_FakeFitted())  # a profile from before draft_first
+    assert not old.has_first_draft
+    assert old.predict_ms("draft_first", spec, 100, 1) == old.predict_ms("draft", spec, 100, 1)

@@ -125,3 +125,26 @@ def test_bad_arguments(kwargs, match) -> None:
 def test_speedups_are_finite() -> None:
     result, _ = _run()
     assert all(math.isfinite(c.speedup) and c.speedup > 0 for c in result.candidates)
+
+
+def test_the_cold_first_draft_step_enters_every_candidate_and_the_trials_row() -> None:
+    from dreams_nas.nas.export import TRIAL_COLUMNS, trial_rows
+    from dreams_nas.nas.replay import RecordedLatency
+
+    space = SMALL_SPACE
+    keys = {(s.heads, s.visual_keep, s.inject_layer) for s in space.enumerate()}
+    draft = {k: 0.3 + 0.3 * k[0] for k in keys}
+    hot = RecordedLatency(draft, {k: 10.0 for k in range(2, 7)}, decode=9.5)
+    cold = RecordedLatency(draft, {k: 10.0 for k in range(2, 7)}, decode=9.5,
+                           first_draft={k: 4.0 * ms for k, ms in draft.items()})
+    before = search(space, FakeScorer(), hot, fake_params, context_len=32, show_progress=False)
+    after = search(space, FakeScorer(), cold, fake_params, context_len=32, show_progress=False)
+    for c in after.candidates:
+        d, f = draft[(c.spec.heads, c.spec.visual_keep, c.spec.inject_layer)], c.first_draft_ms
+        assert (c.draft_ms, f) == (d, 4.0 * d)
+        assert c.speedup == pytest.approx(
+            tau_of(c.spec) * 9.5 / ((c.spec.draft_len - 1) * d + f + 10.0), rel=1e-12)
+    assert all(c.first_draft_ms == c.draft_ms for c in before.candidates)  # the old formula
+    assert after.best.speedup < before.best.speedup
+    row = trial_rows([after.best], method="exhaustive", objective="speedup")[0]
+    assert set(row) == set(TRIAL_COLUMNS) and row["first_draft_ms"] == after.best.first_draft_ms

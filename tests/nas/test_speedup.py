@@ -65,3 +65,34 @@ def test_bad_inputs_name_the_value(kwargs, match) -> None:
     base = {"tau": 2.0, "draft_len": 3, "draft_ms": 1.0, "verify_ms": 10.0, "decode_ms": 9.0}
     with pytest.raises(InputError, match=match):
         expected_speedup(**{**base, **kwargs})
+
+
+# (tau, gamma, draft_ms, first_draft_ms, verify_ms, decode_ms, expected): the cycle's first
+# draft step runs after the verify (caches cold) and costs first_draft_ms; the rest draft_ms.
+FIRST_CASES = [
+    # the demo target's CPU: 0.71 ms hot, 1.31 ms cold; 3.2 * 9 / (3 * 0.71 + 1.31 + 8)
+    (3.2, 4, 0.71, 1.31, 8.0, 9.0, 28.8 / (2.13 + 1.31 + 8.0)),
+    # gamma 1: the only draft step is the first one; draft_ms plays no part
+    (1.8, 1, 123.0, 2.0, 10.0, 10.0, 18.0 / 12.0),
+    # first step as hot as the rest: the formula without the term
+    (4.2, 5, 1.5, 1.5, 24.0, 20.0, 84.0 / 31.5),
+    # free drafting except the cold first step
+    (3.0, 4, 0.0, 2.0, 10.0, 10.0, 30.0 / 12.0),
+]
+
+
+@pytest.mark.parametrize(("tau", "gamma", "draft", "first", "verify", "decode", "expected"),
+                         FIRST_CASES)
+def test_table_with_a_cold_first_draft_step(tau, gamma, draft, first, verify, decode,
+                                            expected) -> None:
+    got = expected_speedup(tau, gamma, draft, verify, decode, first_draft_ms=first)
+    assert float(got) == pytest.approx(expected, rel=1e-12)
+    if first > draft:  # a cold first step only ever lowers the expected speedup
+        assert float(got) < float(expected_speedup(tau, gamma, draft, verify, decode))
+
+
+def test_first_draft_term_broadcasts_and_is_checked() -> None:
+    got = expected_speedup([2.0, 2.0], [1, 3], 1.0, 10.0, 10.0, first_draft_ms=[2.0, 3.0])
+    np.testing.assert_allclose(got, [20.0 / 12.0, 20.0 / 15.0], rtol=1e-12)
+    with pytest.raises(InputError, match=r"first_draft_ms=-1.0 is negative"):
+        expected_speedup(2.0, 3, 1.0, 10.0, 9.0, first_draft_ms=-1.0)
