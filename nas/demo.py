@@ -37,7 +37,7 @@ class DemoOptions:
     limit: int | None = None  # evaluation prompts (default 32)
     max_new_tokens: int = 64
     verify: int = 3
-    verify_prompts: int = 8
+    verify_prompts: int | None = None  # None: every scored evaluation prompt
     show_progress: bool | None = None
 
 

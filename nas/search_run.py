@@ -28,7 +28,7 @@ class SearchOptions:
     limit: int | None = None
     max_new_tokens: int = 64
     verify: int = 3
-    verify_prompts: int = 8
+    verify_prompts: int | None = None  # None: every scored prompt (measured tau = scored tau)
     device: str = "auto"
     threads: int | None = None
     seed: int = 0
@@ -70,7 +70,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it all
     if options.trials is not None and options.trials < 1:
         raise InputError(f"--trials {options.trials} must be at least 1")
-    if options.verify < 0 or options.verify_prompts < 1:
+    if options.verify < 0 or (options.verify_prompts is not None and options.verify_prompts < 1):
         raise InputError("--verify must be >= 0 and --verify-prompts >= 1")
     device = str(resolve_device(options.device))
     hardware_id = resolve_hardware(run, options.hardware)

@@ -32,8 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="evaluation prompts scored (default 32)")
     small.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                        help="tokens per prompt when training, scoring and verifying (default 64)")
-    small.add_argument("--verify-prompts", type=int, default=8, metavar="N",
-                       help="prompts decoded to verify the best subnets (default 8)")
+    small.add_argument("--verify-prompts", type=int, default=None, metavar="N",
+                       help="prompts decoded to verify the best subnets (default: all scored)")
 
 
 

@@ -36,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", type=int, default=3, metavar="K",
                         help="measure the best subnet and the top K-1 of the front end to end "
                              "(0 skips it; default 3)")
-    parser.add_argument("--verify-prompts", type=int, default=8, metavar="N",
-                        help="evaluation prompts decoded for the verification (default 8)")
+    parser.add_argument("--verify-prompts", type=int, default=None, metavar="N",
+                        help="evaluation prompts decoded for the verification (default: all the "
+                             "scored ones, so measured and scored tau come from the same prompts)")
     parser.add_argument("--device", default="auto", metavar="D", help="auto, cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch CPU threads while scoring missing rows (default: torch's "
