@@ -217,6 +217,7 @@ def simulate_cycles(matches: np.ndarray, gamma: int, max_new_tokens: int,
         proposed.append(room)
         end = last + n + 1  # index of the cycle's bonus token
         if eos_index is not None and last < eos_index <= end:
+            lengths[-1] = eos_index - last  # the loop keeps the tokens up to the EOS only
             done = True
             produced = eos_index + 1
         else:

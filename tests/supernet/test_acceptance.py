@@ -96,8 +96,11 @@ CYCLES = [
     ([0] * 9, 3, 10, None, [1] * 9, [3] * 6 + [2, 1, 0]),
     ([3] * 9, 3, 10, None, [4, 4, 1], [3, 3, 0]),
     ([5] * 9, 2, 10, None, [3, 3, 3], [2, 2, 2]),
-    # EOS at index 4 accepted inside the second cycle: the loop stops there
-    ([2, 0, 0, 5, 5], 3, 10, 4, [3, 4], [3, 3]),
+    # EOS at index 4, the first token of the second cycle, which matched on past it: the
+    # loop keeps the tokens up to the EOS (one), not the whole cycle
+    ([2, 0, 0, 5, 5], 3, 10, 4, [3, 1], [3, 3]),
+    # EOS at index 5, the second token of a fully matching cycle: two tokens kept
+    ([2, 0, 0, 5, 5, 5], 3, 10, 5, [3, 2], [3, 3]),
     # EOS as the very first token: no cycle at all
     ([], 3, 10, 0, [], []),
     # the budget leaves no room: a last cycle with zero proposals
