@@ -166,19 +166,9 @@ def dataset_id(data: str, limit: int | None, seed: int = 0) -> str:
 
 
 def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
-    try:
-        from dreams_nas.supernet.data import builtin_dataset, load_llava_jsonl
-    except ImportError as exc:  # the data module comes with the demo target
-        raise InputError("this build has no evaluation-data loader (dreams_nas.supernet.data); "
-                         "install the full dreams-nas") from exc
-    if limit is not None and limit < 1:
-        raise InputError(f"--limit {limit} must be at least 1")
-    if data == "builtin":
-        return builtin_dataset("eval", limit or DEFAULT_EVAL_PROMPTS, seed=seed)
-    if not data.endswith(".jsonl"):
-        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
-    examples = load_llava_jsonl(data)
-    return examples[:limit] if limit else examples
+    from dreams_nas.supernet.data import load_examples
+
+    return load_examples(data, "eval", limit, DEFAULT_EVAL_PROMPTS, seed, "--limit")
 
 
 def torch_threads(n: int | None) -> AbstractContextManager[None]:

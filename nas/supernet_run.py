@@ -37,16 +37,9 @@ class TrainOptions:
 
 def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
     """The training prompts: the built-in synthetic train split or a LLaVA-style JSONL."""
-    from dreams_nas.supernet.data import builtin_dataset, load_llava_jsonl
+    from dreams_nas.supernet.data import load_examples as _load
 
-    if n is not None and n < 1:
-        raise InputError(f"--n-train {n} must be at least 1")
-    if data == "builtin":
-        return builtin_dataset("train", n or DEFAULT_TRAIN_PROMPTS, seed=seed)
-    if not data.endswith(".jsonl"):
-        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
-    examples = load_llava_jsonl(data)
-    return examples[:n] if n else examples
+    return _load(data, "train", n, DEFAULT_TRAIN_PROMPTS, seed, "--n-train")
 
 
 def trained_supernet(run: RunFolder) -> dict[str, Any] | None:

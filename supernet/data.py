@@ -187,3 +187,17 @@ def _render_into(folder: Path, n: int, split: str, seed: int) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def load_examples(data: str, split: str, n: int | None, default_n: int, seed: int,
+                  option: str) -> list[Example]:
+    """`data` = "builtin" (the synthetic `split`, `n or default_n` samples) or a LLaVA-style
+    JSONL (its first `n` examples, all when `n` is None); `option` names the CLI flag of `n`."""
+    if n is not None and n < 1:
+        raise InputError(f"{option} {n} must be at least 1")
+    if data == "builtin":
+        return builtin_dataset(split, n or default_n, seed=seed)
+    if not data.endswith(".jsonl"):
+        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
+    examples = load_llava_jsonl(data)
+    return examples[:n] if n else examples
