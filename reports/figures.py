@@ -363,7 +363,7 @@ def verified_figure(data: ReportData) -> Figure | None:
     ax.set_xlim(span)
     ax.set_ylim(span)
     ax.set_xlabel("predicted speedup (×)")
-    ax.set_ylabel("measured end-to-end speedup (×)")
+    ax.set_ylabel("measured speedup, decode phase (×)")
     ax.set_title("Verified subnets: measured vs predicted", loc="left")
     ax.legend(loc="upper left")
     return fig
