@@ -61,7 +61,7 @@ def _interleaved(methods: dict, repeats: int) -> dict[str, tuple[float, float, o
             out = fn()
             walls[name].append(time.perf_counter() - t)
             if hasattr(out, "stats"):
-                decode[name].append(out.stats.total_s - out.stats.prefill_s)
+                decode[name].append(out.stats.decode_s)
             last[name] = out
     return {name: (statistics.median(walls[name]),
                    statistics.median(decode[name]) if decode[name] else float("nan"), last[name])

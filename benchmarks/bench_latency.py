@@ -128,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--passes", type=int, default=3, help="as `dreams-nas profile --passes`")
+    parser.add_argument("--chunk", type=int, default=256,
+                        help="steps interleaved together over the passes (0: the whole grid)")
     parser.add_argument("--train-fraction", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="run folder to keep (default: a temp folder)")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     summary = profile(run, ProfileOptions(target=target, device="cpu", threads=args.threads,
                                           clock=args.clock, repeats=args.repeats, holdout=0.0,
-                                          passes=args.passes,
+                                          passes=args.passes, chunk=args.chunk,
                                           seed=args.seed))
     profile_s = time.perf_counter() - start
     rows = ProfileStore(summary["profile"]).ok_rows()
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     train = training_mask(rows, args.train_fraction, args.seed)
     assert train.mean() <= args.train_fraction + 1e-9
     print(f"hardware {summary['hardware_id']}  clock {args.clock}  threads {args.threads}  "
-          f"repeats<= {args.repeats}  passes {args.passes}  target {target}")
+          f"repeats<= {args.repeats}  passes {args.passes}  chunk {args.chunk or 'all'}  target {target}")
     print(f"grid: {len(rows)} rows ({(rows.kind == 'draft').sum()} draft, "
           f"{(rows.kind == 'draft_first').sum()} draft_first, "
           f"{(~rows.kind.isin(['draft', 'draft_first'])).sum()} target), contexts {plan['context_lengths']}, "

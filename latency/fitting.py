@@ -69,6 +69,7 @@ class LatencyPredictor:
     holdout: list[dict[str, Any]] = field(default_factory=list)
     n_holdout: int = 0
     seed: int = 0
+    stat: str = "median_ms"  # the per-row statistic the model was fitted on
 
     # --- prediction ---------------------------------------------------------------------
     def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
@@ -117,7 +118,8 @@ class LatencyPredictor:
         """Evaluate on a held-out share of `rows`, then fit the saved model on all of them.
 
         stat: the per-row statistic fitted and predicted -- the median (default), or ``p10_ms``
-        where the machine is shared and contention inflates the upper samples.
+        (what `dreams-nas profile` fits): the fastest samples are the ones other load and the
+        machine's drift touched least, so they rank and predict steps best on a shared CPU.
         """
         if stat not in ("median_ms", "p10_ms"):
             raise InputError(f"stat={stat!r} must be median_ms or p10_ms")
@@ -152,7 +154,7 @@ class LatencyPredictor:
         model.fit(rows, rows["median_ms"].to_numpy())
         return cls(hardware_id=hardware_id, model=model, train_rows=rows,
                    visual_tokens=visual_tokens, metrics=metrics, holdout=held,
-                   n_holdout=n_holdout, seed=seed)
+                   n_holdout=n_holdout, seed=seed, stat=stat)
 
     # --- persistence --------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -165,6 +167,7 @@ class LatencyPredictor:
             "metrics": self.metrics, "holdout": self.holdout,
             "n_train": len(self.train_rows) - self.n_holdout, "n_holdout": self.n_holdout,
             "n_fit": len(self.train_rows), "visual_tokens": self.visual_tokens, "seed": self.seed,
+            "stat": self.stat,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": library_versions(),
         }
@@ -221,7 +224,7 @@ class LatencyPredictor:
         out = cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
                   visual_tokens=visual_tokens, metrics=dict(meta.get("metrics") or {}),
                   holdout=list(meta.get("holdout") or []), n_holdout=int(meta.get("n_holdout", 0)),
-                  seed=seed)
+                  seed=seed, stat=str(meta.get("stat", "median_ms")))
         if (saved != installed or schema != PREDICTOR_SCHEMA_VERSION
                 or not (directory / "predictor.joblib").is_file()):
             out.save(directory)

@@ -38,8 +38,12 @@ class ProfileOptions:
     repeats: int = 30
     threads: int | None = None
     clock: str = "wall"
-    passes: int = 1
+    # Each step's repeats are spread over `passes` visits, interleaved with the other steps of
+    # its block of `chunk` (0: the whole grid), so that the machine's drift hits them alike.
+    passes: int = 3
+    chunk: int = 256
     holdout: float = 0.2
+    stat: str = "p10_ms"  # the per-row statistic the predictor fits (p10_ms or median_ms)
     fit_only: bool = False
     seed: int = 0
     show_progress: bool | None = None
@@ -139,22 +143,28 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
             "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
             "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
             "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
-            "passes": options.passes,
+            "passes": options.passes, "chunk": options.chunk,
+            "verify_after": space.largest().id,
         })
         if options.passes < 1:
             raise InputError(f"--passes {options.passes} must be at least 1")
+        if options.chunk < 0:
+            raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
         settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
-                                  threads=hw.threads, clock=options.clock, passes=options.passes)
-        steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed)
+                                  threads=hw.threads, clock=options.clock, passes=options.passes,
+                                  chunk=options.chunk)
+        # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
+        steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
+                           precede=space.largest())
         log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
     predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
-                                     holdout=options.holdout, seed=options.seed)
+                                     holdout=options.holdout, seed=options.seed, stat=options.stat)
     predictor.save(folder)
     report = predictor.report()
     summary: dict[str, Any] = {
         "hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
-        "rows": int(len(store.read())), "regressor": report["regressor"],
+        "rows": int(len(store.read())), "regressor": report["regressor"], "stat": options.stat,
         **{k: round(v, 4) for k, v in predictor.metrics.items()},
         "n_train": report["n_train"], "n_holdout": report["n_holdout"],
         "seconds": round(time.perf_counter() - started, 1),
@@ -217,6 +227,8 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
         return None
     report = read_json(predictor_path)
+    if isinstance(report, dict) and report.get("stat", "median_ms") != options.stat:
+        return None  # fitted on another statistic: refit
     return {"hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
             "rows": int(len(rows)), "predictor": str(predictor_path),
             "regressor": report.get("regressor") if isinstance(report, dict) else None}

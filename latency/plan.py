@@ -13,8 +13,9 @@ Four kinds of step are timed, each at several context lengths:
   (on a GPU the launch queue drains at the verify's synchronisation), so this step costs more
   than ``draft``, which is timed back to back (hot). A cycle of gamma steps pays one
   ``draft_first`` and gamma - 1 ``draft``. Keyed exactly like ``draft`` (a spec, k = 1).
-* ``decode``: the target's one-token step (k = 1).
-* ``verify``: the target's step over k = 2..8 positions.
+* ``decode``: the target's one-token step (k = 1), timed back to back as plain decoding runs.
+* ``verify``: the target's step over k = 2..8 positions, timed right after the draft steps of
+  the space's largest subnet (untimed), as every verify of a speculative cycle runs.
 
 The target steps are few (contexts x 8) and always all timed. The draft grid is
 (heads x visual_keep x context) and is timed whole unless a budget says otherwise; then the

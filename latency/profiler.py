@@ -41,7 +41,7 @@ class TimingSettings:
     threads: int | None = None  # CPU: fixed torch thread count (None: leave as is)
     clock: str = "wall"  # CPU: "wall" (perf_counter) or "cpu" (thread CPU time, threads=1)
     passes: int = 1  # > 1: interleave the repeats of `chunk` keys over this many passes
-    chunk: int = 16  # keys timed together (and appended together) when passes > 1
+    chunk: int = 16  # keys timed together (and appended together) when passes > 1; 0: all
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def run_profile(
         bar = progress(total=len(todo), desc=f"profile {hw.hardware_id}", unit="step",
                        disable=None if show_progress is None else not show_progress)
         try:
-            size = 1 if settings.passes <= 1 else max(1, settings.chunk)
+            size = 1 if settings.passes <= 1 else (settings.chunk or max(1, len(todo)))
             for start in range(0, len(todo), size):
                 block = todo[start:start + size]
                 key = block[0]

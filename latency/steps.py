@@ -5,11 +5,16 @@
   three draft layers over the draft's own KV cache and the cross-attention memory of the kept
   visual + text positions, the target's LM head, argmax. The memory's keys/values are computed
   once per request at prefill, so they are built before timing, as the draft's cache is.
-* ``draft_first``: the same draft step, with a `prepare` (run untimed before every repeat by
-  `measure`) that runs the target's verify over the cycle's gamma_max + 1 positions at the same
-  context length and rolls it back -- what precedes the first draft step of every cycle.
+* ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
+  (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
+  runs the target's verify over the cycle's gamma_max + 1 positions at the same context length
+  and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
-  already holding `context_len` positions, cropped back after each repeat.
+  already holding `context_len` positions, cropped back after each repeat. ``decode`` is timed
+  back to back, as plain decoding runs it. In speculative decoding every verify follows the
+  cycle's draft steps, which push the target's weights out of the CPU caches; so when the
+  builder is given a `precede` subnet, a ``verify`` repeat is prepared (untimed) by that
+  subnet's draft steps at the same context, as the loop runs it.
 
 Latency does not depend on the weights' values, so an untrained supernet built from the
 target's config times the same as the trained one.
@@ -29,6 +34,17 @@ from torch import nn
 from .plan import StepKey
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def first_positions(gamma: int) -> int:
+    """Positions the first draft step of a cycle is timed over.
+
+    That step reads the previous cycle's accepted tokens plus the new one: 1 .. gamma + 1
+    positions, tau on average. On the demo target's CPU it costs 1.04 ms over 1 position,
+    1.24 over 4 and 1.22 over 8 (after a verify): past a few positions the width barely
+    matters, so it is timed over the middle of the range, (gamma + 1) // 2 (at least 1).
+    """
+    return max(1, (gamma + 1) // 2)
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -87,7 +103,8 @@ class ModelSteps:
     ``adapter.rollback(k)``.
     """
 
-    def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0) -> None:
+    def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0,
+                 precede: SubnetSpec | None = None) -> None:
         self.adapter, self.supernet = adapter, supernet.eval()
         self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
@@ -97,6 +114,8 @@ class ModelSteps:
         self.verify_layers = (max(supernet.config.inject_layers),)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self._compact: tuple[tuple[int, float, int], nn.Module] | None = None
+        # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
+        self.precede = precede
 
     def build(self, key: StepKey) -> Callable[[], object]:
         """The step of `key`; a ``draft_first`` step carries a ``prepare`` attribute (the
@@ -110,6 +129,8 @@ class ModelSteps:
             return self._draft_step(key)
         if key.kind == "draft_first":
             return self._first_draft_step(key)
+        if key.kind == "verify" and self.precede is not None:
+            return self._verify_after_draft(key)
         return self._target_step(key)
 
     def _ids(self, n: int) -> torch.Tensor:
@@ -134,14 +155,32 @@ class ModelSteps:
 
         return step
 
+    def _verify_after_draft(self, key: StepKey) -> Callable[[], object]:
+        """The verify step of `key`, prepared by `precede`'s draft_len draft steps."""
+        assert self.precede is not None
+        steps = max(1, self.precede.draft_len)
+        draft = self._draft_step(StepKey("draft", key.context_len, 1, self.precede))
+        verify = self._target_step(key)
+
+        def drafting() -> None:
+            for _ in range(steps):
+                draft()
+
+        def step() -> object:
+            return verify()
+
+        step.prepare = drafting  # type: ignore[attr-defined]
+        return step
+
     # --- draft -------------------------------------------------------------------------
     def _first_draft_step(self, key: StepKey) -> Callable[[], object]:
-        """The draft step of `key`, prepared by the target's verify over the canonical spec's
-        draft_len + 1 positions (the space's largest gamma; 8 without a spec)."""
+        """The draft step of `key` over `first_positions(gamma)` positions, prepared by the
+        target's verify over the canonical spec's draft_len + 1 positions (the space's largest
+        gamma; 8 without a spec)."""
         assert key.spec is not None
         k = key.spec.draft_len + 1 if key.spec.draft_len else 8
         verify = self._target_step(StepKey("verify", key.context_len, max(2, k)))
-        step = self._draft_step(key)
+        step = self._draft_step(key, width=first_positions(k - 1))
 
         def first() -> object:
             return step()
@@ -159,7 +198,9 @@ class ModelSteps:
         return self._compact[1]
 
     @torch.inference_mode()
-    def _draft_step(self, key: StepKey) -> Callable[[], object]:
+    def _draft_step(self, key: StepKey, width: int = 1) -> Callable[[], object]:
+        """One draft forward over `width` new positions (1: a step within the cycle), the
+        LM head on the last, argmax; the draft's cache is cropped back after each call."""
         from dreams_nas.supernet.draft import DraftCache
 
         assert key.spec is not None
@@ -180,9 +221,13 @@ class ModelSteps:
         positions = torch.arange(ctx, device=dev)[~visual_mask[0]][None]  # (1, text)
         prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
         out = draft(self._ids(text), prev, positions, memory, cache=cache)
-        token = self._ids(1)
-        feature = out.feature[:, -1:]  # (1, 1, hidden)
-        position = torch.tensor([[ctx]], device=dev)
+        token = self._ids(width)
+        if width == 1:
+            feature = out.feature[:, -1:]  # (1, 1, hidden)
+        else:  # the accepted tokens' target features, as the loop feeds them
+            feature = torch.randn(1, width, self.hidden, generator=self.generator).to(
+                dev, self.dtype)
+        position = torch.arange(ctx, ctx + width, device=dev)[None]
 
         @torch.inference_mode()
         def step() -> torch.Tensor:

@@ -261,10 +261,19 @@ class LazyScorer:
 
 
 def context_len_of(table: AcceptanceTable, scorer: LazyScorer) -> int:
-    """The eval prompts' length: from cached rows if any, else from the prompts themselves."""
-    rows = [r for r in table.load().values() if r.context_len > 0]
+    """The context the decode runs at, on average: the eval prompts' length plus half the
+    answer (every cycle's draft and verify steps see the prompt and the tokens so far).
+
+    From cached rows if any (prompt length and decoded tokens per prompt, as scored), else from
+    the target's greedy traces of the prompts (which scoring computes first anyway).
+    """
+    rows = [r for r in table.load().values() if r.context_len > 0 and r.n_prompts > 0]
     if rows:
-        lengths = sorted(r.context_len for r in rows)
-        return int(lengths[len(lengths) // 2])
+        lengths = sorted(r.context_len + r.n_tokens / r.n_prompts / 2 for r in rows)
+        return int(round(lengths[len(lengths) // 2]))
+    inner = scorer.scorer
+    if hasattr(inner, "answer_len"):  # teacher-forced: the greedy traces
+        return int(round(inner.context_len + inner.answer_len / 2))
+    # sampled scoring has no greedy trace: the prompt length until its rows are cached
     return int(round(sum(int(p["input_ids"].shape[-1]) for p in scorer.prompts)
                      / max(1, len(scorer.prompts))))

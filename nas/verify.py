@@ -7,9 +7,10 @@ decoding of the same prompts on the same target, and the measured speedup is rec
 to the prediction. A gap over `GAP_WARN` is reported with its likely cause.
 
 Two measured speedups are kept. `speedup` is the decode phase, the quantity the formula
-tau * T_decode / ((gamma - 1) * T_draft + T_draft_first + T_verify) predicts: tokens after the first over the time
-after the prefill, for both the speculative run (the drafter's own start-up included) and plain
-decoding. `speedup_end_to_end` is tokens over the whole call, prefill included: the prefill is
+tau * T_decode / ((gamma - 1) * T_draft + T_draft_first + T_verify) predicts: tokens after the
+first over the time after the prefill, for both the speculative run and plain decoding. The
+prefill phase is the prompt's processing: the target's prompt pass, and in the speculative run
+also the drafter's (its KV cache and cross-attention memory over the prompt, once per request). `speedup_end_to_end` is tokens over the whole call, prefill included: the prefill is
 the same work for both, so it dilutes the ratio the more, the shorter the answers.
 """
 
@@ -35,7 +36,7 @@ class Measured:
     decode_tokens_per_s: float = float("nan")  # tokens after the first / time after the prefill
     baseline_decode_tokens_per_s: float = float("nan")
     # Where the time went (ms), to explain a gap with the prediction:
-    draft_ms: float = float("nan")  # per draft step (drafter's start/propose/update included)
+    draft_ms: float = float("nan")  # per draft step (drafter's propose/update included)
     verify_ms: float = float("nan")  # per verify pass
     other_ms: float = float("nan")  # per cycle: the loop's own work (accept, EOS, bookkeeping)
     decode_ms: float = float("nan")  # per plain decoding step
@@ -90,7 +91,7 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
                                    "decoding: the loop is not lossless here; please report it")
             tokens[spec] += out.stats.new_tokens
             seconds[spec] += out.stats.total_s
-            prefill_s[spec] += out.stats.prefill_s
+            prefill_s[spec] += out.stats.prefill_s + out.stats.draft_prefill_s
             cycles[spec] += list(out.stats.cycle_lengths)
             part = parts[spec]
             part["draft"] += out.stats.draft_s

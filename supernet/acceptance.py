@@ -289,8 +289,14 @@ class TeacherForcedScorer:
 
     @property
     def context_len(self) -> int:
-        """Mean prompt length in tokens (the latency predictor's context)."""
+        """Mean prompt length in tokens."""
         return int(round(float(np.mean([t.prompt_len for t in self.traces()]))))
+
+    @property
+    def answer_len(self) -> float:
+        """Mean tokens decoded after the first (up to the EOS or the budget), per prompt: what
+        the rows' ``n_tokens / n_prompts`` records."""
+        return float(np.mean([t.n_starts for t in self.traces()]))
 
     def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
         triples = dict.fromkeys(s.replace(draft_len=1) for s in specs)

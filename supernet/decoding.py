@@ -29,11 +29,19 @@ class GenerationStats:
     target_forwards: int  # prefill + one per verify (or decode) step
     cycle_lengths: tuple[int, ...]  # tokens kept from each verify forward (accepted + 1, cut at EOS)
     proposed: tuple[int, ...]  # draft tokens proposed in each cycle
-    prefill_s: float
-    draft_s: float
+    prefill_s: float  # the target's prompt pass
+    draft_s: float  # the drafter's proposals and updates, every cycle
     verify_s: float
     other_s: float
     total_s: float
+    # The drafter's own pass over the prompt (its KV cache and cross-attention memory), once per
+    # request like the target's prefill: part of the prefill phase, not of any cycle.
+    draft_prefill_s: float = 0.0
+
+    @property
+    def decode_s(self) -> float:
+        """The decode phase: everything after both models have read the prompt."""
+        return self.total_s - self.prefill_s - self.draft_prefill_s
 
     @property
     def tau(self) -> float:
@@ -55,6 +63,7 @@ class GenerationStats:
     def to_dict(self, gamma: int | None = None) -> dict:
         out = {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
                "tau": self.tau, "tokens_per_s": self.tokens_per_s, "prefill_s": self.prefill_s,
+               "draft_prefill_s": self.draft_prefill_s,
                "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.other_s,
                "total_s": self.total_s}
         if gamma:
@@ -166,7 +175,7 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
     last = choose(pre.logits, sampling, generator)
     clock.lap("prefill")
     drafter.start(target, pre)
-    clock.lap("draft")
+    clock.lap("draft_prefill")
     tokens, done = _truncate_at_eos([int(last)], target.eos_token_ids)
     lengths: list[int] = []
     proposed: list[int] = []
@@ -208,5 +217,6 @@ def _result(tokens: list[int], lengths: list[int], proposed: list[int], clock: _
         new_tokens=len(tokens), target_forwards=1 + len(lengths), cycle_lengths=tuple(lengths),
         proposed=tuple(proposed), prefill_s=t.get("prefill", 0.0), draft_s=t.get("draft", 0.0),
         verify_s=t.get("verify", 0.0), other_s=t.get("other", 0.0), total_s=sum(t.values()),
+        draft_prefill_s=t.get("draft_prefill", 0.0),
     )
     return GenerationResult(torch.tensor(tokens, dtype=torch.long), stats)

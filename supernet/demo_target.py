@@ -2,8 +2,9 @@
 
 `build_demo_target` trains a real `LlavaForConditionalGeneration` (a one-layer CLIP vision tower
 with patch size = the synthetic tasks' cell size, and a deep, narrow Llama) on the synthetic tasks
-of `synth` until its greedy answers match the references (trained shallow, then grown to full
-depth function-preservingly and fine-tuned, see `grow_text_layers`), then saves model + processor with
+of `synth` until its greedy answers match the references (trained shallow with an auxiliary
+per-cell loss on the image tokens, see `demo_train.CellPatterns`, then grown to full depth
+function-preservingly and fine-tuned, see `grow_text_layers`), then saves model + processor with
 `save_pretrained`, so the folder loads like any checkpoint on disk. `ensure_demo_target` builds it
 on first use into ``$DREAMS_NAS_CACHE`` (default ``~/.cache/dreams-nas``) under a version key, in a
 temporary folder that is renamed into place only after a completion marker (with the sha256 of
@@ -36,7 +37,7 @@ from .word_tokenizer import CHAT_TEMPLATE, IMAGE, build_word_tokenizer
 log = logging.getLogger("dreams_nas")
 
 # Bump when the data, the architecture or the recipe changes: old cache folders are then ignored.
-DEMO_VERSION = "demo-v4"
+DEMO_VERSION = "demo-v5"
 CACHE_ENV = "DREAMS_NAS_CACHE"
 # Which variant `--target builtin` means; for tests only (`tiny`), unset for real use.
 VARIANT_ENV = "DREAMS_NAS_DEMO_VARIANT"
@@ -71,6 +72,12 @@ class DemoVariant:
 DEFAULT_TASK_MIX = ("scene", "count", "chart", "math", "scene", "count", "chart", "math", "ocr",
                     "chart")
 
+# Weight of the auxiliary per-cell loss (`demo_train.CellPatterns`) in the first training stage.
+# It supervises what every image cell holds, where the answers name only a few cells: on the
+# 4-layer stage at step 1000, validation exact match 0.79 with it vs 0.51 without (scenes
+# 1.00 vs 0.05), 40 validation samples per task.
+CELL_AUX_WEIGHT = 0.5
+
 VARIANTS: dict[str, DemoVariant] = {
     # 16 layers x 128 hidden: every layer costs about the same fixed time at batch 1, so the
     # three-layer draft costs well under a third of a target step (measured at build time).
@@ -79,9 +86,9 @@ VARIANTS: dict[str, DemoVariant] = {
     "default": DemoVariant(
         name="default", vision_hidden=128, vision_layers=1, vision_heads=2, text_hidden=128,
         text_layers=16, text_heads=4, text_intermediate=384,
-        train=TrainConfig(max_steps=2200, batch_size=32, lr=3e-3, warmup_steps=30,
+        train=TrainConfig(max_steps=2400, batch_size=32, lr=3e-3, warmup_steps=30,
                           eval_every=100, n_val=100, target_exact_match=0.995,
-                          task_mix=DEFAULT_TASK_MIX),
+                          task_mix=DEFAULT_TASK_MIX, cell_aux_weight=CELL_AUX_WEIGHT),
         n_eval=250, timing_repeats=40, grow_from_layers=4,
         finetune=TrainConfig(max_steps=40, batch_size=32, lr=5e-4, warmup_steps=5,
                              eval_every=40, n_val=100, target_exact_match=1.01)),
@@ -94,14 +101,14 @@ VARIANTS: dict[str, DemoVariant] = {
         text_layers=2, text_heads=4, text_intermediate=384,
         train=TrainConfig(max_steps=400, batch_size=32, lr=3e-3, warmup_steps=30,
                           eval_every=50, n_val=100, target_exact_match=0.99,
-                          task_mix=DEFAULT_TASK_MIX),
+                          task_mix=DEFAULT_TASK_MIX, cell_aux_weight=CELL_AUX_WEIGHT),
         n_eval=100, timing_repeats=10),
     # The same code at test size: builds in seconds, answers are not expected to be right.
     "tiny": DemoVariant(
         name="tiny", vision_hidden=16, vision_layers=1, vision_heads=2, text_hidden=32,
         text_layers=2, text_heads=2, text_intermediate=64,
         train=TrainConfig(max_steps=6, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=3,
-                          n_val=4, target_exact_match=1.01),
+                          n_val=4, target_exact_match=1.01, cell_aux_weight=CELL_AUX_WEIGHT),
         n_eval=8, timing_repeats=3, grow_from_layers=1,
         finetune=TrainConfig(max_steps=2, batch_size=4, lr=1e-3, warmup_steps=1, eval_every=2,
                              n_val=4, target_exact_match=1.01)),

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from .synth import IMAGE_SIZE, SynthSample, make_sample
+from .synth import CELL, IMAGE_SIZE, SynthSample, make_sample
 
 IGNORE = -100
 
@@ -40,6 +40,8 @@ class TrainConfig:
     # Tasks of consecutive training samples, cycled (a task listed twice is drawn twice as
     # often); None: every task equally often. Validation always uses every task equally.
     task_mix: tuple[str, ...] | None = None
+    # > 0: add this times an auxiliary per-cell loss on the image tokens (see `CellPatterns`).
+    cell_aux_weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,47 @@ class Encoder:
         pixels = self.processor.image_processor(images=[s.image for s in samples],
                                                 return_tensors="pt")["pixel_values"]
         return Batch(input_ids=input_ids, attention_mask=mask, pixel_values=pixels, labels=labels)
+
+
+class CellPatterns:
+    """The distinct cell images of the synthetic tasks, as targets of an auxiliary loss.
+
+    Every object, glyph and bar segment fills whole ``CELL`` x ``CELL`` cells drawn without
+    anti-aliasing, so the training images are made of a small set of exact cell patterns (109:
+    the shapes in every colour and size, the glyphs, the bars' coloured value labels, bar
+    bodies and caps, the background).
+    `labels` gives each cell of a batch its pattern's index; a linear head on the image tokens
+    that the language model reads (the projector's output) is trained to predict it, next to the
+    answer loss. The answers alone teach the vision side only through the few answer tokens
+    that name what a cell holds ("small circle" vs "small square" differ in four pixels); the
+    auxiliary loss supervises all 36 cells of every image and makes their content linearly
+    readable early. The head is discarded after training: the saved model is a plain LLaVA.
+    """
+
+    def __init__(self, encoder: Encoder, samples: Sequence[SynthSample]) -> None:
+        pixels = encoder.processor.image_processor(images=[s.image for s in samples],
+                                                   return_tensors="pt")["pixel_values"]
+        self.patterns = torch.unique(self._cells(pixels), dim=0)  # (P, 3*CELL*CELL), sorted
+
+    @staticmethod
+    def _cells(pixel_values: torch.Tensor) -> torch.Tensor:
+        """(batch, 3, H, W) -> (batch * cells, 3 * CELL * CELL), cells row-major."""
+        b, c, h, w = pixel_values.shape
+        grid_h, grid_w = h // CELL, w // CELL
+        cells = pixel_values.reshape(b, c, grid_h, CELL, grid_w, CELL).permute(0, 2, 4, 1, 3, 5)
+        return cells.reshape(b * grid_h * grid_w, c * CELL * CELL)
+
+    def __len__(self) -> int:
+        return int(self.patterns.shape[0])
+
+    def labels(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(batch, 3, H, W) -> (batch, cells) pattern index; IGNORE for a cell seen nowhere."""
+        cells = self._cells(pixel_values)
+        dist = torch.cdist(cells, self.patterns,  # (batch*cells, P), exact (no matmul form)
+                           compute_mode="donot_use_mm_for_euclid_dist")
+        best, index = dist.min(dim=1)
+        index[best > 1e-3] = IGNORE
+        return index.view(pixel_values.shape[0], -1)
 
 
 def answer_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -152,7 +195,11 @@ def train(
     Returns the loss curve and the validation history.
     """
     val_samples = [make_sample("train", data_seed, 10_000_000 + i) for i in range(cfg.n_val)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+    params = list(model.parameters())
+    aux = _CellAux(model, encoder, cfg, data_seed, sample_offset) if cfg.cell_aux_weight else None
+    if aux is not None:
+        params += list(aux.head.parameters())
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay,
                                   betas=(0.9, 0.98))
     model.train()
     curve: list[dict[str, float]] = []
@@ -168,9 +215,11 @@ def train(
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        pixel_values=batch.pixel_values).logits
         loss = answer_loss(logits, batch.labels)
+        if aux is not None:
+            loss = loss + cfg.cell_aux_weight * aux.loss(batch.pixel_values)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
         curve.append({"step": step, "loss": float(loss.detach())})
         val = None
@@ -182,4 +231,37 @@ def train(
         if val is not None and val >= cfg.target_exact_match:
             break
     model.eval()
+    if aux is not None:
+        aux.close()
     return {"steps": step + 1, "loss_curve": curve, "val_history": history}
+
+
+class _CellAux:
+    """The auxiliary per-cell loss of `train`: a linear head on the projector's output."""
+
+    def __init__(self, model: Any, encoder: Encoder, cfg: TrainConfig, data_seed: int,
+                 sample_offset: int) -> None:
+        # The patterns come from the first training samples (512 hold all 109 of the tasks).
+        first = [make_sample("train", data_seed, sample_offset + i,
+                             *(() if cfg.task_mix is None else (cfg.task_mix,)))
+                 for i in range(512)]
+        self.patterns = CellPatterns(encoder, first)
+        projector = model.model.multi_modal_projector
+        hidden = projector.linear_2.out_features
+        with torch.random.fork_rng(devices=[]):  # keep the global RNG untouched
+            torch.manual_seed(data_seed + 7)
+            self.head = torch.nn.Linear(hidden, len(self.patterns))
+        self._features: list[torch.Tensor] = []
+        self._handle = projector.register_forward_hook(
+            lambda _m, _i, out: self._features.append(out))
+
+    def loss(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self._features[-1]  # (batch, cells, hidden): the image tokens the LM reads
+        self._features.clear()
+        labels = self.patterns.labels(pixel_values)  # (batch, cells)
+        logits = self.head(features.reshape(-1, features.shape[-1]))
+        return torch.nn.functional.cross_entropy(logits, labels.reshape(-1), ignore_index=IGNORE)
+
+    def close(self) -> None:
+        self._handle.remove()
+        self._features.clear()

@@ -6,9 +6,10 @@ object per patch: a tiny vision tower trained from scratch in minutes can tell t
 language model learns the rest. Five task families mirror the benchmarks of the DREAM-S paper:
 
 * ``scene``  - objects with colour, shape, size and position (SEED / MMT-like);
-* ``count``  - how many shapes of one colour (counting);
+* ``count``  - how many shapes there are (counting);
 * ``ocr``    - read a code written in a fixed bitmap font (OCR-like);
-* ``chart``  - read bar values off a bar chart (ChartQA-like);
+* ``chart``  - read bar values off a bar chart with coloured value labels, every bar or the
+  one at a given place (ChartQA-like);
 * ``math``   - solve a small sum or difference shown in the image (MathVista-like).
 
 Answers are full sentences of about 10-60 words whose content depends on the image. A sample is a
@@ -47,6 +48,7 @@ SIZES = ("small", "large")
 REGIONS = ("at the top left", "at the top", "at the top right", "on the left", "in the center",
            "on the right", "at the bottom left", "at the bottom", "at the bottom right")
 SCENE_REGIONS = (3, 4, 5)  # the regions scene objects are drawn in (the middle row)
+ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth")
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 CODE_CHARS = "0123456789ABCDEF"
 
@@ -77,12 +79,12 @@ TEXT_ROW = 2  # OCR codes and math problems are written on this row, left-aligne
 _PROMPTS: dict[str, tuple[str, ...]] = {
     "scene": ("Describe the image.", "What objects are in the picture?",
               "Describe the objects you see and where they are."),
-    "count": ("How many {color} shapes are in the image?", "Count the {color} shapes.",
-              "How many {color} shapes can you see?"),
+    "count": ("How many shapes are in the image?", "Count the shapes.",
+              "How many shapes can you see?"),
     "ocr": ("What does the text in the image say?", "Read the code in the image.",
             "What is written in the picture?"),
     "chart": ("Read the values of the bars in the chart.", "Describe the bar chart.",
-              "What is the value of the {color} bar?", "How tall is the {color} bar?"),
+              "What is the value of the {ordinal} bar?", "How tall is the {ordinal} bar from the left?"),
     "math": ("Solve the problem shown in the image.", "What is the result of the expression?",
              "Compute the answer to the problem in the picture."),
 }
@@ -125,7 +127,8 @@ def vocabulary_texts() -> list[str]:
     The word-level tokenizer's vocabulary is built from these (a test checks that no sample of
     any task tokenizes to an unknown token).
     """
-    texts = [p.replace("{color}", c) for ps in _PROMPTS.values() for p in ps for c in COLORS]
+    texts = [p.replace("{color}", c).replace("{ordinal}", o) for ps in _PROMPTS.values()
+             for p in ps for c in COLORS for o in ORDINALS]
     texts += list(REGIONS) + list(NUMBER_WORDS) + list(COLORS) + list(SHAPES) + list(SIZES)
     texts += [str(v) for v in range(0, 19)] + list(CODE_CHARS)
     texts += [
@@ -133,7 +136,7 @@ def vocabulary_texts() -> list[str]:
         "Counting the shapes in the image gives, so there is are shape.",
         "The text in the image reads, which is characters long.",
         "The chart has bars. From left to right, the bar is.",
-        "Reading the bars from left to right, so the bar has a value of.",
+        "The bar from the left is the bar, and its value is.", *ORDINALS,
         "The image shows plus minus, and equals, so the answer is.",
     ]
     return texts
@@ -165,12 +168,13 @@ def _draw_shape(draw: ImageDraw.ImageDraw, row: int, col: int, shape: str, size:
         raise AssertionError(shape)
 
 
-def _draw_glyph(draw: ImageDraw.ImageDraw, row: int, col: int, char: str) -> None:
+def _draw_glyph(draw: ImageDraw.ImageDraw, row: int, col: int, char: str,
+                ink: tuple[int, int, int] = INK) -> None:
     x0, y0, _, _ = _cell_box(row, col)
     for dy, bits in enumerate(FONT[char]):
         for dx, bit in enumerate(bits):
             if bit == "1":
-                draw.point((x0 + 1 + dx, y0 + dy), fill=INK)
+                draw.point((x0 + 1 + dx, y0 + dy), fill=ink)
 
 
 def _join(parts: list[str]) -> str:
@@ -197,20 +201,16 @@ def _scene(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
 
 
 def _count(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
-    target = rng.choice(list(COLORS))
-    n = rng.randint(1, 4)
-    others = [c for c in COLORS if c != target]
-    distractors = rng.randint(0, 2)
-    cells = rng.sample(range(GRID * GRID), n + distractors)
-    for i, cell in enumerate(cells):
-        color = target if i < n else rng.choice(others)
+    n = rng.randint(1, 6)
+    for cell in rng.sample(range(GRID * GRID), n):
+        color = rng.choice(list(COLORS))
         _draw_shape(draw, cell // GRID, cell % GRID, rng.choice(SHAPES), "large", COLORS[color])
-    prompt = rng.choice(_PROMPTS["count"]).format(color=target)
+    prompt = rng.choice(_PROMPTS["count"])
     word = NUMBER_WORDS[n]
     noun = "shape" if n == 1 else "shapes"
     verb = "is" if n == 1 else "are"
-    return prompt, (f"Counting the {target} shapes in the image gives {word}, "
-                    f"so there {verb} {word} {target} {noun}.")
+    return prompt, (f"Counting the shapes in the image gives {word}, "
+                    f"so there {verb} {word} {noun}.")
 
 
 def _ocr(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
@@ -233,15 +233,16 @@ def _chart(rng: random.Random, draw: ImageDraw.ImageDraw) -> tuple[str, str]:
         x0, y0, _, _ = _cell_box(top, col)
         draw.rectangle((x0 + 1, y0, x0 + CELL - 2, GRID * CELL - 1), fill=COLORS[color])
         draw.line((x0 + 1, y0, x0 + CELL - 2, y0), fill=INK)  # the bar's cap marks its top
-        _draw_glyph(draw, 0, col, str(value))  # a value label above each bar, as in ChartQA
+        # The value label above each bar, in the bar's colour (as charts often label series).
+        _draw_glyph(draw, 0, col, str(value), COLORS[color])
     prompt = rng.choice(_PROMPTS["chart"])
     parts = [f"the {c} bar is {v}" for c, v in zip(colors, values, strict=True)]
-    if "{color}" in prompt:
-        # Read every bar first, then answer from what was read (as a person reading the chart).
+    if "{ordinal}" in prompt:
+        # One bar, asked by its place: name it, then read its label.
         i = rng.randrange(n)
-        return (prompt.format(color=colors[i]),
-                f"Reading the bars from left to right, {_join(parts)}, so the {colors[i]} bar "
-                f"has a value of {values[i]}.")
+        return (prompt.format(ordinal=ORDINALS[i]),
+                f"The {ORDINALS[i]} bar from the left is the {colors[i]} bar, and its value is "
+                f"{values[i]}.")
     return prompt, f"The chart has {NUMBER_WORDS[n]} bars. From left to right, {_join(parts)}."
 
 

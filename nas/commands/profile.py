@@ -27,9 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
                              "--threads 1; for shared machines)")
-    parser.add_argument("--passes", type=int, default=1,
-                        help="interleave each step's repeats over this many passes through "
-                             "blocks of 16 steps, averaging out the machine's drift (default: 1)")
+    parser.add_argument("--passes", type=int, default=3,
+                        help="spread each step's repeats over this many visits, interleaved with "
+                             "the other steps of its block, so that a slow drift of the machine "
+                             "(other load, heat, clocks) hits every step alike (default: 3)")
+    parser.add_argument("--chunk", type=int, default=256,
+                        help="steps per interleaved block, 0 for the whole grid; a block's rows "
+                             "are written together, so a kill loses at most one block "
+                             "(default: 256)")
+    parser.add_argument("--stat", default="p10", choices=["p10", "median"],
+                        help="the statistic of each step's samples the predictor fits: p10 (the "
+                             "fastest tenth, least touched by other load; default) or median")
     parser.add_argument("--holdout", type=float, default=0.2,
                         help="share of the rows held out to measure the predictor (default: 0.2)")
     parser.add_argument("--fit-only", action="store_true",
@@ -43,7 +51,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = ProfileOptions(
         target=args.target, device=args.device, dtype=args.dtype, budget=args.budget,
         context_lengths=args.context_lengths, repeats=args.repeats, threads=args.threads,
-        clock=args.clock, passes=args.passes, holdout=args.holdout, fit_only=args.fit_only,
+        clock=args.clock, passes=args.passes, chunk=args.chunk, holdout=args.holdout,
+        stat=f"{args.stat}_ms", fit_only=args.fit_only,
         seed=args.seed,
         show_progress=False if args.quiet else None,
     )

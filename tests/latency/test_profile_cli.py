@@ -131,7 +131,7 @@ def test_corrupt_profile_names_file_and_line(small_run, capsys) -> None:
 def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tiny_llava) -> None:
     argv = [sys.executable, "-m", "dreams_nas.nas.cli", "profile", "--run", str(small_run.root),
             "--target", tiny_llava, "-q", "--device", "cpu", "--threads", "1", "--repeats", "10",
-            "--context-lengths", "12", "20", "36", "--holdout", "0.3"]
+            "--context-lengths", "12", "20", "36", "--holdout", "0.3", "--passes", "1"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     csv = None

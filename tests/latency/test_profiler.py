@@ -55,3 +55,29 @@ def test_interleaved_passes_pool_their_samples(tmp_path) -> None:
     ok = rows[rows.status == "ok"]
     assert (ok.n_samples == 6).all()  # 3 passes x 2 repeats, pooled into one row per key
     assert all(len(s.split()) == 6 for s in ok.samples_ms)
+
+
+def test_whole_grid_interleaving_visits_every_step_once_per_pass(tmp_path) -> None:
+    """chunk=0: one block, the whole grid; each pass visits every step once (in alternating
+    order), so a step's samples span the whole profile; the rows are written together."""
+    keys = build_plan(SPACE, [24, 40], verify_ks=(2,))
+    visits = []
+
+    class Recording(ToyBuilder):
+        def build(self, key):
+            visits.append(key.ident)
+            return super().build(key)
+
+    store = ProfileStore(tmp_path / "profile.csv")
+    appends = []
+    original = store.append
+    store.append = lambda rows: appends.append(len(rows)) or original(rows)
+    settings = TimingSettings(warmup=1, min_repeats=2, repeats=4, budget_s=5.0, threads=1,
+                              passes=2, chunk=0)
+    run_profile(Recording(hidden=32, heads=8, visual_tokens=8), keys, store,
+                detect_hardware("cpu", threads=1), settings, show_progress=False)
+    assert appends == [len(keys)]
+    n = len(keys)
+    assert sorted(visits[:n]) == sorted(visits[n:]) == sorted(k.ident for k in keys)
+    assert visits[n:] == visits[:n][::-1]  # the second pass runs backwards
+    assert (store.ok_rows().n_samples == 4).all()

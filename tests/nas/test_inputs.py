@@ -141,3 +141,20 @@ def test_predictor_adapter_serves_the_first_draft_step_or_falls_back() -> None:
     old = PredictorLatency(_FakeFitted())  # a profile from before draft_first
     assert not old.has_first_draft
     assert old.predict_ms("draft_first", spec, 100, 1) == old.predict_ms("draft", spec, 100, 1)
+
+
+def test_latencies_are_predicted_at_the_mean_decoding_context(tmp_path) -> None:
+    """The prompt plus half the answer: the cached rows' or, with none, the greedy traces'."""
+    from types import SimpleNamespace
+
+    from dreams_nas.nas.inputs import context_len_of
+    from dreams_nas.supernet.acceptance_table import AcceptanceRow, AcceptanceTable
+
+    table = AcceptanceTable(tmp_path / "acc.csv", "hash", "data")
+    traces = SimpleNamespace(context_len=50, answer_len=31.0)  # a teacher-forced scorer
+    assert context_len_of(table, SimpleNamespace(scorer=traces)) == 66
+    spec = SubnetSpec(2, 1.0, 1, 3)
+    table.append([AcceptanceRow(spec=spec, tau=2.0, tau_lo=1.8, tau_hi=2.2, supernet_hash="hash",
+                                dataset_id="data", n_prompts=10, n_tokens=310, context_len=50)])
+    no_scorer = SimpleNamespace(scorer=None)  # with rows cached nothing is traced
+    assert context_len_of(table, no_scorer) == 66

@@ -110,6 +110,12 @@ def test_stats_and_accept_rates(tiny_target) -> None:
     assert len(rates) == 4 and all(r is None or 0 <= r <= 1 for r in rates)
     summary = stats.to_dict(gamma=4)
     assert summary["new_tokens"] == 10 and summary["tokens_per_s"] > 0
+    # the time splits into the prefill phase (both models read the prompt) and the decode phase
+    parts = stats.prefill_s + stats.draft_prefill_s + stats.draft_s + stats.verify_s + stats.other_s
+    assert stats.total_s == pytest.approx(parts)
+    assert stats.decode_s == pytest.approx(stats.draft_s + stats.verify_s + stats.other_s)
+    assert stats.draft_prefill_s > 0 and summary["draft_prefill_s"] == stats.draft_prefill_s
+    assert plain.stats.draft_prefill_s == 0.0
 
 
 def test_generation_stops_at_eos(tiny_target) -> None:

@@ -182,3 +182,33 @@ def test_growing_depth_preserves_the_function() -> None:
     assert torch.equal(inserted.mlp.up_proj.weight, source.mlp.up_proj.weight)
     with pytest.raises(InputError, match="cannot grow a 2-layer model to 1 layers"):
         grow_text_layers(model, 1, seed=1)
+
+
+def test_cell_patterns_label_every_cell_of_unseen_images() -> None:
+    """The auxiliary loss's targets: the exact cell patterns of the tasks, found on some
+    training images, label every cell of other images (none ignored), and differ by content."""
+    from dreams_nas.supernet.demo_target import DEFAULT_TASK_MIX
+    from dreams_nas.supernet.demo_train import IGNORE, CellPatterns
+    from dreams_nas.supernet.synth import CELL, GRID
+
+    encoder = Encoder(build_processor())
+    patterns = CellPatterns(encoder, [make_sample("train", 0, i, DEFAULT_TASK_MIX)
+                                      for i in range(512)])
+    # 48 shapes, 18 white glyphs, 30 bar labels (values 1-5 in 6 colours), 6 bar bodies, 6 bar
+    # caps, the background
+    assert len(patterns) == 109
+    samples = [make_sample("eval", 0, i) for i in range(40)]
+    pixels = encoder.encode(samples).pixel_values
+    labels = patterns.labels(pixels)
+    assert labels.shape == (40, GRID * GRID) and (labels != IGNORE).all()
+    # two cells get the same label exactly when their pixels are equal
+    cells = pixels.reshape(40, 3, GRID, CELL, GRID, CELL).permute(0, 2, 4, 1, 3, 5).reshape(
+        40 * GRID * GRID, -1)
+    flat = labels.flatten()
+    for i in range(0, len(flat), 37):
+        same = (cells == cells[i]).all(dim=1)
+        assert torch.equal(same, flat == flat[i])
+    # a cell drawn nowhere in the tasks is ignored, not forced onto a pattern
+    odd = pixels[:1].clone()
+    odd[0, :, :CELL, :CELL] = 0.123
+    assert patterns.labels(odd)[0, 0] == IGNORE

@@ -45,7 +45,8 @@ def test_answers_depend_on_the_image_and_have_sentence_length() -> None:
     for task in TASKS:
         samples = [make_sample("eval", 0, i, (task,)) for i in range(30)]
         answers = {s.answer for s in samples}
-        assert len(answers) >= 20, task  # the image, not the question, decides the answer
+        # the image, not the question, decides the answer (a count has six: one to six shapes)
+        assert len(answers) >= (5 if task == "count" else 20), task
         for s in samples:
             n = len(tok(s.answer, add_special_tokens=False)["input_ids"])
             assert 10 <= n <= 60, (task, n, s.answer)

@@ -1,0 +1,47 @@
+"""The timed steps: a verify is prepared by a subnet's draft steps, as the loop runs it."""
+
+from __future__ import annotations
+
+from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.steps import ModelSteps, build_supernet, resolve_dtype
+from dreams_nas.supernet.space import SearchSpace
+
+
+def _steps(tiny_llava: str, precede) -> ModelSteps:
+    from dreams_nas.latency.pipeline import load_target
+
+    adapter = load_target(tiny_llava, "cpu", resolve_dtype("auto", "cpu"))
+    space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
+    supernet = build_supernet(adapter.model, space)
+    return ModelSteps(adapter, supernet, visual_tokens=4, precede=space.largest() if precede else None)
+
+
+def test_verify_is_prepared_by_the_draft_steps_of_the_preceding_subnet(tiny_llava) -> None:
+    steps = _steps(tiny_llava, precede=True)
+    calls = []
+    original = steps._draft_step
+
+    def counting(key):
+        step = original(key)
+
+        def run():
+            calls.append(key.spec.id)
+            return step()
+
+        return run
+
+    steps._draft_step = counting
+    verify = steps.build(StepKey("verify", 20, 4))
+    assert hasattr(verify, "prepare")
+    verify.prepare()
+    assert calls == ["h4-v1.00-l2-g3"] * 3  # the largest subnet, its draft_len steps
+    before = steps.adapter.cache_len
+    verify()
+    assert steps.adapter.cache_len == before == 20  # the verify rolls itself back
+    # decode is timed back to back, as plain decoding runs it
+    assert not hasattr(steps.build(StepKey("decode", 20, 1)), "prepare")
+
+
+def test_without_a_preceding_subnet_the_verify_is_timed_hot(tiny_llava) -> None:
+    steps = _steps(tiny_llava, precede=False)
+    assert not hasattr(steps.build(StepKey("verify", 20, 4)), "prepare")
