@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="builtin")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--passes", type=int, default=3, help="as `dreams-nas profile --passes`")
+    parser.add_argument("--repeats", type=int, default=100, help="as `dreams-nas profile --repeats`")
+    parser.add_argument("--passes", type=int, default=10, help="as `dreams-nas profile --passes`")
     parser.add_argument("--chunk", type=int, default=256,
                         help="steps interleaved together over the passes (0: the whole grid)")
     parser.add_argument("--train-fraction", type=float, default=0.3)

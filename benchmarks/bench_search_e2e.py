@@ -2,6 +2,7 @@
 
     dreams-nas search --run dreams-run          # first: score + search on this hardware
     python benchmarks/bench_search_e2e.py --run dreams-run [--prompts 8] [--max-new-tokens 64]
+        [--repeats 5]
 
 Measures, in one interleaved run against plain decoding of the same prompts:
   * the search's best subnet (best.json),
@@ -9,7 +10,8 @@ Measures, in one interleaved run against plain decoding of the same prompts:
     draft length by the same prediction,
   * a fixed EAGLE-like configuration: all heads, all visual tokens, last layer, gamma = 5,
 and prints predicted and measured speedups (issue 7: predicted within 10% of measured for the
-best subnet).
+best subnet). With --repeats R the whole measurement runs R times; the table shows the median
+of each figure over the repeats and the range of the measured decode-phase speedup.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -48,24 +51,40 @@ def main(argv: list[str] | None = None) -> int:
     models = RunModels(run, "cpu")
     examples = load_eval_examples("builtin", args.prompts, 0)  # the eval prompts the search scored
     prompts = [models.target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
-    results = measure_end_to_end(models.target, models.draft, list(dict.fromkeys(chosen.values())),
-                                 prompts, max_new_tokens=args.max_new_tokens)
+    runs = [measure_end_to_end(models.target, models.draft, list(dict.fromkeys(chosen.values())),
+                               prompts, max_new_tokens=args.max_new_tokens)
+            for _ in range(max(1, args.repeats))]
+    results = [_median_measured([r[i] for r in runs]) for i in range(len(runs[0]))]
+    spread = {runs[0][i].spec: (min(r[i].speedup for r in runs), max(r[i].speedup for r in runs))
+              for i in range(len(runs[0]))}
     by_spec = {m.spec: m for m in results}
-    print(f"hardware {hw}; {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens; "
+    print(f"hardware {hw}; {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens, "
+          f"{len(runs)} repeat(s) (medians); "
           f"plain decoding {results[0].baseline_tokens_per_s:.1f} tokens/s")
     print(f"{'configuration':24} {'spec':18} {'pred. tau':>9} {'meas. tau':>9} "
-          f"{'pred. x':>8} {'meas. x':>8} {'gap':>6} {'whole calls x':>13}")
+          f"{'pred. x':>8} {'meas. x':>8} {'gap':>6} {'whole calls x':>13} {'meas. x range':>14}")
     for name, spec in chosen.items():
         m, t = by_spec[spec], trials[spec.id]
         pred = predicted[spec.id]
         print(f"{name:24} {spec.id:18} {float(t['tau']):9.2f} {m.tau:9.2f} {pred:8.2f} "
-              f"{m.speedup:8.2f} {abs(m.speedup - pred) / pred:6.1%} {m.speedup_end_to_end:13.2f}")
+              f"{m.speedup:8.2f} {abs(m.speedup - pred) / pred:6.1%} {m.speedup_end_to_end:13.2f} "
+              f"{spread[spec][0]:9.2f}-{spread[spec][1]:.2f}")
     b, f, e = (by_spec[chosen[k]] for k in chosen)
     print("meas. x: decode phase (tokens after the first / time after the prefill, both sides), "
           "what the formula predicts; whole calls x: prefill included")
     print(f"searched / full draft: {b.speedup / f.speedup:.2f}x; searched / EAGLE-like: "
           f"{b.speedup / e.speedup:.2f}x")
     return 0
+
+
+def _median_measured(ms):
+    """One `Measured` whose rates are the medians over repeats of the same spec."""
+    import statistics
+    from dataclasses import fields, replace
+
+    numeric = {f.name: statistics.median(getattr(m, f.name) for m in ms)
+               for f in fields(ms[0]) if f.name != "spec"}
+    return replace(ms[0], **numeric)
 
 
 def _read_csv(path):

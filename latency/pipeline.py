@@ -35,12 +35,12 @@ class ProfileOptions:
     dtype: str = "auto"
     budget: float | int | str | None = None
     context_lengths: Sequence[int] | None = None
-    repeats: int = 30
+    repeats: int = 100
     threads: int | None = None
     clock: str = "wall"
     # Each step's repeats are spread over `passes` visits, interleaved with the other steps of
     # its block of `chunk` (0: the whole grid), so that the machine's drift hits them alike.
-    passes: int = 3
+    passes: int = 10
     chunk: int = 256
     holdout: float = 0.2
     stat: str = "p10_ms"  # the per-row statistic the predictor fits (p10_ms or median_ms)

@@ -31,7 +31,7 @@ class DemoOptions:
     seed: int = 0
     train: TrainOptions = field(default_factory=TrainOptions)
     profile_budget: float | int | str | None = None  # None: the whole grid
-    profile_repeats: int = 30
+    profile_repeats: int = 100
     context_lengths: tuple[int, ...] | None = None
     threads: int | None = None  # CPU threads while profiling (default: physical cores)
     limit: int | None = None  # evaluation prompts (default 32)

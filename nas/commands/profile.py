@@ -20,17 +20,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "space-filling (default: the whole grid)")
     parser.add_argument("--context-lengths", type=int, nargs="+", default=None, metavar="N",
                         help="prompt lengths in tokens, image included (default: image + 16..256 text)")
-    parser.add_argument("--repeats", type=int, default=30,
-                        help="timed repeats per step, at most (default: 30; fewer past 2 s)")
+    parser.add_argument("--repeats", type=int, default=100,
+                        help="timed repeats per step, at most (default: 100; fewer past 2 s)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU: torch threads, fixed while timing (default: physical cores)")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
                              "--threads 1; for shared machines)")
-    parser.add_argument("--passes", type=int, default=3,
+    parser.add_argument("--passes", type=int, default=10,
                         help="spread each step's repeats over this many visits, interleaved with "
                              "the other steps of its block, so that a slow drift of the machine "
-                             "(other load, heat, clocks) hits every step alike (default: 3)")
+                             "(other load, heat, clocks) hits every step alike (default: 10)")
     parser.add_argument("--chunk", type=int, default=256,
                         help="steps per interleaved block, 0 for the whole grid; a block's rows "
                              "are written together, so a kill loses at most one block "

@@ -16,7 +16,7 @@ from dreams_nas.latency.predictor import (
 )
 from dreams_nas.supernet.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.space import SubnetSpec
-from sklearn.base import clone
+from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import Ridge
@@ -79,11 +79,40 @@ def test_pipeline_fits_log_latency_and_is_accurate_on_held_out_rows() -> None:
     metrics = latency_metrics(rows.median_ms[hold], model.predict(rows[hold]))
     assert metrics["mape"] < 0.03 and metrics["within_10pct"] > 0.97 and metrics["kendall_tau"] > 0.9
     selector = model.named_steps["regressor"].regressor_
-    assert set(selector.cv_scores_) == {"ridge_poly3", "ridge_poly2", "gradient_boosting", "random_forest"}
-    assert selector.best_name_ == min(selector.cv_scores_, key=selector.cv_scores_.get)
+    assert set(selector.cv_scores_) == {"ridge", "ridge_poly2", "ridge_poly3", "gradient_boosting",
+                                        "random_forest"}
+    lowest = min(selector.cv_scores_.values())
+    # the first (simplest) candidate within one standard error of the lowest CV error
+    assert selector.cv_scores_[selector.best_name_] <= lowest * 1.5
     assert clone(model).get_params()["features__visual_tokens"] == 32
     with pytest.raises(NotFittedError):
         make_latency_model().predict(rows)
+
+
+class _Constant(RegressorMixin, BaseEstimator):
+    """Predicts a fixed offset from the mean: a candidate whose CV error we control."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def fit(self, X, y):
+        self.mean_ = float(np.mean(y))
+        return self
+
+    def predict(self, X):
+        return np.full(len(X), self.mean_ + self.offset)
+
+
+def test_the_one_standard_error_rule_prefers_the_simpler_candidate() -> None:
+    """The first candidate within one SE of the lowest CV error wins, not the lowest."""
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 2)), rng.normal(size=40)
+    near = [("simple", _Constant(0.2)), ("rich", _Constant(0.0))]  # within one SE
+    chosen = CVSelectedRegressor(candidates=near, cv=5).fit(X, y)
+    assert chosen.cv_scores_["rich"] < chosen.cv_scores_["simple"]
+    assert chosen.best_name_ == "simple"
+    far = [("simple", _Constant(3.0)), ("rich", _Constant(0.0))]  # clearly worse
+    assert CVSelectedRegressor(candidates=far, cv=5).fit(X, y).best_name_ == "rich"
 
 
 def test_metrics_by_hand() -> None:
