@@ -100,7 +100,8 @@ def search(
     acceptance:   a scorer, or a `CachedAcceptance` (the run's acceptance CSV + a scorer).
     latency:      predicts draft/verify/decode times of one hardware id.
     draft_params: parameters of a subnet's extracted draft (the Pareto front's cost axis).
-    context_len:  tokens of context the latencies are predicted at (the eval prompts' length).
+    context_len:  tokens of context the latencies are predicted at (the mean decoding context:
+                  the eval prompts' length plus half their answers, see `inputs.context_len_of`).
     n_trials:     optuna: distinct subnets to evaluate in the study, all workers and reruns
                   together (default: a quarter of the space).
     storage:      Optuna storage URL; None = in memory (exhaustive: in this process).
