@@ -166,11 +166,8 @@ class ModelSteps:
             for _ in range(steps):
                 draft()
 
-        def step() -> object:
-            return verify()
-
-        step.prepare = drafting  # type: ignore[attr-defined]
-        return step
+        verify.prepare = drafting  # type: ignore[attr-defined]
+        return verify
 
     # --- draft -------------------------------------------------------------------------
     def _first_draft_step(self, key: StepKey) -> Callable[[], object]:
