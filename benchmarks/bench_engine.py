@@ -17,9 +17,9 @@ import statistics
 import time
 
 import torch
-from dreams_nas.supernet.decoding import generate, plain_generate
-from dreams_nas.supernet.drafting import PromptLookupDrafter, ReplayDrafter
-from dreams_nas.supernet.target import TargetAdapter
+from dreams_nas.supernet.decoding.drafters import PromptLookupDrafter, ReplayDrafter
+from dreams_nas.supernet.decoding.loop import generate, plain_generate
+from dreams_nas.supernet.target.adapter import TargetAdapter
 from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
 IMAGE_TOKEN = 32000

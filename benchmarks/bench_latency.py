@@ -35,7 +35,8 @@ import pandas as pd
 
 def random_demo_target(folder: Path) -> str:
     import torch
-    from dreams_nas.supernet.demo_target import build_config, build_processor, get_variant
+    from dreams_nas.supernet.demo.build import build_config, build_processor
+    from dreams_nas.supernet.demo.variants import get_variant
     from transformers import LlavaForConditionalGeneration
 
     torch.manual_seed(0)
@@ -50,7 +51,7 @@ def random_wide_target(folder: Path) -> str:
     """A LLaVA with an 8-layer x 512-hidden Llama (the engine benchmark's size), random weights:
     wide enough that a draft's heads and kept visual tokens visibly change its cost on a CPU."""
     import torch
-    from dreams_nas.supernet.demo_target import build_processor
+    from dreams_nas.supernet.demo.build import build_processor
     from transformers import (
         CLIPVisionConfig,
         LlamaConfig,
@@ -76,7 +77,7 @@ def random_wide_target(folder: Path) -> str:
 
 def pick_target(name: str, scratch: Path) -> str:
     if name == "builtin":
-        from dreams_nas.supernet.demo_target import demo_target_dir, read_complete_marker
+        from dreams_nas.supernet.demo.cache import demo_target_dir, read_complete_marker
 
         if read_complete_marker(demo_target_dir()) is not None:
             return str(demo_target_dir())
@@ -136,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="run folder to keep (default: a temp folder)")
     args = parser.parse_args(argv)
 
-    from dreams_nas.latency.fitting import LatencyPredictor
-    from dreams_nas.latency.pipeline import ProfileOptions, profile
-    from dreams_nas.latency.predictor import latency_metrics
+    from dreams_nas.latency.estimators import latency_metrics
+    from dreams_nas.latency.predictor import LatencyPredictor
     from dreams_nas.latency.store import ProfileStore
-    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.nas.stages.profile import ProfileOptions, profile
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-latency-"))
     run = RunFolder(args.out or scratch / "run")

@@ -35,8 +35,15 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
           ) -> dict[str, Any]:
     """The whole benchmark: returns the header facts, the rows and the markdown table."""
     import torch
-    from dreams_nas.nas.inputs import RunModels, load_eval_examples, resolve_hardware, torch_threads
-    from dreams_nas.nas.peers import (
+    from dreams_nas.nas.stages.inputs import (
+        RunModels,
+        load_eval_examples,
+        resolve_hardware,
+        torch_threads,
+    )
+    from dreams_nas.supernet.core.progress import progress
+    from dreams_nas.supernet.core.runfolder import RunFolder
+    from peers import (
         load_assistant,
         markdown_table,
         measure_methods,
@@ -44,8 +51,6 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
         read_setup,
         vision_calls,
     )
-    from dreams_nas.supernet.progress import progress
-    from dreams_nas.supernet.runfolder import RunFolder
 
     run = RunFolder(run_dir)
     hw = resolve_hardware(run, hardware)

@@ -16,10 +16,10 @@ import statistics
 import sys
 
 import numpy as np
-from dreams_nas.nas.replay import RecordedAcceptance, RecordedLatency
-from dreams_nas.nas.search import search
-from dreams_nas.supernet.acceptance_table import AcceptanceRow
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.nas.search.replay import RecordedAcceptance, RecordedLatency
+from dreams_nas.nas.search.strategies import search
+from dreams_nas.supernet.acceptance.table import AcceptanceRow
+from dreams_nas.supernet.core.space import SearchSpace
 
 
 def synthetic_tables(seed: int = 0):
@@ -49,9 +49,9 @@ def synthetic_tables(seed: int = 0):
 
 def run_tables(run_dir: str, hardware: str | None, dataset: str | None):
     """A run's recorded tables: its acceptance CSV (all scored rows) and latency predictor."""
-    from dreams_nas.nas.inputs import load_latency, resolve_hardware, supernet_hash
-    from dreams_nas.supernet.acceptance_table import AcceptanceTable
-    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.nas.stages.inputs import load_latency, resolve_hardware, supernet_hash
+    from dreams_nas.supernet.acceptance.table import AcceptanceTable
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
     run = RunFolder(run_dir)
     hw = resolve_hardware(run, hardware)

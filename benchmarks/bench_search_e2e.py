@@ -34,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from dreams_nas.nas.inputs import RunModels, load_eval_examples, resolve_hardware
-    from dreams_nas.nas.peers import full_and_eagle_specs, predicted_speedups
-    from dreams_nas.nas.verify import measure_end_to_end
-    from dreams_nas.supernet.runfolder import RunFolder
-    from dreams_nas.supernet.space import SubnetSpec
+    from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples, resolve_hardware
+    from dreams_nas.nas.stages.verify import measure_end_to_end
+    from dreams_nas.supernet.core.runfolder import RunFolder
+    from dreams_nas.supernet.core.space import SubnetSpec
+    from peers import full_and_eagle_specs, predicted_speedups
 
     run = RunFolder(args.run)
     hw = resolve_hardware(run, args.hardware)

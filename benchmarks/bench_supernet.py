@@ -27,20 +27,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from dreams_nas.supernet.data import builtin_dataset
-from dreams_nas.supernet.decoding import generate, plain_generate
-from dreams_nas.supernet.dream_drafter import DreamDrafter
-from dreams_nas.supernet.runfolder import RunFolder
-from dreams_nas.supernet.space import SearchSpace, SubnetSpec
-from dreams_nas.supernet.target import TargetAdapter
-from dreams_nas.supernet.train import TrainConfig, train_supernet
-from dreams_nas.supernet.training_run import (
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.data.prompts import builtin_dataset
+from dreams_nas.supernet.decoding.dream import DreamDrafter
+from dreams_nas.supernet.decoding.loop import generate, plain_generate
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.recipe import (
     build_draft,
     distill_layers_for,
     draft_for_run,
     prepare_data,
     prompt_inputs,
 )
+from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 
 GAMMA = 5
 

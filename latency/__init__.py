@@ -1,7 +1,7 @@
 """dreams_nas.latency: hardware identity, timing, the profile store and the latency predictor.
 
 The public face (heavier pieces -- the model step builder, the profile pipeline -- are imported
-from their modules: `dreams_nas.latency.steps`, `dreams_nas.latency.pipeline`)::
+from their modules: `dreams_nas.latency.steps`, `dreams_nas.nas.stages.profile`)::
 
     detect_hardware(device, dtype, threads) -> HardwareInfo      # hardware.json, hardware_id
     measure(step, device=..., prepare=None) -> Timing            # warm-up, repeats, median/p10/p90
@@ -14,17 +14,22 @@ from their modules: `dreams_nas.latency.steps`, `dreams_nas.latency.pipeline`)::
 
 from __future__ import annotations
 
-from .fitting import LatencyPredictor
-from .hardware import HardwareInfo, detect_hardware, resolve_device
-from .plan import StepKey, build_plan
-from .predictor import CVSelectedRegressor, StepFeatures, latency_metrics, make_latency_model
-from .profiler import StepBuilder, TimingSettings, run_profile
-from .store import PROFILE_COLUMNS, ProfileStore
-from .timing import Timing, measure
+from dreams_nas.latency.estimators import (
+    CVSelectedRegressor,
+    StepFeatures,
+    latency_metrics,
+    make_latency_model,
+)
+from dreams_nas.latency.hardware import HardwareInfo, detect_hardware
+from dreams_nas.latency.plan import StepKey, build_plan
+from dreams_nas.latency.predictor import LatencyPredictor
+from dreams_nas.latency.profiler import StepBuilder, TimingSettings, run_profile
+from dreams_nas.latency.store import PROFILE_COLUMNS, ProfileStore
+from dreams_nas.latency.timing import Timing, measure
 
 __all__ = [
     "PROFILE_COLUMNS", "CVSelectedRegressor", "HardwareInfo", "LatencyPredictor", "ProfileStore",
     "StepBuilder", "StepFeatures", "StepKey", "Timing", "TimingSettings", "build_plan",
-    "detect_hardware", "latency_metrics", "make_latency_model", "measure", "resolve_device",
+    "detect_hardware", "latency_metrics", "make_latency_model", "measure",
     "run_profile",
 ]

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.versions import library_versions
+from dreams_nas.supernet.core.device import resolve_device
+from dreams_nas.supernet.core.versions import library_versions
 
 # NVML clock-event reasons that mean "the chip is slower than it could be right now".
 # Idle (0x1), an application-clock setting (0x2), sync boost (0x10) and display clocks (0x100)
@@ -29,7 +29,6 @@ THROTTLE_REASONS: dict[int, str] = {
     0x0000000000000040: "hw_thermal_slowdown",
     0x0000000000000080: "hw_power_brake_slowdown",
 }
-_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")
 
 
 @dataclass(frozen=True)
@@ -71,38 +70,6 @@ def slugify(text: str) -> str:
     text = re.sub(r"\b(cpu|processor)\b|@", " ", text)
     slug = re.sub(r"[^a-z0-9.]+", "-", text).strip("-.")
     return re.sub(r"-{2,}", "-", slug) or "unknown"
-
-
-# --- devices ------------------------------------------------------------------------------
-def available_devices() -> list[str]:
-    """Devices torch can run on here, e.g. ``["cpu", "cuda:0"]``."""
-    import torch
-
-    return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-
-
-def resolve_device(text: str) -> str:
-    """``auto|cpu|cuda|cuda:N`` -> a device that exists here, else a one-line error naming them."""
-    match = _DEVICE_RE.match(str(text).strip().lower())
-    if match is None:
-        raise InputError(
-            f"--device {text!r} is not a device; use auto, cpu or cuda:N "
-            f"(this machine has: {', '.join(available_devices())})"
-        )
-    value = match.group(1)
-    existing = available_devices()
-    if value == "auto":
-        return "cuda:0" if "cuda:0" in existing else "cpu"
-    if value == "cuda":
-        value = "cuda:0"
-    if value not in existing:
-        seen = ("torch sees no CUDA device" if len(existing) == 1
-                else f"torch sees {len(existing) - 1} CUDA device(s)")
-        raise InputError(
-            f"--device {value} does not exist on this machine; the devices here are: "
-            f"{', '.join(existing)} ({seen}); pick one of them (or --device auto)"
-        )
-    return value
 
 
 # --- NVML ---------------------------------------------------------------------------------

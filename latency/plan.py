@@ -33,8 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 KINDS = ("draft", "draft_first", "decode", "verify")
 DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec

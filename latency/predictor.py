@@ -1,220 +1,255 @@
-"""The latency predictor: (kind of step, spec fields, context length, k) -> milliseconds.
+"""Fit, evaluate, save and load one hardware id's latency predictor.
 
-It is an ordinary scikit-learn pipeline so that it clones, cross-validates and pickles like
-any other model::
+Saved next to the profile, in ``latency/<hardware-id>/``:
 
-    Pipeline([
-        ("features",  StepFeatures(visual_tokens=...)),          # rows -> numeric array
-        ("regressor", TransformedTargetRegressor(                 # fit on log-latency
-                          CVSelectedRegressor(candidates), func=np.log, inverse_func=np.exp)),
-    ])
+* ``predictor.joblib``     the fitted pipeline (fast to load, tied to the scikit-learn version);
+* ``predictor_train.csv``  the rows it was fitted on (what makes it reproducible);
+* ``predictor.json``       regressor, CV scores, held-out metrics and rows, library versions.
 
-`CVSelectedRegressor` picks, by K-fold cross-validation on the training rows and the
-one-standard-error rule, one of ridge regression on the step features or on their polynomial
-expansions, gradient boosting and a random forest. Latency is fitted in
-log space: errors then are relative (what MAPE and "within 10%" measure) and the step costs,
-which span orders of magnitude, weigh equally.
+Pickles break across scikit-learn versions (nn-Meter's did), so `LatencyPredictor.load` refits
+from the saved rows when the recorded version differs from the installed one, when the joblib
+file cannot be read, or when its schema version differs, and rewrites the joblib file.
+
+`predict_ms(kind, spec, context_len, k)` is what the search asks of it (the `LatencyModel`
+protocol of `dreams_nas.nas.search.candidate`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin, clone
-from sklearn.compose import TransformedTargetRegressor
-from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
-from sklearn.linear_model import RidgeCV
-from sklearn.model_selection import KFold, cross_val_score
-from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import PolynomialFeatures, StandardScaler
-from sklearn.utils.validation import check_is_fitted, validate_data
-
-from .plan import DRAFT_KINDS, KINDS
-
-FEATURE_NAMES = (
-    "is_draft", "heads", "visual_keep", "attended", "heads_x_attended", "log_context",
-    "context", "k", "k_x_context", "log_k", "is_first",
+from dreams_nas.latency.estimators import chosen_regressor, latency_metrics, make_latency_model
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
 )
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.versions import library_versions
 
-_INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
+log = logging.getLogger("dreams_nas.latency")
+TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
+                 "context_len", "k", "median_ms")
+PREDICTOR_SCHEMA_VERSION = 2
 
 
-class StepFeatures(TransformerMixin, BaseEstimator):
-    """Rows of (kind, heads, visual_keep, context_len, k) -> the numeric features of a step.
+def holdout_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks (train, holdout): `fraction` of each kind's rows held out at random."""
+    if not 0.0 <= fraction < 1.0:
+        raise InputError(f"holdout fraction {fraction} must be in [0, 1)")
+    rng = np.random.default_rng(seed)
+    hold = np.zeros(len(frame), dtype=bool)
+    for kind in sorted(set(frame["kind"])):
+        idx = np.flatnonzero((frame["kind"] == kind).to_numpy())
+        n = int(round(fraction * len(idx)))
+        if len(idx) - n < 2:
+            n = max(0, len(idx) - 2)
+        hold[rng.choice(idx, size=n, replace=False)] = True
+    return ~hold, hold
 
-    A draft step's cost grows with its heads and with the keys its attention reads: the text
-    and the *kept* visual tokens, ``attended = context_len - visual_tokens * (1 - visual_keep)``.
-    A target step (decode is verify with k = 1) grows with k and the context. `inject_layer`
-    and `draft_len` are deliberately absent: they do not change what one step costs. Features
-    of the other kind are zero, so one regressor serves both kinds. A ``draft_first`` step
-    (the draft step right after a target verify, caches cold) has the draft features plus
-    ``is_first`` = 1, so the regressor learns the cold step's extra cost (and its growth with
-    the subnet's size) from the draft rows' shape.
 
-    visual_tokens: visual tokens in one prompt of the target (0 when unknown: then
-    ``attended`` is the context scaled by visual_keep).
-    """
+@dataclass
+class LatencyPredictor:
+    """A fitted predictor of one hardware id, with how well it predicted unseen rows."""
 
-    def __init__(self, visual_tokens: int = 0) -> None:
-        self.visual_tokens = visual_tokens
+    hardware_id: str
+    model: Any  # the fitted sklearn Pipeline
+    train_rows: pd.DataFrame
+    visual_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    holdout: list[dict[str, Any]] = field(default_factory=list)
+    n_holdout: int = 0
+    seed: int = 0
+    stat: str = "median_ms"  # the per-row statistic the model was fitted on
 
-    def fit(self, X: Any, y: Any = None) -> StepFeatures:
-        self._check_frame(X)
-        if self.visual_tokens < 0:
-            raise ValueError(f"visual_tokens={self.visual_tokens} must be >= 0")
-        self.n_features_in_ = len(_INPUT_COLUMNS)
-        self.feature_names_in_ = np.array(_INPUT_COLUMNS, dtype=object)
-        return self
+    # --- prediction ---------------------------------------------------------------------
+    def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
+        """Milliseconds for rows with columns kind, heads, visual_keep, context_len, k."""
+        return np.asarray(self.model.predict(rows), dtype=float)
 
-    def transform(self, X: Any) -> np.ndarray:
-        check_is_fitted(self, "n_features_in_")
-        frame = self._check_frame(X)
-        kinds = frame["kind"].astype(str)
-        is_draft = kinds.isin(DRAFT_KINDS).to_numpy()
-        is_first = (kinds == "draft_first").to_numpy()
-        ctx = frame["context_len"].astype(float).to_numpy()
-        k = frame["k"].astype(float).to_numpy()
-        heads = np.where(is_draft, pd.to_numeric(frame["heads"], errors="coerce"), 0.0)
-        keep = np.where(is_draft, pd.to_numeric(frame["visual_keep"], errors="coerce"), 0.0)
-        if np.isnan(heads).any() or np.isnan(keep).any():
-            raise ValueError("draft rows need numeric heads and visual_keep")
-        if self.visual_tokens:
-            attended = ctx - self.visual_tokens * (1.0 - keep)
-        else:
-            attended = ctx * keep
-        attended = np.where(is_draft, np.maximum(attended, 1.0), 0.0)
-        target_k = np.where(is_draft, 0.0, k)
-        target_ctx = np.where(is_draft, 0.0, ctx)
-        out = np.column_stack([
-            is_draft.astype(float), heads, keep, attended, heads * attended, np.log(ctx),
-            ctx, target_k, target_k * target_ctx, np.log(np.maximum(target_k, 1.0)),
-            is_first.astype(float),
-        ])
-        return out  # (rows, len(FEATURE_NAMES))
+    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int,
+                 kind: str = "draft") -> np.ndarray:
+        """One draft step of each spec (its inject_layer and draft_len do not change it):
+        kind ``draft`` a hot step, ``draft_first`` the cycle's first step, right after the
+        target's verify."""
+        rows = pd.DataFrame({"kind": kind, "heads": [s.heads for s in specs],
+                             "visual_keep": [s.visual_keep for s in specs],
+                             "context_len": int(context_len), "k": 1})
+        return self.predict_rows(rows)
 
-    def get_feature_names_out(self, input_features: Any = None) -> np.ndarray:
-        return np.array(FEATURE_NAMES, dtype=object)
+    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        """The first draft step of a cycle (right after the target's verify) of each spec."""
+        return self.draft_ms(specs, context_len, kind="draft_first")
 
-    @staticmethod
-    def _check_frame(X: Any) -> pd.DataFrame:
-        if not isinstance(X, pd.DataFrame):
-            raise TypeError(
-                f"StepFeatures takes a DataFrame with columns {list(_INPUT_COLUMNS)}, got {type(X).__name__}"
+    def target_ms(self, k: int | Sequence[int], context_len: int) -> np.ndarray | float:
+        """The target's step over k positions (k = 1: decode; k = gamma + 1: verify)."""
+        ks = np.atleast_1d(np.asarray(k, dtype=int))
+        rows = pd.DataFrame({"kind": np.where(ks == 1, "decode", "verify"), "heads": np.nan,
+                             "visual_keep": np.nan, "context_len": int(context_len), "k": ks})
+        out = self.predict_rows(rows)
+        return float(out[0]) if np.ndim(k) == 0 else out
+
+    def decode_ms(self, context_len: int) -> float:
+        return float(self.target_ms(1, context_len))
+
+    def verify_ms(self, k: int, context_len: int) -> float:
+        return float(self.target_ms(k, context_len))
+
+    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+        """One step's milliseconds: kind draft/draft_first (of `spec`), verify (over k
+        positions) or decode; the search's `LatencyModel` protocol."""
+        if kind in ("draft", "draft_first"):
+            if spec is None:
+                raise ValueError(f"a {kind} latency needs a spec")
+            return float(self.draft_ms([spec], context_len, kind=kind)[0])
+        if kind == "verify":
+            return self.verify_ms(k, context_len)
+        if kind == "decode":
+            return self.decode_ms(context_len)
+        raise ValueError(f"latency kind {kind!r} is not one of draft, draft_first, verify, decode")
+
+    # --- fitting ------------------------------------------------------------------------
+    @classmethod
+    def fit(cls, rows: pd.DataFrame, hardware_id: str, *, visual_tokens: int = 0,
+            holdout: float = 0.2, seed: int = 0, candidates: Any = None,
+            stat: str = "median_ms") -> LatencyPredictor:
+        """Evaluate on a held-out share of `rows`, then fit the saved model on all of them.
+
+        stat: the per-row statistic fitted and predicted -- the median (default), or ``p10_ms``
+        (what `dreams-nas profile` fits): the fastest samples are the ones other load and the
+        machine's drift touched least, so they rank and predict steps best on a shared CPU.
+        """
+        if stat not in ("median_ms", "p10_ms"):
+            raise InputError(f"stat={stat!r} must be median_ms or p10_ms")
+        rows = pd.DataFrame(rows)
+        if stat != "median_ms":
+            rows = rows.assign(median_ms=rows[stat])
+        rows = _training_frame(rows)
+        if len(rows) < 4:
+            raise InputError(
+                f"only {len(rows)} successful measurements to fit a latency predictor on; "
+                "profile more (a larger --budget or more --context-lengths)"
             )
-        missing = [c for c in _INPUT_COLUMNS if c not in X.columns]
-        if missing:
-            raise ValueError(f"rows lack column(s) {missing}; they need {list(_INPUT_COLUMNS)}")
-        bad = sorted(set(X["kind"].astype(str)) - set(KINDS))
-        if bad:
-            raise ValueError(f"unknown step kind(s) {bad}; kinds are {', '.join(KINDS)}")
-        return X
+        metrics: dict[str, float] = {}
+        held: list[dict[str, Any]] = []
+        n_holdout = 0
+        if holdout > 0:
+            train, hold = holdout_split(rows, holdout, seed)
+            if hold.any():
+                probe = make_latency_model(visual_tokens, candidates, random_state=seed)
+                probe.fit(rows[train], rows.loc[train, "median_ms"].to_numpy())
+                measured = rows.loc[hold, "median_ms"].to_numpy()
+                predicted = probe.predict(rows[hold])
+                metrics = latency_metrics(measured, predicted)
+                n_holdout = int(hold.sum())
+                held = [
+                    {"kind": r.kind, "spec_id": r.spec_id or None, "context_len": int(r.context_len),
+                     "k": int(r.k), "measured_ms": float(m), "predicted_ms": float(p)}
+                    for r, m, p in zip(rows[hold].itertuples(index=False), measured, predicted,
+                                       strict=True)
+                ]
+        model = make_latency_model(visual_tokens, candidates, random_state=seed)
+        model.fit(rows, rows["median_ms"].to_numpy())
+        return cls(hardware_id=hardware_id, model=model, train_rows=rows,
+                   visual_tokens=visual_tokens, metrics=metrics, holdout=held,
+                   n_holdout=n_holdout, seed=seed, stat=stat)
 
+    # --- persistence --------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """The predictor.json document."""
+        name, scores = chosen_regressor(self.model)
+        return {
+            "schema_version": PREDICTOR_SCHEMA_VERSION,
+            "hardware_id": self.hardware_id, "regressor": name, "cv_scores": scores,
+            "cv_metric": "rmse of log(ms), lower is better",
+            "metrics": self.metrics, "holdout": self.holdout,
+            "n_train": len(self.train_rows) - self.n_holdout, "n_holdout": self.n_holdout,
+            "n_fit": len(self.train_rows), "visual_tokens": self.visual_tokens, "seed": self.seed,
+            "stat": self.stat,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": library_versions(),
+        }
 
-def default_candidates(random_state: int = 0) -> list[tuple[str, Any]]:
-    """The regressors cross-validation chooses among, simplest first (see `CVSelectedRegressor`)."""
-    return [
-        ("ridge", make_pipeline(StandardScaler(), RidgeCV(alphas=np.logspace(-6, 2, 9)))),
-        ("ridge_poly2", make_pipeline(StandardScaler(), PolynomialFeatures(2),
-                                      RidgeCV(alphas=np.logspace(-6, 2, 9)))),
-        ("ridge_poly3", make_pipeline(StandardScaler(), PolynomialFeatures(3),
-                                      RidgeCV(alphas=np.logspace(-6, 2, 9)))),
-        ("gradient_boosting", GradientBoostingRegressor(
-            n_estimators=150, learning_rate=0.1, max_depth=3, subsample=0.9,
-            random_state=random_state)),
-        ("random_forest", RandomForestRegressor(
-            n_estimators=100, min_samples_leaf=1, random_state=random_state)),
-    ]
+    def save(self, directory: str | Path) -> Path:
+        import io
 
+        import joblib
 
-class CVSelectedRegressor(RegressorMixin, BaseEstimator):
-    """Chooses among `candidates` by K-fold cross-validated RMSE, then refits it on all rows.
+        directory = Path(directory)
+        atomic_write_text(directory / "predictor_train.csv", self.train_rows.to_csv(index=False))
+        buffer = io.BytesIO()
+        joblib.dump(self.model, buffer)
+        atomic_write_bytes(directory / "predictor.joblib", buffer.getvalue())
+        atomic_write_json(directory / "predictor.json", self.report())
+        return directory
 
-    The choice follows the one-standard-error rule (Hastie, Tibshirani & Friedman, *Elements
-    of Statistical Learning*, 7.10): the first candidate, in the given order (simplest first),
-    whose mean CV error is within one standard error of the lowest. A profile fitted on a
-    budget has few rows, and the lowest CV error then often belongs to a richer model that
-    predicts the untimed grid points worse: on the demo target, fitted on 30 % of the grid,
-    ridge on the plain features ranked the other 70 % with Kendall tau 0.902-0.941 where
-    ridge on their squares, chosen by the lowest CV error by 0.001-0.003, gave 0.833-0.927.
+    @classmethod
+    def load(cls, directory: str | Path) -> LatencyPredictor:
+        """Load the saved predictor; refit it from its rows when scikit-learn's version changed."""
+        import joblib
 
-    candidates: list of (name, unfitted regressor), simplest first; None means
-    `default_candidates()`.
-    cv: number of folds (fewer when there are fewer rows).
-    """
-
-    def __init__(self, candidates: Sequence[tuple[str, Any]] | None = None, cv: int = 5,
-                 random_state: int = 0) -> None:
-        self.candidates = candidates
-        self.cv = cv
-        self.random_state = random_state
-
-    def fit(self, X: Any, y: Any) -> CVSelectedRegressor:
-        X, y = validate_data(self, X, y, y_numeric=True)
-        candidates = self.candidates if self.candidates is not None else default_candidates(self.random_state)
-        if not candidates:
-            raise ValueError("candidates is empty; give at least one (name, regressor) pair")
-        if self.cv < 2:
-            raise ValueError(f"cv={self.cv} must be at least 2 folds")
-        folds = min(self.cv, len(y))
-        scores: dict[str, float] = {}
-        if folds >= 2 and len(candidates) > 1:
-            splitter = KFold(n_splits=folds, shuffle=True, random_state=self.random_state)
-            errors: dict[str, np.ndarray] = {}
-            for name, estimator in candidates:
-                errors[name] = -cross_val_score(clone(estimator), X, y, cv=splitter,
-                                                scoring="neg_root_mean_squared_error")
-                scores[name] = float(np.mean(errors[name]))
-            lowest = min(scores, key=lambda n: (not np.isfinite(scores[n]), scores[n]))
-            spread = errors[lowest]
-            standard_error = float(np.std(spread, ddof=1) / np.sqrt(len(spread)))
-            bound = scores[lowest] + (standard_error if np.isfinite(standard_error) else 0.0)
-            best = next(n for n, _ in candidates if np.isfinite(scores[n]) and scores[n] <= bound)
+        directory = Path(directory)
+        meta_path = directory / "predictor.json"
+        if not meta_path.is_file():
+            raise MissingArtefactError(
+                f"no latency predictor in {directory}; run `dreams-nas profile` first"
+            )
+        meta = read_json(meta_path)
+        rows = _training_frame(pd.read_csv(directory / "predictor_train.csv",
+                                           dtype={"spec_id": str}, keep_default_na=False,
+                                           na_values={"heads": [""], "visual_keep": [""]}))
+        saved = (meta.get("versions") or {}).get("scikit-learn")
+        installed = library_versions().get("scikit-learn")
+        model = None
+        schema = meta.get("schema_version", 1)
+        if schema != PREDICTOR_SCHEMA_VERSION:
+            log.info("predictor in %s has schema %s, this is %s; refitting from its %d saved rows",
+                     directory, schema, PREDICTOR_SCHEMA_VERSION, len(rows))
+        elif saved == installed:
+            try:
+                model = joblib.load(directory / "predictor.joblib")
+            except Exception as exc:  # noqa: BLE001 - any unreadable pickle means: refit
+                log.warning("cannot read %s (%s); refitting from the saved rows",
+                            directory / "predictor.joblib", exc)
         else:
-            best = candidates[0][0]
-        self.cv_scores_ = scores  # name -> mean cross-validated RMSE (in the fitted y's units)
-        self.best_name_ = best
-        self.best_estimator_ = clone(dict(candidates)[best]).fit(X, y)
-        return self
-
-    def predict(self, X: Any) -> np.ndarray:
-        check_is_fitted(self, "best_estimator_")
-        X = validate_data(self, X, reset=False)
-        return np.asarray(self.best_estimator_.predict(X), dtype=float).ravel()
-
-
-def make_latency_model(visual_tokens: int = 0, candidates: Sequence[tuple[str, Any]] | None = None,
-                       cv: int = 5, random_state: int = 0) -> Pipeline:
-    """The unfitted predictor pipeline (rows in, milliseconds out)."""
-    return Pipeline([
-        ("features", StepFeatures(visual_tokens=visual_tokens)),
-        ("regressor", TransformedTargetRegressor(
-            regressor=CVSelectedRegressor(candidates=candidates, cv=cv, random_state=random_state),
-            func=np.log, inverse_func=np.exp, check_inverse=False)),
-    ])
+            log.warning("predictor in %s was fitted with scikit-learn %s, this is %s; refitting "
+                        "from its %d saved rows", directory, saved, installed, len(rows))
+        seed = int(meta.get("seed", 0))
+        visual_tokens = int(meta.get("visual_tokens", 0))
+        if model is None:
+            model = make_latency_model(visual_tokens, random_state=seed)
+            model.fit(rows, rows["median_ms"].to_numpy())
+        out = cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
+                  visual_tokens=visual_tokens, metrics=dict(meta.get("metrics") or {}),
+                  holdout=list(meta.get("holdout") or []), n_holdout=int(meta.get("n_holdout", 0)),
+                  seed=seed, stat=str(meta.get("stat", "median_ms")))
+        if (saved != installed or schema != PREDICTOR_SCHEMA_VERSION
+                or not (directory / "predictor.joblib").is_file()):
+            out.save(directory)
+        return out
 
 
-def chosen_regressor(model: Pipeline) -> tuple[str, dict[str, float]]:
-    """(name of the regressor cross-validation chose, {name: CV RMSE of log-latency})."""
-    selector = model.named_steps["regressor"].regressor_
-    return selector.best_name_, dict(selector.cv_scores_)
-
-
-def latency_metrics(measured_ms: Any, predicted_ms: Any) -> dict[str, float]:
-    """MAPE (fraction), RMSE (ms), share within +-10 % and Kendall's tau of the ranking."""
-    from scipy.stats import kendalltau
-
-    y = np.asarray(measured_ms, dtype=float)
-    p = np.asarray(predicted_ms, dtype=float)
-    if y.shape != p.shape or y.size == 0:
-        raise ValueError(f"need equal, non-empty arrays; got {y.shape} and {p.shape}")
-    rel = np.abs(p - y) / y
-    tau = kendalltau(y, p).statistic if y.size > 1 else float("nan")
-    return {
-        "mape": float(rel.mean()),
-        "rmse": float(np.sqrt(np.mean((p - y) ** 2))),
-        "within_10pct": float((rel <= 0.10 + 1e-9).mean()),  # 1.1 vs 1.0 is within
-        "kendall_tau": float(tau),
-    }
+def _training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if "status" in frame.columns:
+        frame = frame[frame["status"] == "ok"]
+    missing = [c for c in ("kind", "heads", "visual_keep", "context_len", "k", "median_ms")
+               if c not in frame.columns]
+    if missing:
+        raise InputError(f"latency rows lack column(s) {missing}")
+    frame = frame[[c for c in TRAIN_COLUMNS if c in frame.columns]].copy()
+    frame["spec_id"] = frame.get("spec_id", "").fillna("").astype(str) if "spec_id" in frame else ""
+    for name in ("heads", "visual_keep", "median_ms"):
+        frame[name] = pd.to_numeric(frame[name], errors="coerce")
+    for name in ("context_len", "k"):
+        frame[name] = frame[name].astype(int)
+    return frame.reset_index(drop=True)

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-from .hardware import CpuFreqProbe, HardwareInfo, NvmlDevice, cpu_throttle_probe
-from .plan import StepKey
-from .store import ProfileStore, make_row
-from .timing import Timing, measure
+from dreams_nas.latency.hardware import CpuFreqProbe, HardwareInfo, NvmlDevice, cpu_throttle_probe
+from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.store import ProfileStore, make_row
+from dreams_nas.latency.timing import Timing, measure
 
 log = logging.getLogger("dreams_nas.latency")
 
@@ -80,7 +79,7 @@ def run_profile(
     A step that runs out of memory is recorded with status ``oom`` (``failed`` for other
     runtime errors) and profiling goes on.
     """
-    from dreams_nas.supernet.progress import progress
+    from dreams_nas.supernet.core.progress import progress
 
     done = store.done_keys()
     todo = [k for k in keys if k.ident not in done]

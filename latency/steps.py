@@ -27,11 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+from dreams_nas.latency.plan import StepKey
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from torch import nn
-
-from .plan import StepKey
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -80,7 +79,7 @@ def default_context_lengths(visual_tokens: int) -> list[int]:
 
 def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None) -> nn.Module:
     """An (untrained) DREAM-S supernet for `target`, or one with `config` (a DraftConfig)."""
-    from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+    from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
 
     shared = SharedTargetModules(embed_tokens=target.get_input_embeddings(),
                                  lm_head=target.get_output_embeddings())
@@ -186,7 +185,7 @@ class ModelSteps:
         return first
 
     def _extracted(self, spec: SubnetSpec) -> nn.Module:
-        from dreams_nas.supernet.extract import extract
+        from dreams_nas.supernet.draft.extract import extract
 
         ident = (spec.heads, spec.visual_keep, spec.inject_layer)
         if self._compact is None or self._compact[0] != ident:
@@ -198,7 +197,7 @@ class ModelSteps:
     def _draft_step(self, key: StepKey, width: int = 1) -> Callable[[], object]:
         """One draft forward over `width` new positions (1: a step within the cycle), the
         LM head on the last, argmax; the draft's cache is cropped back after each call."""
-        from dreams_nas.supernet.draft import DraftCache
+        from dreams_nas.supernet.draft.model import DraftCache
 
         assert key.spec is not None
         draft = self._extracted(key.spec)

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.io import append_csv_rows, locked
-
-from .hardware import HardwareInfo
-from .plan import DRAFT_KINDS, KINDS, StepKey
-from .timing import Timing
+from dreams_nas.latency.hardware import HardwareInfo
+from dreams_nas.latency.plan import DRAFT_KINDS, KINDS, StepKey
+from dreams_nas.latency.timing import Timing
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import append_csv_rows, locked
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "hardware_id", "kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.core.errors import InputError
 
 
 class ClockProbe(Protocol):

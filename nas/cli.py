@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.runfolder import DEFAULT_RUN_DIR
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.runfolder import DEFAULT_RUN_DIR
 
 PROG = "dreams-nas"
 log = logging.getLogger("dreams_nas")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .data import (
+from dreams_nas.reports.data import (
     REPORT_HTML,
     AcceptanceCurve,
     AifdInfo,
@@ -29,8 +29,8 @@ from .data import (
     pareto_mask,
     searched_hardware_ids,
 )
-from .figures import RenderedFigure, render_figures, save_figures
-from .html import render_html, write_text_atomic
+from dreams_nas.reports.figures import RenderedFigure, render_figures, save_figures
+from dreams_nas.reports.html import render_html, write_text_atomic
 
 __all__ = [
     "AcceptanceCurve", "AifdInfo", "BestSubnet", "CrossHardware", "HistoryPoint",

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .values import (
+from dreams_nas.reports.values import (
     AcceptanceCurve,
     AifdInfo,
     BestSubnet,

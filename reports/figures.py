@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+from dreams_nas.reports.data import pareto_mask
+from dreams_nas.reports.values import ReportData, Subnet
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-from .data import pareto_mask
-from .values import ReportData, Subnet
 
 HEAD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "p", "<", ">")
 BEST_COLOR = "#d62728"

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .figures import RenderedFigure
-from .values import ReportData
+from dreams_nas.reports.figures import RenderedFigure
+from dreams_nas.reports.values import ReportData
 
 CSS = """
 :root { --ink:#1d2330; --muted:#5f6878; --line:#e2e5ea; --bg:#f6f7f9; --accent:#d62728;

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def run_dir(tmp_path):
     """An empty run folder in the test's temporary directory."""
-    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
     return RunFolder(tmp_path / "dreams-run")
 
@@ -69,7 +69,7 @@ def tiny_vlm():
 @pytest.fixture(scope="session")
 def tiny_target(tiny_vlm):
     """tiny_target(family) -> TargetAdapter over the session's tiny VLM of that family."""
-    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
     adapters: dict = {}
 

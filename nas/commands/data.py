@@ -22,8 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.supernet.data import write_synthetic
-    from dreams_nas.supernet.synth import TASKS
+    from dreams_nas.supernet.data.prompts import write_synthetic
+    from dreams_nas.supernet.data.synth import TASKS
 
     n = 200 if args.n is None else args.n
     tasks = TASKS if args.tasks is None else tuple(t.strip() for t in args.tasks.split(",") if t)

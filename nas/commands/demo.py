@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.nas.demo import DemoOptions, run_demo
-    from dreams_nas.nas.supernet_run import TrainOptions
+    from dreams_nas.nas.stages.demo import DemoOptions, run_demo
+    from dreams_nas.nas.stages.train import TrainOptions
 
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
                          multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens)

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.core.errors import InputError
 
 HELP = "generate an answer about an image with a target VLM and a drafter (lossless speculative decoding)"
 
@@ -42,7 +42,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
         raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
                          "of a spec folder (specs/<spec_id>/ in the run folder)")
-    from dreams_nas.supernet.target import _open_image
+    from dreams_nas.supernet.target.adapter import _open_image
 
     args._image = _open_image(args.image)
 
@@ -50,13 +50,13 @@ def _check_args(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     _check_args(args)
     import torch
-    from dreams_nas.supernet.decoding import generate
-    from dreams_nas.supernet.drafting import load_drafter
-    from dreams_nas.supernet.sampling import SamplingConfig
-    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.decoding.loop import generate
+    from dreams_nas.supernet.decoding.registry import load_drafter
+    from dreams_nas.supernet.decoding.sampling import SamplingConfig
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    from dreams_nas.supernet.training_run import resolve_device
+    from dreams_nas.supernet.core.device import resolve_device
 
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else None

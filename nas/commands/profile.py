@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.latency.pipeline import ProfileOptions, profile
-    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.nas.stages.profile import ProfileOptions, profile
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
     options = ProfileOptions(
         target=args.target, device=args.device, dtype=args.dtype, budget=args.budget,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.supernet.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 
 HELP = "write the self-contained HTML report (Pareto front, best subnet, figures) of a run"
 

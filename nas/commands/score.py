@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.nas.score_run import ScoreOptions, score_run
-    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.nas.stages.score import ScoreOptions, score_run
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
     options = ScoreOptions(
         data=args.data, specs=args.specs, temperature=args.temperature, limit=args.limit,

@@ -53,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.nas.search_run import SearchOptions, search_run
-    from dreams_nas.nas.supernet_run import TrainOptions
-    from dreams_nas.supernet.runfolder import RunFolder
+    from dreams_nas.nas.stages.search import SearchOptions, search_run
+    from dreams_nas.nas.stages.train import TrainOptions
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
     show = False if args.json or args.quiet else None
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,

@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.supernet.demo_target import ensure_demo_target_with_metrics
-    from dreams_nas.supernet.errors import InputError
+    from dreams_nas.supernet.core.errors import InputError
+    from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads {args.threads} must be at least 1")

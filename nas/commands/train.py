@@ -36,39 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="auto, cpu, cuda or cuda:N (the target and the draft)")
 
 
-def _config(args: argparse.Namespace) -> Any:
-    from dataclasses import replace
-
-    from dreams_nas.supernet.batching import LossWeights
-    from dreams_nas.supernet.train import TrainConfig
-
-    base = TrainConfig()
-    changes = {name: getattr(args, name) for name in
-               ("warmup_steps", "multires_steps", "batch_size", "lr")
-               if getattr(args, name) is not None}
-    weights = LossWeights(
-        kl=args.lambda_kl if args.lambda_kl is not None else base.weights.kl,
-        distill=args.lambda_distill if args.lambda_distill is not None else base.weights.distill,
-        feat=args.lambda_feat if args.lambda_feat is not None else base.weights.feat)
-    return replace(base, **changes, weights=weights, seed=args.seed)
-
-
-def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
-    from dreams_nas.nas.supernet_run import load_examples as load
-
-    return load(data, n, seed)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.supernet.runfolder import RunFolder
-    from dreams_nas.supernet.target import TargetAdapter
-    from dreams_nas.supernet.training_run import resolve_device, train_run
+    from dreams_nas.nas.stages.train import TrainOptions, train
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
-    config = _config(args)
-    device = resolve_device(args.device)
-    examples = load_examples(args.data, args.n_train, args.seed)
-    target = TargetAdapter.load(args.target, device=device)
-    show = False if args.json or args.quiet else None
-    return train_run(RunFolder(args.run), target, examples, config, num_heads=args.heads,
-                     max_new_tokens=args.max_new_tokens, distill=args.distill, device=device,
-                     show_progress=show)
+    options = TrainOptions(
+        target=args.target, data=args.data, n_train=args.n_train,
+        warmup_steps=args.warmup_steps, multires_steps=args.multires_steps,
+        batch_size=args.batch_size, lr=args.lr, lambda_kl=args.lambda_kl,
+        lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
+        heads=args.heads, max_new_tokens=args.max_new_tokens, device=args.device,
+        seed=args.seed, show_progress=False if args.json or args.quiet else None)
+    return train(RunFolder(args.run), options)

@@ -33,7 +33,7 @@ def tiny_llava(tmp_path_factory) -> str:
 
 @pytest.fixture
 def small_run(run_dir):
-    from dreams_nas.supernet.space import SearchSpace
+    from dreams_nas.supernet.core.space import SearchSpace
 
     run_dir.save_space(SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                                    draft_len=(1, 2, 3)))

@@ -2,17 +2,14 @@ from __future__ import annotations
 
 import pynvml
 import pytest
-from dreams_nas.latency import hardware
 from dreams_nas.latency.hardware import (
     HardwareInfo,
     NvmlDevice,
     cpu_identity,
     detect_hardware,
     reasons_from_mask,
-    resolve_device,
     slugify,
 )
-from dreams_nas.supernet.errors import InputError
 
 
 @pytest.fixture
@@ -53,19 +50,6 @@ def test_cpu_identity_counts_physical_cores(tmp_path) -> None:
     info.write_text("".join(block.format(p=p, c=p // 2) for p in range(4)))  # 2 cores x 2 SMT
     ident = cpu_identity(info)
     assert ident["name"] == "AMD EPYC 7B13" and ident["cores"] == 2
-
-
-def test_unknown_device_names_the_devices_that_exist(monkeypatch) -> None:
-    monkeypatch.setattr(hardware, "available_devices", lambda: ["cpu"])
-    with pytest.raises(InputError, match=r"--device cuda:3 does not exist on this machine; the devices here are: cpu"):
-        resolve_device("cuda:3")
-    with pytest.raises(InputError, match=r"'tpu' is not a device; use auto, cpu or cuda:N"):
-        resolve_device("tpu")
-    assert resolve_device("auto") == "cpu"
-    monkeypatch.setattr(hardware, "available_devices", lambda: ["cpu", "cuda:0", "cuda:1"])
-    assert resolve_device("cuda") == "cuda:0"
-    assert resolve_device("cuda:1") == "cuda:1"
-    assert resolve_device("auto") == "cuda:0"
 
 
 def test_throttle_reasons_ignore_idle_and_app_clocks() -> None:

@@ -11,8 +11,8 @@ from dreams_nas.latency.plan import (
     latin_hypercube_grid,
     resolve_budget,
 )
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace
 
 SPACE = SearchSpace(heads=(1, 2, 3, 4), visual_keep=(0.25, 0.5, 0.75, 1.0),
                     inject_layer=(2, 4, 6, 8), draft_len=tuple(range(1, 8)))

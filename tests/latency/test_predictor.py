@@ -5,17 +5,17 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from dreams_nas.latency import fitting
-from dreams_nas.latency.fitting import LatencyPredictor, holdout_split
-from dreams_nas.latency.predictor import (
+from dreams_nas.latency import predictor as fitting
+from dreams_nas.latency.estimators import (
     FEATURE_NAMES,
     CVSelectedRegressor,
     StepFeatures,
     latency_metrics,
     make_latency_model,
 )
-from dreams_nas.supernet.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.latency.predictor import LatencyPredictor, holdout_split
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.space import SubnetSpec
 from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.exceptions import NotFittedError
@@ -140,6 +140,21 @@ def test_save_load_and_spec_level_predictions(tmp_path) -> None:
     assert draft[0] < draft[1] and draft[1] == pytest.approx(draft[2], rel=1e-12)
     assert loaded.decode_ms(144) < loaded.verify_ms(6, 144)
     assert loaded.decode_ms(144) == pytest.approx(3.0 + 0.3 + 0.288 + 0.0288, rel=0.05)
+
+
+def test_predict_ms_answers_every_kind_the_search_asks_for() -> None:
+    pred = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                                holdout=0.0)
+    spec = SubnetSpec(4, 1.0, 2, 3)
+    assert pred.predict_ms("draft", spec, 144, 1) == pytest.approx(pred.draft_ms([spec], 144)[0])
+    assert pred.predict_ms("draft_first", spec, 144, 1) == pytest.approx(
+        pred.first_draft_ms([spec], 144)[0])
+    assert pred.predict_ms("verify", None, 144, 6) == pred.verify_ms(6, 144)
+    assert pred.predict_ms("decode", None, 144, 1) == pred.decode_ms(144)
+    with pytest.raises(ValueError, match="a draft latency needs a spec"):
+        pred.predict_ms("draft", None, 144, 1)
+    with pytest.raises(ValueError, match="latency kind 'prefill'"):
+        pred.predict_ms("prefill", None, 144, 1)
 
 
 def test_a_different_sklearn_version_refits_from_the_saved_rows(tmp_path, monkeypatch, caplog) -> None:

@@ -8,9 +8,9 @@ import sys
 import time
 
 import pytest
-from dreams_nas.latency.fitting import LatencyPredictor
 from dreams_nas.latency.hardware import detect_hardware
 from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.predictor import LatencyPredictor
 from dreams_nas.latency.store import ProfileStore, make_row
 from dreams_nas.latency.timing import Timing
 from dreams_nas.nas import cli
@@ -56,44 +56,6 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     # --fit-only with another thread count names what is profiled
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
     assert f"profiled in this run: {hw['hardware_id']}" in capsys.readouterr().err
-
-
-def test_a_profile_from_before_draft_first_loads_and_a_rerun_times_only_those(
-        small_run, tiny_llava, capsys) -> None:
-    from dreams_nas.latency.pipeline import ProfileOptions, completed_profile
-    from dreams_nas.nas.inputs import load_latency
-    from dreams_nas.supernet.space import SubnetSpec
-
-    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
-    capsys.readouterr()
-    folder, store = _profile_dir(small_run)
-    # Make it an old profile: no draft_first rows, the old plan's key count, a schema-1 predictor.
-    lines = store.path.read_text().splitlines(keepends=True)
-    store.path.write_text("".join(line for line in lines if ",draft_first," not in line))
-    plan = json.loads((folder / "plan.json").read_text())
-    (folder / "plan.json").write_text(json.dumps({**plan, "n_keys": 36}))
-    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
-    capsys.readouterr()
-    doc = json.loads((folder / "predictor.json").read_text())
-    (folder / "predictor.json").write_text(json.dumps({**doc, "schema_version": 1}))
-    # It still loads (refitted from its rows) and the search falls back to the draft step, once.
-    latency = load_latency(small_run, folder.name)
-    assert not latency.has_first_draft
-    spec = SubnetSpec(4, 1.0, 2, 3)
-    capsys.readouterr()
-    first = [latency.predict_ms("draft_first", spec, 20, 1) for _ in range(2)]
-    assert first == [latency.predict_ms("draft", spec, 20, 1)] * 2
-    assert capsys.readouterr().err.count("predates the draft_first step") == 1  # the CLI's handler
-    assert json.loads((folder / "predictor.json").read_text())["schema_version"] == 2
-    # The demo's reuse check sees the missing kind; a rerun times only the draft_first rows.
-    options = ProfileOptions(target=tiny_llava, device="cpu", threads=1, repeats=3,
-                             context_lengths=[12, 20, 36])
-    assert completed_profile(small_run, options) is None
-    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
-    again = json.loads(capsys.readouterr().out)
-    assert (again["measured"], again["resumed"], again["rows"]) == (12, 36, 48)
-    assert load_latency(small_run, folder.name).has_first_draft
-    assert completed_profile(small_run, options) is not None
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dreams_nas.latency.plan import StepKey
 from dreams_nas.latency.steps import ModelSteps, build_supernet, resolve_dtype
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.core.space import SearchSpace
 
 
 def _steps(tiny_llava: str, precede) -> ModelSteps:
-    from dreams_nas.latency.pipeline import load_target
+    from dreams_nas.nas.stages.profile import load_target
 
     adapter = load_target(tiny_llava, "cpu", resolve_dtype("auto", "cpu"))
     space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))

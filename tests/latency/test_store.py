@@ -5,8 +5,8 @@ from dreams_nas.latency.hardware import detect_hardware
 from dreams_nas.latency.plan import StepKey, canonical_spec
 from dreams_nas.latency.store import PROFILE_COLUMNS, ProfileStore, make_row
 from dreams_nas.latency.timing import Timing
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace
 
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
 

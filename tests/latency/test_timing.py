@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 from dreams_nas.latency.timing import fixed_threads, measure
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.core.errors import InputError
 
 
 def test_repeats_stop_at_the_budget_but_not_below_min_repeats() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dreams_nas.supernet.acceptance_table import AcceptanceRow
-from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.acceptance.table import AcceptanceRow
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 SMALL_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                           draft_len=(1, 2, 3, 5))
@@ -71,7 +71,7 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str) -> None:
     import json
 
     import pandas as pd
-    from dreams_nas.latency.fitting import LatencyPredictor
+    from dreams_nas.latency.predictor import LatencyPredictor
 
     rows = []
     for ctx in (16, 32):

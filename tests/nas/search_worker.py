@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dreams_nas.nas.search import search  # noqa: E402
+from dreams_nas.nas.search.strategies import search  # noqa: E402
 from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params  # noqa: E402
 
 

@@ -7,7 +7,7 @@ import types
 
 import pytest
 from dreams_nas.nas import cli
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.supernet.core.errors import InputError
 
 
 def _fake_command(behaviour):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from dreams_nas.nas import cli
-from dreams_nas.supernet.runfolder import RunFolder
+from dreams_nas.supernet.core.runfolder import RunFolder
 
 pytestmark = pytest.mark.slow  # builds the tiny demo target once, trains two tiny supernets
 
@@ -19,7 +19,7 @@ EVAL = ["--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1"]
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    from dreams_nas.supernet.demo_target import ensure_demo_target
+    from dreams_nas.supernet.demo.cache import ensure_demo_target
 
     folder = tmp_path_factory.mktemp("cache")
     ensure_demo_target(folder, variant="tiny", progress=False, threads=1)
@@ -82,9 +82,9 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> Non
 
 
 def test_demo_refuses_a_run_folder_of_another_target(cmd, tmp_path) -> None:
-    from dreams_nas.nas.supernet_run import TrainOptions, ensure_supernet
-    from dreams_nas.supernet.errors import InputError
-    from dreams_nas.supernet.store import SUPERNET_WEIGHTS, file_hash
+    from dreams_nas.nas.stages.train import TrainOptions, ensure_supernet
+    from dreams_nas.supernet.core.errors import InputError
+    from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
 
     run = RunFolder(tmp_path / "run")
     run.supernet_dir.mkdir(parents=True)

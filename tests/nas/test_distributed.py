@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from dreams_nas.nas.search import search
+from dreams_nas.nas.search.strategies import search
 from pg_server import PostgresServer, unavailable_reason
 from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 

@@ -4,16 +4,15 @@ import json
 from dataclasses import replace
 
 import pytest
-from dreams_nas.nas.candidate import Candidate
-from dreams_nas.nas.inputs import (
-    PredictorLatency,
+from dreams_nas.nas.search.candidate import Candidate
+from dreams_nas.nas.stages.inputs import (
     dataset_id,
     read_specs,
     resolve_hardware,
 )
-from dreams_nas.nas.verify import Measured, gap_warning
-from dreams_nas.supernet.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+from dreams_nas.nas.stages.verify import Measured, gap_warning
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
 
@@ -67,30 +66,10 @@ def test_dataset_ids(tmp_path) -> None:
         dataset_id(str(tmp_path / "missing.jsonl"), None)
 
 
-class _FakeFitted:
-    def draft_ms(self, specs, context_len):
-        return [0.5 * s.heads + context_len / 1000 for s in specs]
-
-    def verify_ms(self, k, context_len):
-        return 10.0 + k
-
-    def decode_ms(self, context_len):
-        return 9.0
-
-
-def test_predictor_adapter() -> None:
-    lat = PredictorLatency(_FakeFitted())
-    assert lat.predict_ms("draft", SubnetSpec(4, 1.0, 2, 3), 100, 1) == pytest.approx(2.1)
-    assert lat.predict_ms("verify", None, 100, 4) == 14.0
-    assert lat.predict_ms("decode", None, 100, 1) == 9.0
-    with pytest.raises(ValueError, match="latency kind 'prefill'"):
-        lat.predict_ms("prefill", None, 100, 1)
-
-
 def _cand(speedup, tau):
     return Candidate(spec=SubnetSpec(4, 1.0, 2, 3), tau=tau, tau_ci=(tau, tau), draft_ms=1.0,
-                     verify_ms=12.0, decode_ms=10.0, speedup=speedup, draft_params=100,
-                     feasible=True)
+                     first_draft_ms=1.0, verify_ms=12.0, decode_ms=10.0, speedup=speedup,
+                     draft_params=100, feasible=True)
 
 
 def test_gap_warning_names_the_likely_cause() -> None:
@@ -115,46 +94,11 @@ def test_gap_warning_points_at_the_part_that_differs() -> None:
     assert "a verify pass took 20.00 ms here vs 12.00 ms predicted" in gap_warning(pred, verify)
 
 
-def test_gap_warning_names_a_slow_draft_and_a_profile_without_the_first_step() -> None:
+def test_gap_warning_names_a_slow_draft_step() -> None:
     spec = SubnetSpec(4, 1.0, 2, 3)
     slow_draft = Measured(spec, tau=3.0, tokens_per_s=60.0, baseline_tokens_per_s=100.0,
                           draft_ms=3.0, verify_ms=12.0, other_ms=0.1, decode_ms=10.0)
-    old = _cand(1.2, 3.0)  # no first_draft_ms: the first step taken as hot as the rest
-    assert old.first_draft_ms == old.draft_ms == 1.0 and old.cycle_draft_ms == 3.0
-    assert "the profile has no draft_first step" in gap_warning(old, slow_draft)
-    new = replace(old, first_draft_ms=2.5)  # mean step (2.5 + 2 x 1.0) / 3 = 1.5 ms
-    assert new.cycle_draft_ms == 4.5 and new.to_row()["first_draft_ms"] == 2.5
-    text = gap_warning(new, slow_draft)
-    assert "took 3.00 ms here vs 1.50 ms predicted" in text and "no draft_first" not in text
-
-
-class _FakeFittedWithFirst(_FakeFitted):
-    has_first_draft = True
-
-    def first_draft_ms(self, specs, context_len):
-        return [2.0 * s.heads for s in specs]
-
-
-def test_predictor_adapter_serves_the_first_draft_step_or_falls_back() -> None:
-    spec = SubnetSpec(4, 1.0, 2, 3)
-    assert PredictorLatency(_FakeFittedWithFirst()).predict_ms("draft_first", spec, 100, 1) == 8.0
-    old = PredictorLatency(_FakeFitted())  # a profile from before draft_first
-    assert not old.has_first_draft
-    assert old.predict_ms("draft_first", spec, 100, 1) == old.predict_ms("draft", spec, 100, 1)
-
-
-def test_latencies_are_predicted_at_the_mean_decoding_context(tmp_path) -> None:
-    """The prompt plus half the answer: the cached rows' or, with none, the greedy traces'."""
-    from types import SimpleNamespace
-
-    from dreams_nas.nas.inputs import context_len_of
-    from dreams_nas.supernet.acceptance_table import AcceptanceRow, AcceptanceTable
-
-    table = AcceptanceTable(tmp_path / "acc.csv", "hash", "data")
-    traces = SimpleNamespace(context_len=50, answer_len=31.0)  # a teacher-forced scorer
-    assert context_len_of(table, SimpleNamespace(scorer=traces)) == 66
-    spec = SubnetSpec(2, 1.0, 1, 3)
-    table.append([AcceptanceRow(spec=spec, tau=2.0, tau_lo=1.8, tau_hi=2.2, supernet_hash="hash",
-                                dataset_id="data", n_prompts=10, n_tokens=310, context_len=50)])
-    no_scorer = SimpleNamespace(scorer=None)  # with rows cached nothing is traced
-    assert context_len_of(table, no_scorer) == 66
+    pred = replace(_cand(1.2, 3.0), first_draft_ms=2.5)  # mean step (2.5 + 2 x 1.0) / 3 = 1.5 ms
+    assert pred.cycle_draft_ms == 4.5 and pred.to_row()["first_draft_ms"] == 2.5
+    assert "a draft step (mean over the cycle" in gap_warning(pred, slow_draft)
+    assert "took 3.00 ms here vs 1.50 ms predicted" in gap_warning(pred, slow_draft)

@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from dreams_nas.nas.pareto import is_pareto_front
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.nas.search.pareto import is_pareto_front
+from dreams_nas.supernet.core.errors import InputError
 
 MAX_MIN = ("maximize", "minimize")
 inf, nan = math.inf, math.nan
@@ -68,7 +68,7 @@ def test_matches_brute_force_on_random_points_with_ties(seed) -> None:
 
 
 def test_chunking_does_not_change_the_answer(monkeypatch) -> None:
-    from dreams_nas.nas import pareto
+    from dreams_nas.nas.search import pareto
 
     rng = np.random.default_rng(7)
     values = rng.integers(0, 9, size=(200, 3)).astype(float)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from dreams_nas.nas import cli
-from dreams_nas.nas.peers import REFERENCE, Decoded, Method, markdown_table, measure_methods
-from dreams_nas.supernet.runfolder import RunFolder
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace
+from peers import REFERENCE, Decoded, Method, markdown_table, measure_methods
 from search_fakes import fit_synthetic_latency
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
@@ -54,11 +54,11 @@ def test_unknown_reference_is_refused() -> None:
 
 @pytest.mark.slow  # builds the tiny demo target and trains a tiny supernet (~20 s)
 def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys) -> None:
-    from dreams_nas.supernet.data import builtin_dataset
-    from dreams_nas.supernet.demo_target import ensure_demo_target
-    from dreams_nas.supernet.target import TargetAdapter
-    from dreams_nas.supernet.train import TrainConfig
-    from dreams_nas.supernet.training_run import train_run
+    from dreams_nas.supernet.data.prompts import builtin_dataset
+    from dreams_nas.supernet.demo.cache import ensure_demo_target
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+    from dreams_nas.supernet.training.recipe import train_run
+    from dreams_nas.supernet.training.tppt import TrainConfig
 
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path / "cache"))
     run = RunFolder(tmp_path / "dreams-run")
@@ -107,7 +107,7 @@ def _load_bench():
 
 
 def test_full_and_eagle_specs() -> None:
-    from dreams_nas.nas.peers import full_and_eagle_specs
+    from peers import full_and_eagle_specs
 
     space = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                         draft_len=(1, 3, 7))

@@ -3,11 +3,11 @@ from __future__ import annotations
 import math
 
 import pytest
-from dreams_nas.nas.scoring import CachedAcceptance
-from dreams_nas.nas.search import best_candidate, pareto_front, search
-from dreams_nas.nas.speedup import expected_speedup
-from dreams_nas.supernet.acceptance_table import AcceptanceTable
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.nas.search.scoring import CachedAcceptance
+from dreams_nas.nas.search.speedup import expected_speedup
+from dreams_nas.nas.search.strategies import best_candidate, pareto_front, search
+from dreams_nas.supernet.acceptance.table import AcceptanceTable
+from dreams_nas.supernet.core.errors import InputError
 from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, tau_of
 
 
@@ -128,8 +128,8 @@ def test_speedups_are_finite() -> None:
 
 
 def test_the_cold_first_draft_step_enters_every_candidate_and_the_trials_row() -> None:
-    from dreams_nas.nas.export import TRIAL_COLUMNS, trial_rows
-    from dreams_nas.nas.replay import RecordedLatency
+    from dreams_nas.nas.search.replay import RecordedLatency
+    from dreams_nas.nas.stages.export import TRIAL_COLUMNS, trial_rows
 
     space = SMALL_SPACE
     keys = {(s.heads, s.visual_keep, s.inject_layer) for s in space.enumerate()}

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 from dreams_nas.nas import cli
-from dreams_nas.supernet.runfolder import RunFolder
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
 from _draft_fixtures import one_torch_thread  # noqa: E402
@@ -38,9 +38,9 @@ def _fit_latency(run: RunFolder) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from dreams_nas.supernet.target import TargetAdapter
-    from dreams_nas.supernet.train import TrainConfig
-    from dreams_nas.supernet.training_run import train_run
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+    from dreams_nas.supernet.training.recipe import train_run
+    from dreams_nas.supernet.training.tppt import TrainConfig
 
     root = tmp_path_factory.mktemp("search-cmd")
     with one_torch_thread():
@@ -59,7 +59,7 @@ def tiny_run(tmp_path_factory):
 @pytest.fixture
 def cmd(tiny_run, monkeypatch, capsys):
     run, examples = tiny_run
-    monkeypatch.setattr("dreams_nas.nas.inputs.load_eval_examples",
+    monkeypatch.setattr("dreams_nas.nas.stages.inputs.load_eval_examples",
                         lambda data, limit, seed: examples[: limit or len(examples)])
 
     def call(*argv):
@@ -98,9 +98,9 @@ def test_score_then_search_writes_every_artefact(tiny_run, cmd) -> None:
     assert len(pd.read_csv(run.pareto_csv(HW))) == len(out["front"])
 
     # the exported spec folder decodes with the engine, losslessly
-    from dreams_nas.supernet.decoding import generate, plain_generate
-    from dreams_nas.supernet.drafting import load_drafter
-    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.decoding.loop import generate, plain_generate
+    from dreams_nas.supernet.decoding.registry import load_drafter
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
     target = TargetAdapter.load(json.loads(run.run_json.read_text())["target"]["path"])
     inputs = target.build_inputs(tiny_run[1][0].image_path, tiny_run[1][0].prompt)
@@ -141,7 +141,7 @@ def test_acceptance_of_another_supernet_is_refused(tiny_run, cmd) -> None:
     run, _ = tiny_run
     path = run.acceptance_csv("builtin-eval-n3")
     path.parent.mkdir(parents=True, exist_ok=True)
-    from dreams_nas.supernet.acceptance_table import ACCEPTANCE_COLUMNS
+    from dreams_nas.supernet.acceptance.table import ACCEPTANCE_COLUMNS
 
     row = dict.fromkeys(ACCEPTANCE_COLUMNS, "")
     row.update(supernet_hash="0123456789abcdef", dataset_id="builtin-eval-n3",

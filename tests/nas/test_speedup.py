@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 import pytest
-from dreams_nas.nas.speedup import expected_speedup
-from dreams_nas.supernet.errors import InputError
+from dreams_nas.nas.search.speedup import expected_speedup
+from dreams_nas.supernet.core.errors import InputError
 
 # (tau, gamma, draft_ms, verify_ms, decode_ms, expected)
 CASES = [

@@ -16,7 +16,7 @@ from tiny_models import save_tiny_vlm  # noqa: E402
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     import torch
-    from dreams_nas.supernet.data import write_synthetic
+    from dreams_nas.supernet.data.prompts import write_synthetic
 
     root = tmp_path_factory.mktemp("train-cli")
     target = save_tiny_vlm("llava", root / "target")
@@ -57,10 +57,10 @@ def test_bad_input_is_a_one_line_error(setup, capsys, argv, message):
 
 
 def test_generate_with_an_extracted_spec_folder(setup, capsys):
-    from dreams_nas.supernet.extract import extract
-    from dreams_nas.supernet.io import atomic_write_json
-    from dreams_nas.supernet.space import SubnetSpec
-    from dreams_nas.supernet.store import load_supernet
+    from dreams_nas.supernet.core.io import atomic_write_json
+    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.draft.extract import extract
+    from dreams_nas.supernet.draft.store import load_supernet
 
     root, target, jsonl = setup
     run = root / "run"

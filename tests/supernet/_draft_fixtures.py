@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
 from torch import nn
 
 VOCAB, HIDDEN, HEADS, HEAD_DIM = 50, 32, 4, 8

@@ -4,7 +4,7 @@
     assert_drafter_contract(adapter, lambda: MyDrafter(...), cases)
 
 `cases` is a list of (inputs, plain greedy tokens). The suite wraps the drafter in a proxy that
-checks every call against the protocol in `dreams_nas.supernet.drafting`, then checks that greedy
+checks every call against the protocol in `dreams_nas.supernet.decoding.drafters`, then checks that greedy
 speculative decoding reproduces plain decoding for several γ and that sampling runs and is
 reproducible with a seeded generator.
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from dreams_nas.supernet.decoding import generate
-from dreams_nas.supernet.drafting import Drafter, Proposal
-from dreams_nas.supernet.sampling import SamplingConfig
+from dreams_nas.supernet.decoding.loop import generate
+from dreams_nas.supernet.decoding.protocol import Drafter, Proposal
+from dreams_nas.supernet.decoding.sampling import SamplingConfig
 
 
 class CheckingDrafter:

@@ -5,20 +5,20 @@ import math
 import numpy as np
 import pytest
 from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
-from dreams_nas.supernet.acceptance import (
+from dreams_nas.supernet.acceptance.teacher_forced import (
     TeacherForcedScorer,
     accept_rates,
     pooled_tau,
     simulate_cycles,
 )
-from dreams_nas.supernet.decoding import generate
-from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
-from dreams_nas.supernet.dream_drafter import DreamDrafter
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.selfdistill import collect_samples, regenerate_answers
-from dreams_nas.supernet.space import SubnetSpec
-from dreams_nas.supernet.target import TargetAdapter
-from dreams_nas.supernet.train import TrainConfig, train_supernet
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.decoding.dream import DreamDrafter
+from dreams_nas.supernet.decoding.loop import generate
+from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
+from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 
 MAX_NEW = 24
 LAYERS = (2, 4)
@@ -135,7 +135,7 @@ def test_pooled_tau_and_bootstrap_interval() -> None:
 
 
 def test_sampled_scoring_is_seeded_real_runs(trained) -> None:
-    from dreams_nas.supernet.acceptance_sampled import SampledScorer
+    from dreams_nas.supernet.acceptance.sampled import SampledScorer
 
     adapter, draft, prompts = trained
 

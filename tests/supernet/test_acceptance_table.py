@@ -3,13 +3,13 @@ from __future__ import annotations
 import math
 
 import pytest
-from dreams_nas.supernet.acceptance_table import (
+from dreams_nas.supernet.acceptance.table import (
     ACCEPTANCE_COLUMNS,
     AcceptanceRow,
     AcceptanceTable,
 )
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SubnetSpec
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SubnetSpec
 
 
 def _row(spec, tau=2.5, supernet="abc", dataset="builtin", temperature=0.0):

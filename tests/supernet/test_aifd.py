@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from _draft_fixtures import one_torch_thread
-from dreams_nas.supernet.aifd import (
+from dreams_nas.supernet.training.aifd import (
     EntropyMeter,
     aifd_from_entropy,
     choose_layers,

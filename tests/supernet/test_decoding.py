@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dreams_nas.supernet.decoding import generate, plain_generate
-from dreams_nas.supernet.drafting import (
-    Drafter,
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.decoding.drafters import (
     OracleDrafter,
     PromptLookupDrafter,
-    Proposal,
     ReplayDrafter,
-    load_drafter,
 )
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.sampling import SamplingConfig, logits_to_probs
+from dreams_nas.supernet.decoding.loop import generate, plain_generate
+from dreams_nas.supernet.decoding.protocol import Drafter, Proposal
+from dreams_nas.supernet.decoding.registry import load_drafter
+from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_probs
 from scipy.stats import chisquare
 from tiny_models import PROMPTS, tiny_image
 
@@ -169,7 +168,7 @@ def test_shipped_drafters_meet_the_contract(name, tiny_target) -> None:
 @pytest.mark.cuda
 def test_lossless_and_sampling_on_cuda(tiny_models) -> None:
     """Same loop on a GPU: greedy equals HF generate; sampling runs with a CUDA generator."""
-    from dreams_nas.supernet.target import TargetAdapter
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
     model, processor = tiny_models.build_tiny_vlm("qwen2_vl")
     adapter = TargetAdapter.from_model(model.to("cuda"), processor)

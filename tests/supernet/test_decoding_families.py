@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dreams_nas.supernet.decoding import generate, plain_generate
-from dreams_nas.supernet.drafting import OracleDrafter, PromptLookupDrafter, ReplayDrafter
+from dreams_nas.supernet.decoding.drafters import OracleDrafter, PromptLookupDrafter, ReplayDrafter
+from dreams_nas.supernet.decoding.loop import generate, plain_generate
 from tiny_models import FAMILIES, PROMPTS, tiny_image
 
 MAX_NEW = 12

@@ -6,17 +6,17 @@ import time
 import pytest
 import torch
 from dreams_nas.nas import cli
-from dreams_nas.supernet.demo_target import (
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.data.synth import make_sample
+from dreams_nas.supernet.demo.build import build_processor
+from dreams_nas.supernet.demo.cache import (
     MARKER,
-    build_processor,
     demo_target_dir,
     ensure_demo_target,
     ensure_demo_target_with_metrics,
     read_complete_marker,
 )
-from dreams_nas.supernet.demo_train import Encoder, exact_match_flags
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.synth import make_sample
+from dreams_nas.supernet.demo.training import Encoder, exact_match_flags
 from transformers import AutoProcessor, LlavaForConditionalGeneration, LlavaProcessor
 
 
@@ -74,7 +74,7 @@ def test_metrics_and_cache_reuse(tiny, capsys) -> None:
 
 
 def test_teacher_forced_exact_match_equals_greedy_generate(tiny) -> None:
-    from dreams_nas.supernet.demo_train import IGNORE, Batch
+    from dreams_nas.supernet.demo.training import IGNORE, Batch
 
     _, folder, _ = tiny
     model = LlavaForConditionalGeneration.from_pretrained(folder).eval()
@@ -156,7 +156,8 @@ def test_rebuild_swaps_in_a_fresh_build(tmp_path) -> None:
 def test_growing_depth_preserves_the_function() -> None:
     from dataclasses import replace
 
-    from dreams_nas.supernet.demo_target import VARIANTS, build_config, grow_text_layers
+    from dreams_nas.supernet.demo.build import build_config, grow_text_layers
+    from dreams_nas.supernet.demo.variants import VARIANTS
 
     processor = build_processor()
     config = build_config(replace(VARIANTS["tiny"], text_layers=2), processor.tokenizer)
@@ -187,9 +188,9 @@ def test_growing_depth_preserves_the_function() -> None:
 def test_cell_patterns_label_every_cell_of_unseen_images() -> None:
     """The auxiliary loss's targets: the exact cell patterns of the tasks, found on some
     training images, label every cell of other images (none ignored), and differ by content."""
-    from dreams_nas.supernet.demo_target import DEFAULT_TASK_MIX
-    from dreams_nas.supernet.demo_train import IGNORE, CellPatterns
-    from dreams_nas.supernet.synth import CELL, GRID
+    from dreams_nas.supernet.data.synth import CELL, GRID
+    from dreams_nas.supernet.demo.training import IGNORE, CellPatterns
+    from dreams_nas.supernet.demo.variants import DEFAULT_TASK_MIX
 
     encoder = Encoder(build_processor())
     patterns = CellPatterns(encoder, [make_sample("train", 0, i, DEFAULT_TASK_MIX)

@@ -3,14 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
-from dreams_nas.supernet.draft import (
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.model import (
     DraftCache,
     gather_rows,
     keep_count,
     select_memory_positions,
 )
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SubnetSpec
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
-from dreams_nas.supernet.decoding import generate, plain_generate
-from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
-from dreams_nas.supernet.drafting import Drafter, load_drafter
-from dreams_nas.supernet.dream_drafter import DreamDrafter
-from dreams_nas.supernet.extract import extract
-from dreams_nas.supernet.io import atomic_write_json
-from dreams_nas.supernet.sampling import SamplingConfig, logits_to_probs
-from dreams_nas.supernet.selfdistill import collect_samples, regenerate_answers
-from dreams_nas.supernet.space import SubnetSpec
-from dreams_nas.supernet.target import TargetAdapter
-from dreams_nas.supernet.train import TrainConfig, train_supernet
+from dreams_nas.supernet.core.io import atomic_write_json
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.decoding.dream import DreamDrafter
+from dreams_nas.supernet.decoding.loop import generate, plain_generate
+from dreams_nas.supernet.decoding.protocol import Drafter
+from dreams_nas.supernet.decoding.registry import load_drafter
+from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_probs
+from dreams_nas.supernet.draft.extract import extract
+from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
+from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 
 LAYERS = (1, 2, 4)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _draft_fixtures import one_torch_thread
-from dreams_nas.supernet.elastic import ElasticAttention, importance_order
+from dreams_nas.supernet.draft.elastic import ElasticAttention, importance_order
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt, tiny_shared
-from dreams_nas.supernet.draft import DraftCache, DraftConfig, DreamDraft
-from dreams_nas.supernet.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.extract import CompactDraft, extract
-from dreams_nas.supernet.space import SubnetSpec
-from dreams_nas.supernet.store import load_supernet, read_supernet_config, save_supernet
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.extract import CompactDraft, extract
+from dreams_nas.supernet.draft.model import DraftCache, DraftConfig, DreamDraft
+from dreams_nas.supernet.draft.store import load_supernet, read_supernet_config, save_supernet
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -106,7 +106,7 @@ def test_parameter_count_and_step_time_shrink():
 
 
 def _wide_shared():
-    from dreams_nas.supernet.draft import SharedTargetModules
+    from dreams_nas.supernet.draft.model import SharedTargetModules
     from torch import nn
 
     return SharedTargetModules(nn.Embedding(50, 64), nn.Linear(64, 50, bias=False))

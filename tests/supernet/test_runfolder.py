@@ -4,10 +4,10 @@ import csv
 import multiprocessing as mp
 
 import pytest
-from dreams_nas.supernet.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.io import append_csv_rows, atomic_write_text
-from dreams_nas.supernet.runfolder import RunFolder
-from dreams_nas.supernet.space import SearchSpace
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_text
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace
 
 
 def test_paths_follow_the_layout(run_dir: RunFolder) -> None:

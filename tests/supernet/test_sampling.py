@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.sampling import (
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.decoding.sampling import (
     SamplingConfig,
     greedy_accept,
     logits_to_probs,

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 import pytest
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 
 @pytest.fixture

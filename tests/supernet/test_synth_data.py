@@ -4,14 +4,14 @@ import json
 
 import pytest
 from dreams_nas.nas import cli
-from dreams_nas.supernet.data import (
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.data.prompts import (
     builtin_dataset,
     load_llava_jsonl,
     strip_image_marker,
     write_synthetic,
 )
-from dreams_nas.supernet.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.synth import (
+from dreams_nas.supernet.data.synth import (
     CELL,
     GRID,
     IMAGE_SIZE,
@@ -20,7 +20,7 @@ from dreams_nas.supernet.synth import (
     sample_seed,
     vocabulary_texts,
 )
-from dreams_nas.supernet.word_tokenizer import build_word_tokenizer
+from dreams_nas.supernet.demo.word_tokenizer import build_word_tokenizer
 
 
 def test_samples_are_deterministic_and_cover_every_task() -> None:
@@ -54,7 +54,7 @@ def test_answers_depend_on_the_image_and_have_sentence_length() -> None:
 
 def _filled_cells(image) -> int:
     import numpy as np
-    from dreams_nas.supernet.synth import BACKGROUND
+    from dreams_nas.supernet.data.synth import BACKGROUND
 
     pixels = np.asarray(image)  # (H, W, 3)
     ink = (pixels != np.array(BACKGROUND, dtype=np.uint8)).any(-1)  # (H, W)
@@ -63,7 +63,7 @@ def _filled_cells(image) -> int:
 
 
 def test_each_object_or_glyph_fills_its_own_cell() -> None:
-    from dreams_nas.supernet.synth import NUMBER_WORDS
+    from dreams_nas.supernet.data.synth import NUMBER_WORDS
 
     for i in range(20):
         scene = make_sample("train", 0, i, ("scene",))

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.target import TargetAdapter
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.target.adapter import TargetAdapter
 from tiny_models import PROMPTS, save_tiny_vlm, tiny_image
 
 HOOK_FAMILIES = ("llava", "pixtral", "mistral3", "qwen2_vl", "idefics3")

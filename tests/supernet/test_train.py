@@ -3,14 +3,23 @@ from __future__ import annotations
 import pytest
 import torch
 from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
-from dreams_nas.supernet.batching import collate
-from dreams_nas.supernet.draft import DraftConfig, DreamDraft, SharedTargetModules
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.features import TargetSample
-from dreams_nas.supernet.selfdistill import collect_samples, measure_aifd, regenerate_answers
-from dreams_nas.supernet.space import SubnetSpec
-from dreams_nas.supernet.target import TargetAdapter
-from dreams_nas.supernet.train import TrainConfig, evaluate_losses, step_specs, train_supernet
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.batching import collate
+from dreams_nas.supernet.training.features import TargetSample
+from dreams_nas.supernet.training.selfdistill import (
+    collect_samples,
+    measure_aifd,
+    regenerate_answers,
+)
+from dreams_nas.supernet.training.tppt import (
+    TrainConfig,
+    evaluate_losses,
+    step_specs,
+    train_supernet,
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -106,7 +115,7 @@ def test_resume_after_kill_equals_uninterrupted(target_data, tmp_path):
 
 def test_sandwich_rule_and_warmup_specs(target_data):
     draft = _draft(target_data[0])
-    from dreams_nas.supernet.train import training_space
+    from dreams_nas.supernet.training.tppt import training_space
 
     space = training_space(draft)
     config = TrainConfig(warmup_steps=2, multires_steps=2, random_subnets=2)

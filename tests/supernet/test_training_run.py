@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 from _draft_fixtures import one_torch_thread
-from dreams_nas.supernet.errors import InputError
-from dreams_nas.supernet.space import SearchSpace
-from dreams_nas.supernet.store import file_hash
-from dreams_nas.supernet.target import TargetAdapter
-from dreams_nas.supernet.train import TrainConfig
-from dreams_nas.supernet.training_run import draft_for_run, resolve_device, train_run
+from dreams_nas.supernet.core.device import resolve_device
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.draft.store import file_hash
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.recipe import draft_for_run, train_run
+from dreams_nas.supernet.training.tppt import TrainConfig
 from tiny_models import build_tiny_vlm, tiny_image
 
 
@@ -61,7 +62,7 @@ def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
 
 
 def test_device_errors_name_the_devices():
-    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("cpu") == "cpu"
     with pytest.raises(InputError, match="does not exist on this machine"):
         resolve_device("cuda:7")
     with pytest.raises(InputError, match=r"--device .gpu0. is not a device; use auto, cpu or cuda:N"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
-from dreams_nas.supernet.draft import DraftCache
-from dreams_nas.supernet.space import SubnetSpec
-from dreams_nas.supernet.unroll import unrolled_forward
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.model import DraftCache
+from dreams_nas.supernet.training.unroll import unrolled_forward
 
 
 @pytest.fixture(autouse=True, scope="module")

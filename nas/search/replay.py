@@ -1,0 +1,66 @@
+"""Replay recorded measurements through the search protocols.
+
+`RecordedAcceptance` serves acceptance rows scored earlier (an acceptance CSV of a run);
+`RecordedLatency` serves latencies from a table. Together they re-run a search, or compare
+strategies on the same numbers, without a model (the search benchmark does this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from dreams_nas.supernet.acceptance.table import AcceptanceRow
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SubnetSpec
+
+
+class RecordedAcceptance:
+    """An `AcceptanceScorer` over rows measured before; counts what it is asked for."""
+
+    def __init__(self, rows: Iterable[AcceptanceRow]) -> None:
+        self._rows = {r.spec: r for r in rows}
+        self.calls: list[SubnetSpec] = []
+
+    def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
+        missing = [s.id for s in specs if s not in self._rows]
+        if missing:
+            raise InputError(
+                f"no recorded acceptance for {missing[:5]}; score them with `dreams-nas score`"
+            )
+        self.calls.extend(specs)
+        return [self._rows[s] for s in specs]
+
+
+class RecordedLatency:
+    """A `LatencyModel` over a table.
+
+    draft:  (heads, visual_keep, inject_layer) -> ms of one draft step (also served for
+            "draft_first", the cycle's first step, unless `first_draft` records it)
+    verify: k -> ms of one target pass over k positions
+    decode: ms of one plain target step
+    """
+
+    def __init__(self, draft: Mapping[tuple[int, float, int], float],
+                 verify: Mapping[int, float], decode: float,
+                 first_draft: Mapping[tuple[int, float, int], float] | None = None) -> None:
+        self.draft = {(int(h), float(v), int(lyr)): float(ms) for (h, v, lyr), ms in draft.items()}
+        self.first_draft = {(int(h), float(v), int(lyr)): float(ms)
+                            for (h, v, lyr), ms in (first_draft or {}).items()}
+        self.verify = {int(k): float(ms) for k, ms in verify.items()}
+        self.decode = float(decode)
+
+    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+        if kind == "decode":
+            return self.decode
+        if kind == "verify":
+            if k not in self.verify:
+                raise InputError(f"no recorded verify latency for k={k}; recorded: {sorted(self.verify)}")
+            return self.verify[k]
+        if kind in ("draft", "draft_first") and spec is not None:
+            key = (spec.heads, spec.visual_keep, spec.inject_layer)
+            if kind == "draft_first" and key in self.first_draft:
+                return self.first_draft[key]
+            if key not in self.draft:
+                raise InputError(f"no recorded draft latency for {spec.id}")
+            return self.draft[key]
+        raise InputError(f"latency kind {kind!r} is not one of ['draft', 'draft_first', 'verify', 'decode']")

@@ -1,0 +1,85 @@
+"""Expected speedup of speculative decoding over plain decoding (pure, vectorised).
+
+Per speculative cycle the draft runs gamma steps and the target verifies gamma+1 positions in
+one forward pass; the cycle yields tau tokens on average (tau counts the bonus token, so
+1 <= tau <= gamma+1). Plain decoding yields one token per target step of T_decode, hence
+
+    speedup = tau * T_decode / ((gamma - 1) * T_draft_step + T_draft_first + T_verify(gamma + 1))
+
+T_draft_first is the cycle's first draft step, which runs right after the target's verify
+pass: that pass evicts the draft's weights from the CPU caches (on a GPU, the launch queue
+drains at its synchronisation), so the first step costs more than the later ones, timed back
+to back (on the demo target's CPU 1.31 ms against 0.71 ms). Likewise T_verify is timed right
+after a cycle's draft steps, and T_decode back to back, as each runs in its own loop. Without it (a profile older than
+the ``draft_first`` step kind) T_draft_first = T_draft_step, the formula
+tau * T_decode / (gamma * T_draft_step + T_verify(gamma + 1)).
+
+All arguments broadcast like numpy arrays; the result is a float64 array (a 0-d array for
+scalars). A NaN input gives NaN for that element; a non-positive cycle time is an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from dreams_nas.supernet.core.errors import InputError
+from numpy.typing import ArrayLike, NDArray
+
+
+def expected_speedup(
+    tau: ArrayLike,
+    draft_len: ArrayLike,
+    draft_ms: ArrayLike,
+    verify_ms: ArrayLike,
+    decode_ms: ArrayLike,
+    first_draft_ms: ArrayLike | None = None,
+) -> NDArray[np.float64]:
+    """Expected speedup for each element.
+
+    tau:       mean tokens accepted per cycle, bonus token included (>= 1).
+    draft_len: gamma, tokens drafted per cycle (>= 1).
+    draft_ms:  one draft step (ms).
+    verify_ms: one target pass over gamma + 1 positions (ms).
+    decode_ms: one plain target decoding step (ms).
+    first_draft_ms: the cycle's first draft step, right after the verify (ms); None: draft_ms.
+    """
+    tau_a = np.asarray(tau, dtype=np.float64)
+    gamma = np.asarray(draft_len, dtype=np.float64)
+    t_draft = np.asarray(draft_ms, dtype=np.float64)
+    t_verify = np.asarray(verify_ms, dtype=np.float64)
+    t_decode = np.asarray(decode_ms, dtype=np.float64)
+    _check_nonnegative("draft_ms", t_draft)
+    _check_nonnegative("verify_ms", t_verify)
+    _check_nonnegative("decode_ms", t_decode)
+    if first_draft_ms is not None:
+        t_first = np.asarray(first_draft_ms, dtype=np.float64)
+        _check_nonnegative("first_draft_ms", t_first)
+    if np.any(gamma < 1):
+        raise InputError(
+            f"draft_len={_first(gamma, gamma < 1)} must be at least 1 (tokens drafted per cycle)"
+        )
+    if np.any(tau_a < 0):
+        raise InputError(f"tau={_first(tau_a, tau_a < 0)} must be >= 0 (tokens per cycle)")
+    if first_draft_ms is None:
+        cycle_ms = gamma * t_draft + t_verify
+    else:
+        cycle_ms = (gamma - 1) * t_draft + t_first + t_verify
+    if np.any(cycle_ms <= 0):
+        raise InputError(
+            "a speculative cycle of (gamma - 1) * draft_ms + first_draft_ms + verify_ms <= 0 ms "
+            "cannot be; the "
+            "latency predictor returned non-positive times: refit it with `dreams-nas profile`"
+        )
+    return np.asarray(tau_a * t_decode / cycle_ms, dtype=np.float64)
+
+
+def _check_nonnegative(name: str, values: NDArray[np.float64]) -> None:
+    bad = values < 0
+    if np.any(bad):
+        raise InputError(
+            f"{name}={_first(values, bad)} is negative; latencies are >= 0 ms (check the "
+            "latency predictor's inputs or refit it)"
+        )
+
+
+def _first(values: NDArray[np.float64], mask: NDArray[np.bool_]) -> float:
+    return float(np.broadcast_to(values, mask.shape)[mask].flat[0])

@@ -1,0 +1,171 @@
+"""The search: one function, two strategies, the same candidate type.
+
+* ``exhaustive`` evaluates every subnet of the space (vectorised); it scores whichever
+  acceptance rows the cache lacks. With a shared ``storage`` it becomes a distributed sweep:
+  workers claim subnets atomically in the shared database and the union covers the space.
+* ``optuna`` runs a real Optuna study (TPE; multi-objective TPE for ``pareto``), seeded, with
+  the largest and smallest subnets enqueued first; each trial scores one subnet's tau and
+  predicts its latency. Storage is any Optuna URL (SQLite in the run folder by default from
+  the CLI; ``postgresql://...`` lets several workers share one study); a rerun continues it.
+
+Objectives: ``speedup`` (maximise) and ``pareto`` (maximise speedup, minimise draft
+parameters); ``max_draft_ms`` makes subnets whose draft step is slower infeasible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from dreams_nas.nas.search.candidate import (
+    AcceptanceScorer,
+    Candidate,
+    DraftParams,
+    LatencyCache,
+    LatencyModel,
+)
+from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
+from dreams_nas.nas.search.pareto import is_pareto_front
+from dreams_nas.nas.search.scoring import CachedAcceptance
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace
+
+OBJECTIVES = ("speedup", "pareto")
+METHODS = ("exhaustive", "optuna")
+FRONT_DIRECTIONS = ("maximize", "minimize")  # speedup, draft_params
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    objective: str
+    method: str
+    candidates: tuple[Candidate, ...]  # every evaluated subnet, in evaluation order
+    front: tuple[Candidate, ...]  # feasible, non-dominated in (speedup max, draft_params min)
+    best: Candidate | None  # highest feasible speedup (ties: fewer parameters)
+    space_size: int
+    n_scored: int  # acceptance rows this process had to compute (cache misses)
+    study_name: str | None = None
+    storage: str | None = None
+    history: tuple[tuple[int, float, float], ...] = field(default=())  # number, value, best
+
+    @property
+    def n_evaluations(self) -> int:
+        return len(self.candidates)
+
+
+def pareto_front(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Feasible candidates not dominated in (speedup max, draft_params min), by speedup."""
+    feasible = [c for c in candidates if c.feasible]
+    if not feasible:
+        return []
+    values = np.array([[c.speedup, c.draft_params] for c in feasible], dtype=np.float64)
+    mask = is_pareto_front(values, FRONT_DIRECTIONS)
+    front = [c for c, on in zip(feasible, mask, strict=True) if on]
+    return sorted(front, key=lambda c: (-c.speedup, c.draft_params, c.spec))
+
+
+def best_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
+    feasible = [c for c in candidates if c.feasible and np.isfinite(c.speedup)]
+    if not feasible:
+        return None
+    return min(feasible, key=lambda c: (-c.speedup, c.draft_params, c.spec))
+
+
+def history_of(candidates: Sequence[Candidate]) -> tuple[tuple[int, float, float], ...]:
+    """(number, speedup, best feasible speedup so far) in evaluation order."""
+    out = []
+    best = -np.inf
+    for c in sorted(candidates, key=lambda c: c.number):
+        if c.feasible:
+            best = max(best, c.speedup)
+        out.append((c.number, c.speedup, float(best) if np.isfinite(best) else float("nan")))
+    return tuple(out)
+
+
+def search(
+    space: SearchSpace,
+    acceptance: AcceptanceScorer | CachedAcceptance,
+    latency: LatencyModel,
+    draft_params: DraftParams,
+    *,
+    context_len: int,
+    objective: str = "speedup",
+    method: str = "exhaustive",
+    max_draft_ms: float | None = None,
+    n_trials: int | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    seed: int = 0,
+    show_progress: bool | None = None,
+    wait_s: float = 600.0,
+) -> SearchResult:
+    """Search `space` for the subnet(s) with the best expected speedup.
+
+    acceptance:   a scorer, or a `CachedAcceptance` (the run's acceptance CSV + a scorer).
+    latency:      predicts draft/verify/decode times of one hardware id.
+    draft_params: parameters of a subnet's extracted draft (the Pareto front's cost axis).
+    context_len:  tokens of context the latencies are predicted at (the mean decoding context:
+                  the eval prompts' length plus half their answers, see `inputs.context_len_of`).
+    n_trials:     optuna: distinct subnets to evaluate in the study, all workers and reruns
+                  together (default: a quarter of the space).
+    storage:      Optuna storage URL; None = in memory (exhaustive: in this process).
+    wait_s:       distributed runs: how long to wait for other workers' subnets at the end.
+    """
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective {objective!r} is not one of {list(OBJECTIVES)}")
+    if method not in METHODS:
+        raise InputError(f"method {method!r} is not one of {list(METHODS)}")
+    if max_draft_ms is not None and not max_draft_ms > 0:
+        raise InputError(f"max_draft_ms={max_draft_ms} must be a positive number of ms")
+    if n_trials is not None and n_trials < 1:
+        raise InputError(f"n_trials={n_trials} must be at least 1")
+    cached = acceptance if isinstance(acceptance, CachedAcceptance) else CachedAcceptance(acceptance)
+    lat = LatencyCache(latency, context_len)
+    if method == "exhaustive" and storage is None:
+        return _exhaustive_local(space, cached, lat, draft_params, objective=objective,
+                                 max_draft_ms=max_draft_ms, show_progress=show_progress)
+    from dreams_nas.nas.search.study import StudyRunner
+
+    runner = StudyRunner(
+        space, cached, lat, draft_params, objective=objective, max_draft_ms=max_draft_ms,
+        storage=storage, study_name=study_name or default_study_name(objective, max_draft_ms),
+        seed=seed, show_progress=show_progress,
+    )
+    try:
+        if method == "exhaustive":
+            candidates = runner.sweep(wait_s=wait_s)
+        else:
+            budget = n_trials if n_trials is not None else max(1, space.size // 4)
+            candidates = runner.optimize(min(budget, space.size), wait_s=wait_s)
+    finally:
+        runner.close()
+    return _result(objective, method, candidates, space.size, cached.n_scored,
+                   study_name=runner.study_name, storage=storage,
+                   history=method == "optuna")
+
+
+def default_study_name(objective: str, max_draft_ms: float | None) -> str:
+    name = f"dreams-nas-{objective}"
+    return name if max_draft_ms is None else f"{name}-max-draft-{max_draft_ms:g}ms"
+
+
+def _exhaustive_local(space: SearchSpace, cached: CachedAcceptance, lat: LatencyCache,
+                      draft_params: DraftParams, *, objective: str,
+                      max_draft_ms: float | None, show_progress: bool | None) -> SearchResult:
+    specs = list(space.enumerate())
+    rows = cached.rows(specs, show_progress=show_progress)
+    candidates = evaluate_rows(rows, lat, draft_params, max_draft_ms=max_draft_ms)
+    return _result(objective, "exhaustive", candidates, space.size, cached.n_scored)
+
+
+def _result(objective: str, method: str, candidates: Sequence[Candidate], space_size: int,
+            n_scored: int, *, study_name: str | None = None, storage: str | None = None,
+            history: bool = False) -> SearchResult:
+    ordered = tuple(sorted(candidates, key=lambda c: c.number))
+    return SearchResult(
+        objective=objective, method=method, candidates=ordered,
+        front=tuple(pareto_front(ordered)), best=best_candidate(ordered),
+        space_size=space_size, n_scored=n_scored, study_name=study_name, storage=storage,
+        history=history_of(ordered) if history else (),
+    )

@@ -1,0 +1,239 @@
+"""`dreams-nas demo` as one library call: the whole pipeline on the built-in demo target.
+
+target -> train -> profile -> score -> search (+ end-to-end verification) -> report, each stage
+the same library call as its own command. Every stage first looks for its finished artefact in
+the run folder (or the demo-target cache) and says "reused" instead of redoing the work, so a
+second run only reads files.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.nas.stages.train import TrainOptions
+from dreams_nas.supernet.core.runfolder import RunFolder
+
+log = logging.getLogger("dreams_nas")
+STAGES = ("target", "train", "profile", "score", "search", "report")
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """The demo's settings; the defaults are the real pipeline (tests shrink them)."""
+
+    device: str = "auto"
+    seed: int = 0
+    train: TrainOptions = field(default_factory=TrainOptions)
+    profile_budget: float | int | str | None = None  # None: the whole grid
+    profile_repeats: int = 100
+    context_lengths: tuple[int, ...] | None = None
+    threads: int | None = None  # CPU threads while profiling (default: physical cores)
+    limit: int | None = None  # evaluation prompts (default 32)
+    max_new_tokens: int = 64
+    verify: int = 3
+    verify_prompts: int | None = None  # None: every scored evaluation prompt
+    show_progress: bool | None = None
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    name: str
+    reused: bool
+    seconds: float
+    summary: dict[str, Any]
+
+
+class _Stages:
+    """Runs the stages in order under one stage bar; each stage's own bars sit below it."""
+
+    def __init__(self, show_progress: bool | None) -> None:
+        from dreams_nas.supernet.core.progress import progress
+
+        self.bar = progress(total=len(STAGES), desc="demo", unit="stage",
+                            disable=None if show_progress is None else not show_progress)
+        self.outcomes: list[StageOutcome] = []
+
+    def run(self, name: str, step: Callable[[], tuple[dict[str, Any], bool]]) -> dict[str, Any]:
+        index = STAGES.index(name) + 1
+        self.bar.set_description_str(f"stage {index}/{len(STAGES)}: {name}")
+        log.info("stage %d/%d: %s", index, len(STAGES), name)
+        start = time.perf_counter()
+        summary, reused = step()
+        seconds = round(time.perf_counter() - start, 1)
+        self.outcomes.append(StageOutcome(name, reused, seconds, summary))
+        log.info("stage %d/%d: %s %s (%.1f s)", index, len(STAGES), name,
+                 "reused" if reused else "done", seconds)
+        self.bar.update(1)
+        return summary
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
+    """The whole pipeline on the built-in demo target into `run_dir`; returns the summary."""
+    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
+    from dreams_nas.supernet.demo.variants import builtin_variant
+
+    started = time.perf_counter()
+    run = RunFolder(run_dir)
+    device = resolve_device(options.device)
+    variant = builtin_variant()
+    show = options.show_progress
+    stages = _Stages(show)
+    try:
+        target: dict[str, Any] = {}
+
+        def target_stage() -> tuple[dict[str, Any], bool]:
+            folder, metrics, cached = ensure_demo_target_with_metrics(
+                variant=variant, progress=show is not False)
+            target.update(folder=str(folder), exact_match=metrics.get("exact_match"))
+            return {"folder": str(folder), "variant": variant,
+                    "exact_match": metrics.get("exact_match")}, cached
+
+        stages.run("target", target_stage)
+        stages.run("train", lambda: _train(run, options, device, target["folder"]))
+        profiled = stages.run("profile", lambda: _profile(run, options, device))
+        hardware_id = profiled["hardware_id"]
+        stages.run("score", lambda: _score(run, options, device))
+        searched = stages.run("search", lambda: _search(run, options, device, hardware_id))
+        report = stages.run("report", lambda: _report(run, hardware_id))
+    finally:
+        stages.close()
+    return _summary(run, variant, device, hardware_id, searched, report, stages.outcomes,
+                    time.perf_counter() - started)
+
+
+# --- the stages -------------------------------------------------------------------------------
+def _train(run: RunFolder, options: DemoOptions, device: str, target_folder: str
+           ) -> tuple[dict[str, Any], bool]:
+    from dreams_nas.nas.stages.train import ensure_supernet
+
+    train = replace(options.train, target="builtin", device=device, seed=options.seed,
+                    show_progress=options.show_progress)
+    return ensure_supernet(run, train, target_path=target_folder)
+
+
+def _profile_options(options: DemoOptions, device: str) -> Any:
+    from dreams_nas.nas.stages.profile import ProfileOptions
+
+    return ProfileOptions(
+        target="builtin", device=device, budget=options.profile_budget,
+        context_lengths=options.context_lengths, repeats=options.profile_repeats,
+        threads=options.threads, seed=options.seed, show_progress=options.show_progress)
+
+
+def _profile(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str, Any], bool]:
+    from dreams_nas.nas.stages.profile import completed_profile, profile
+
+    profile_options = _profile_options(options, device)
+    done = completed_profile(run, profile_options)
+    if done is not None:
+        return done, True
+    return profile(run, profile_options), False
+
+
+def _score(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str, Any], bool]:
+    from dreams_nas.nas.stages.score import ScoreOptions, score_run
+
+    summary = score_run(run, ScoreOptions(
+        limit=options.limit, max_new_tokens=options.max_new_tokens, device=device,
+        seed=options.seed, show_progress=options.show_progress))
+    return summary, summary["n_scored"] == 0
+
+
+def _search(run: RunFolder, options: DemoOptions, device: str, hardware_id: str
+            ) -> tuple[dict[str, Any], bool]:
+    from dreams_nas.nas.stages.search import SearchOptions, search_run
+
+    search_options = SearchOptions(
+        objective="speedup", method="exhaustive", hardware=hardware_id, limit=options.limit,
+        max_new_tokens=options.max_new_tokens, verify=options.verify,
+        verify_prompts=options.verify_prompts, device=device, seed=options.seed,
+        show_progress=options.show_progress, write_report=False)
+    done = finished_search(run, hardware_id, search_options)
+    if done is not None:
+        return done, True
+    return search_run(run, search_options), False
+
+
+def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str, Any] | None:
+    """best.json's figures when it is newer than everything it was computed from (supernet,
+    acceptance rows, latency predictor) and matches the asked-for search; else None."""
+    from dreams_nas.nas.stages.inputs import dataset_id, supernet_hash
+    from dreams_nas.supernet.core.io import read_json
+
+    best_path = run.best_json(hardware_id)
+    if not best_path.is_file():
+        return None
+    best = read_json(best_path)
+    if not isinstance(best, dict):
+        return None
+    inputs = [run.supernet_dir / "model.safetensors", run.predictor_json(hardware_id),
+              run.acceptance_csv(dataset_id(options.data, options.limit, options.seed))]
+    if not all(p.is_file() for p in inputs):
+        return None
+    if (best.get("objective") != options.objective or best.get("method") != options.method
+            or best.get("supernet_hash") != supernet_hash(run)
+            or (options.verify > 0 and not best.get("measured"))
+            or not (run.root / str(best.get("spec_dir", ""))).is_dir()):
+        return None
+    newest_input = max(p.stat().st_mtime for p in inputs)
+    if best_path.stat().st_mtime < newest_input:
+        return None
+    predicted = best.get("predicted") or {}
+    return {"hardware_id": hardware_id, "objective": best["objective"],
+            "method": best["method"], "best": best.get("spec_id"),
+            "spec_dir": str(run.root / best["spec_dir"]),
+            "predicted": {k: predicted.get(k) for k in ("speedup", "tau", "draft_ms",
+                                                         "first_draft_ms", "verify_ms",
+                                                         "decode_ms")},
+            "measured": best.get("measured"), "best_json": str(best_path), "warnings": []}
+
+
+def _report(run: RunFolder, hardware_id: str) -> tuple[dict[str, Any], bool]:
+    from dreams_nas.nas.stages.search import write_run_report
+
+    page = run.report_html
+    sources = [run.best_json(hardware_id), run.trials_csv(hardware_id)]
+    if page.is_file() and all(p.is_file() and p.stat().st_mtime <= page.stat().st_mtime
+                              for p in sources):
+        return {"report": str(page)}, True
+    written = write_run_report(run, hardware_id)
+    if written is None:
+        from dreams_nas.supernet.core.errors import InputError
+
+        raise InputError(f"report.html could not be written in {run.root}; see the warning "
+                         "above and rerun `dreams-nas report`")
+    return {"report": written}, False
+
+
+def _summary(run: RunFolder, variant: str, device: str, hardware_id: str,
+             searched: dict[str, Any], report: dict[str, Any], outcomes: list[StageOutcome],
+             seconds: float) -> dict[str, Any]:
+    predicted = searched.get("predicted") or {}
+    measured = searched.get("measured") or {}
+
+    def r(value: Any) -> Any:
+        return round(float(value), 4) if isinstance(value, int | float) else value
+
+    return {
+        "best": searched.get("best"), "spec_dir": searched.get("spec_dir"),
+        "predicted_speedup": r(predicted.get("speedup")),
+        "measured_speedup": r(measured.get("speedup")),
+        "measured_speedup_end_to_end": r(measured.get("speedup_end_to_end")),
+        "predicted_tau": r(predicted.get("tau")), "measured_tau": r(measured.get("tau")),
+        "report": report.get("report"), "best_json": searched.get("best_json"),
+        "run": str(run.root), "hardware_id": hardware_id, "device": device,
+        "target_variant": variant,
+        "stages": {o.name: "reused" if o.reused else "done" for o in outcomes},
+        "stage_seconds": {o.name: o.seconds for o in outcomes},
+        "warnings": searched.get("warnings") or [],
+        "seconds": round(seconds, 1),
+    }

@@ -1,0 +1,241 @@
+"""What `dreams-nas score` and `dreams-nas search` read from the run folder.
+
+Everything heavy (the target, the supernet weights) is loaded lazily: a search whose
+acceptance rows are all cached never loads a model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dreams_nas.supernet.acceptance.table import AcceptanceRow, AcceptanceTable
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.io import file_sha256, read_json
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+
+if TYPE_CHECKING:
+    from dreams_nas.latency.predictor import LatencyPredictor
+
+log = logging.getLogger("dreams_nas")
+DEFAULT_EVAL_PROMPTS = 32
+
+
+# --- hardware and latency ------------------------------------------------------------------
+def profiled_hardware(run: RunFolder) -> list[str]:
+    """Hardware ids with a fitted latency predictor in this run."""
+    return [h for h in run.hardware_ids() if run.predictor_json(h).is_file()]
+
+
+def resolve_hardware(run: RunFolder, hardware: str | None) -> str:
+    profiled = profiled_hardware(run)
+    if hardware is None:
+        if len(profiled) == 1:
+            return profiled[0]
+        if not profiled:
+            raise MissingArtefactError(
+                f"no latency profile in {run.root / 'latency'}; run `dreams-nas profile` first")
+        raise InputError(f"{len(profiled)} hardware ids are profiled ({', '.join(profiled)}); "
+                         "pick one with --hardware")
+    if hardware not in profiled:
+        raise InputError(
+            f"--hardware {hardware!r} has no latency profile in {run.root / 'latency'}; "
+            f"profiled: {', '.join(profiled) if profiled else 'none'} (run `dreams-nas profile` "
+            "on that machine, or pick a profiled id)")
+    return hardware
+
+
+def hardware_identity(run: RunFolder, hardware_id: str) -> dict[str, Any]:
+    path = run.latency_dir(hardware_id) / "hardware.json"
+    data = read_json(path) if path.is_file() else {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_latency(run: RunFolder, hardware_id: str) -> LatencyPredictor:
+    from dreams_nas.latency.predictor import LatencyPredictor
+
+    return LatencyPredictor.load(run.latency_dir(hardware_id))
+
+
+# --- supernet ------------------------------------------------------------------------------
+def supernet_hash(run: RunFolder) -> str:
+    """Hash of the trained weights (what keys the acceptance cache)."""
+    from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
+
+    return file_hash(run.require_supernet() / SUPERNET_WEIGHTS)
+
+
+def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
+    """Parameters of each subnet's extracted draft, from the supernet's config alone."""
+    import torch
+    from dreams_nas.supernet.draft.model import DreamDraft
+    from dreams_nas.supernet.draft.store import read_supernet_config
+
+    config = read_supernet_config(run.supernet_dir)
+    with torch.device("meta"):
+        model = DreamDraft(config)
+    memo: dict[tuple[int, int], int] = {}
+
+    def params(spec: SubnetSpec) -> int:
+        key = (spec.heads, spec.inject_layer)
+        if key not in memo:
+            memo[key] = int(model.num_params(spec))
+        return memo[key]
+
+    return params
+
+
+def run_space(run: RunFolder) -> SearchSpace:
+    return run.space()
+
+
+def read_specs(text: str, space: SearchSpace) -> list[SubnetSpec]:
+    """`all`, or a file of spec ids (one per line) or a JSON list of ids/spec objects."""
+    if text == "all":
+        return list(space.enumerate())
+    path = Path(text)
+    if not path.is_file():
+        raise InputError(f"--specs {text!r} is neither 'all' nor a file of subnet ids")
+    body = path.read_text(encoding="utf-8")
+    if body.lstrip().startswith("["):
+        import json
+
+        items = json.loads(body)
+        specs = [SubnetSpec.from_id(i) if isinstance(i, str) else SubnetSpec.from_dict(i)
+                 for i in items]
+    else:
+        specs = [SubnetSpec.from_id(line) for line in body.splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+    if not specs:
+        raise InputError(f"--specs file {path} lists no subnet; give one id per line")
+    return [space.validate(s) for s in specs]
+
+
+# --- evaluation data -----------------------------------------------------------------------
+def dataset_id(data: str, limit: int | None, seed: int = 0) -> str:
+    """`builtin-eval-n32` (`-s<seed>` when the synthetic set has another seed) or
+    `<file stem>-<sha8 of the file>[-n<limit>]`."""
+    n = f"-n{limit}" if limit is not None else ""
+    if data == "builtin":
+        return f"builtin-eval{n or f'-n{DEFAULT_EVAL_PROMPTS}'}{f'-s{seed}' if seed else ''}"
+    path = Path(data)
+    if not path.is_file():
+        raise InputError(f"--data {data!r} is neither builtin nor an existing .jsonl file")
+    digest = file_sha256(path)[:8]
+    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem) or "data"
+    return f"{stem}-{digest}{n}"
+
+
+def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
+    from dreams_nas.supernet.data.prompts import load_examples
+
+    return load_examples(data, "eval", limit, DEFAULT_EVAL_PROMPTS, seed, "--limit")
+
+
+def torch_threads(n: int | None) -> AbstractContextManager[None]:
+    """Run with `n` torch CPU threads (None: leave as is), restored afterwards.
+
+    Small drafts on a busy CPU run many times faster on one thread: OpenMP workers spin
+    waiting for each other when other processes hold the cores."""
+    from dreams_nas.latency.timing import fixed_threads
+
+    return fixed_threads(n)
+
+
+class RunModels:
+    """The run's target and supernet, loaded on first use and then kept."""
+
+    def __init__(self, run: RunFolder, device: str = "cpu") -> None:
+        self.run, self.device = run, device
+        self._target: Any = None
+        self._draft: Any = None
+
+    @property
+    def target(self) -> Any:
+        if self._target is None:
+            from dreams_nas.supernet.target.adapter import TargetAdapter
+
+            where = self.run.target_source()
+            if where is None:
+                raise MissingArtefactError(f"no target in {self.run.run_json}; run `dreams-nas train` first")
+            log.info("loading target %s", where)
+            self._target = TargetAdapter.load(where, device=self.device)
+        return self._target
+
+    @property
+    def draft(self) -> Any:
+        if self._draft is None:
+            from dreams_nas.supernet.training.recipe import draft_for_run
+
+            self._draft = draft_for_run(self.target, self.run, device=self.device)
+        return self._draft
+
+
+class LazyScorer:
+    """An `AcceptanceScorer` that loads the models and traces the target only when asked."""
+
+    def __init__(self, models: RunModels, *, data: str, limit: int | None, seed: int,
+                 supernet_hash: str, dataset_id: str, temperature: float = 0.0,
+                 max_new_tokens: int = 64, draft_lens: Sequence[int] = tuple(range(1, 8)),
+                 show_progress: bool | None = None) -> None:
+        self.models, self.data, self.limit, self.seed = models, data, limit, seed
+        self.supernet_hash, self.dataset_id = supernet_hash, dataset_id
+        self.temperature, self.max_new_tokens = float(temperature), int(max_new_tokens)
+        self.draft_lens, self.show_progress = tuple(draft_lens), show_progress
+        self._scorer: Any = None
+        self._prompts: list[Any] | None = None
+
+    @property
+    def prompts(self) -> list[Any]:
+        if self._prompts is None:
+            examples = load_eval_examples(self.data, self.limit, self.seed)
+            target = self.models.target
+            self._prompts = [target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
+        return self._prompts
+
+    @property
+    def scorer(self) -> Any:
+        if self._scorer is None:
+            if self.temperature == 0.0:
+                from dreams_nas.supernet.acceptance.teacher_forced import TeacherForcedScorer
+
+                self._scorer = TeacherForcedScorer(
+                    self.models.target, self.models.draft, self.prompts,
+                    supernet_hash=self.supernet_hash, dataset_id=self.dataset_id,
+                    max_new_tokens=self.max_new_tokens, draft_lens=self.draft_lens,
+                    seed=self.seed, show_progress=self.show_progress)
+            else:
+                from dreams_nas.supernet.acceptance.sampled import SampledScorer
+
+                self._scorer = SampledScorer(
+                    self.models.target, self.models.draft, self.prompts,
+                    supernet_hash=self.supernet_hash, dataset_id=self.dataset_id,
+                    temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                    seed=self.seed)
+        return self._scorer
+
+    def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
+        return self.scorer.score(specs)
+
+
+def context_len_of(table: AcceptanceTable, scorer: LazyScorer) -> int:
+    """The context the decode runs at, on average: the eval prompts' length plus half the
+    answer (every cycle's draft and verify steps see the prompt and the tokens so far).
+
+    From cached rows if any (prompt length and decoded tokens per prompt, as scored), else from
+    the target's greedy traces of the prompts (which scoring computes first anyway).
+    """
+    rows = [r for r in table.load().values() if r.context_len > 0 and r.n_prompts > 0]
+    if rows:
+        lengths = sorted(r.context_len + r.n_tokens / r.n_prompts / 2 for r in rows)
+        return int(round(lengths[len(lengths) // 2]))
+    inner = scorer.scorer
+    if hasattr(inner, "answer_len"):  # teacher-forced: the greedy traces
+        return int(round(inner.context_len + inner.answer_len / 2))
+    # sampled scoring has no greedy trace: the prompt length until its rows are cached
+    return int(round(sum(int(p["input_ids"].shape[-1]) for p in scorer.prompts)
+                     / max(1, len(scorer.prompts))))

@@ -1,0 +1,233 @@
+"""`dreams-nas profile` as one library call: identify, plan, time (resumable), fit, save.
+
+Files in ``<run>/latency/<hardware-id>/``: hardware.json, plan.json (what was asked for:
+context lengths, visual tokens, budget), profile.csv (append-only), predictor.joblib,
+predictor_train.csv, predictor.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.latency.hardware import HardwareInfo, detect_hardware
+from dreams_nas.latency.plan import KINDS, build_plan
+from dreams_nas.latency.predictor import LatencyPredictor
+from dreams_nas.latency.profiler import TimingSettings, run_profile
+from dreams_nas.latency.store import ProfileStore
+from dreams_nas.supernet.core.device import resolve_device
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.io import atomic_write_json, read_json
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace
+
+log = logging.getLogger("dreams_nas.latency")
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    target: str | None = None  # "builtin" | checkpoint folder; None: run.json's, else builtin
+    device: str = "auto"
+    dtype: str = "auto"
+    budget: float | int | str | None = None
+    context_lengths: Sequence[int] | None = None
+    repeats: int = 100
+    threads: int | None = None
+    clock: str = "wall"
+    # Each step's repeats are spread over `passes` visits, interleaved with the other steps of
+    # its block of `chunk` (0: the whole grid), so that the machine's drift hits them alike.
+    passes: int = 10
+    chunk: int = 256
+    holdout: float = 0.2
+    stat: str = "p10_ms"  # the per-row statistic the predictor fits (p10_ms or median_ms)
+    fit_only: bool = False
+    seed: int = 0
+    show_progress: bool | None = None
+
+
+def load_target(target: str, device: str, dtype: Any) -> Any:
+    """The engine's `TargetAdapter` over `target` ("builtin", a checkpoint folder or hub id)."""
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+
+    return TargetAdapter.load(target, device=device, dtype=dtype)
+
+
+def count_visual_tokens(adapter: Any) -> int:
+    """Visual tokens of one image in a real prompt built by the target's processor; from the
+    config when the checkpoint has no processor."""
+    from dreams_nas.latency.steps import visual_tokens_of
+
+    if adapter.processor is not None:
+        try:
+            from PIL import Image
+
+            size = getattr(getattr(adapter.model.config, "vision_config", None), "image_size", 224)
+            image = Image.new("RGB", (int(size), int(size)), (127, 127, 127))
+            ids = adapter.build_inputs(image, "What is in the picture?")["input_ids"]
+            return int((ids == adapter.info.image_token_id).sum())
+        except Exception as exc:  # noqa: BLE001 - fall back to the config's count
+            log.debug("cannot build a prompt to count visual tokens (%s); using the config", exc)
+    return visual_tokens_of(adapter.model.config)
+
+
+def _space_and_supernet(run: RunFolder, model: Any) -> tuple[SearchSpace, Any]:
+    from dreams_nas.latency.steps import build_supernet, text_config
+
+    config = None
+    if (run.supernet_dir / "config.json").is_file():
+        from dreams_nas.supernet.draft.store import read_supernet_config
+
+        config = read_supernet_config(run.supernet_dir)  # weights are not needed: cost only
+    if run.read_run().get("space") is not None:
+        space = run.space()
+    else:
+        text = text_config(model.config)
+        heads = config.num_heads if config is not None else int(text.num_attention_heads)
+        space = SearchSpace.default_for(int(text.num_hidden_layers), heads)
+    return space, build_supernet(model, space, config)
+
+
+def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
+    """Profile the present device (resuming a killed run) and fit its latency predictor."""
+    import torch
+    from dreams_nas.latency.steps import ModelSteps, default_context_lengths, resolve_dtype
+
+    started = time.perf_counter()
+    device = resolve_device(options.device)
+    if options.repeats < 1:
+        raise InputError(f"--repeats {options.repeats} must be at least 1")
+    dtype = resolve_dtype(options.dtype, device)
+    dtype_name = str(dtype).removeprefix("torch.")
+    if options.clock not in ("wall", "cpu"):
+        raise InputError(f"--clock {options.clock!r} must be wall or cpu")
+    if options.clock == "cpu" and (device != "cpu" or options.threads != 1):
+        raise InputError(
+            "--clock cpu (thread CPU time) is for the CPU with one thread; add --device cpu "
+            "--threads 1, or use --clock wall"
+        )
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    folder = run.latency_dir(hw.hardware_id)
+    store = ProfileStore(run.profile_csv(hw.hardware_id))
+    result = None
+    if options.fit_only:
+        if not store.exists():
+            others = run.hardware_ids()
+            hint = (f" (profiled in this run: {', '.join(others)}; give the --device and "
+                    "--threads they were timed with)") if others else ""
+            raise MissingArtefactError(
+                f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
+                f"without --fit-only first{hint}"
+            )
+        plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
+        visual_tokens = int(plan_info.get("visual_tokens", 0))
+    else:
+        _check_same_hardware(folder, hw, options.clock)
+        target_id = options.target or run.target_source() or "builtin"
+        torch.manual_seed(options.seed)
+        adapter = load_target(target_id, device, dtype)
+        entry = adapter.describe()
+        space, supernet = _space_and_supernet(run, adapter.model)
+        visual_tokens = count_visual_tokens(adapter)
+        contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
+        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed)
+        existing = run.read_run()
+        run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()))
+                          if k not in existing})
+        atomic_write_json(folder / "hardware.json", hw.to_dict())
+        atomic_write_json(folder / "plan.json", {
+            "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
+            "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
+            "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
+            "passes": options.passes, "chunk": options.chunk,
+            "verify_after": space.largest().id,
+        })
+        if options.passes < 1:
+            raise InputError(f"--passes {options.passes} must be at least 1")
+        if options.chunk < 0:
+            raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
+        settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
+                                  threads=hw.threads, clock=options.clock, passes=options.passes,
+                                  chunk=options.chunk)
+        # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
+        steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
+                           precede=space.largest())
+        log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
+        result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
+    predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
+                                     holdout=options.holdout, seed=options.seed, stat=options.stat)
+    predictor.save(folder)
+    report = predictor.report()
+    summary: dict[str, Any] = {
+        "hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
+        "rows": int(len(store.read())), "regressor": report["regressor"], "stat": options.stat,
+        **{k: round(v, 4) for k, v in predictor.metrics.items()},
+        "n_train": report["n_train"], "n_holdout": report["n_holdout"],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    if result is not None:
+        summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
+    return summary
+
+
+def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
+    """Refuse to append rows timed in another dtype or with another clock to a profile."""
+    path = folder / "hardware.json"
+    if path.is_file():
+        old = read_json(path)
+        if old.get("dtype") != hw.dtype:
+            raise InputError(
+                f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "
+                f"{hw.dtype}; pass --dtype {old.get('dtype')} or use another --run folder"
+            )
+    plan = folder / "plan.json"
+    if plan.is_file() and hw.kind == "cpu":
+        old_clock = read_json(plan).get("clock", "wall")
+        if old_clock != clock:
+            raise InputError(
+                f"the profile in {folder} was timed with --clock {old_clock}, this run asks for "
+                f"--clock {clock}; pass --clock {old_clock} or use another --run folder"
+            )
+
+
+def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any] | None:
+    """The summary of this device's finished profile (every planned step timed with the same
+    settings, predictor fitted after the last row), or None when `profile` has work to do.
+
+    Loads no model: the demo and `search` use it to skip a profile that is already done."""
+    from dreams_nas.latency.steps import resolve_dtype
+
+    device = resolve_device(options.device)
+    dtype_name = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    folder = run.latency_dir(hw.hardware_id)
+    store = ProfileStore(run.profile_csv(hw.hardware_id))
+    plan_path, predictor_path = folder / "plan.json", run.predictor_json(hw.hardware_id)
+    if not (store.exists() and plan_path.is_file() and predictor_path.is_file()):
+        return None
+    plan = read_json(plan_path)
+    asked = {"budget": options.budget, "repeats": options.repeats, "clock": options.clock,
+             "passes": options.passes, "seed": options.seed}
+    if any(plan.get(key) != value for key, value in asked.items()):
+        return None
+    if options.context_lengths is not None and list(plan.get("context_lengths") or []) != list(
+            options.context_lengths):
+        return None
+    if run.read_run().get("space") not in (None, plan.get("space")):
+        return None  # the run's space changed since: new steps to time
+    rows = store.read()
+    if len(store.done_keys()) < int(plan.get("n_keys", 0)):
+        return None
+    if set(KINDS) - set(rows["kind"]):
+        return None  # a kind of step has no row yet: time it
+    if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
+        return None
+    report = read_json(predictor_path)
+    if isinstance(report, dict) and report.get("stat", "median_ms") != options.stat:
+        return None  # fitted on another statistic: refit
+    return {"hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
+            "rows": int(len(rows)), "predictor": str(predictor_path),
+            "regressor": report.get("regressor") if isinstance(report, dict) else None}

@@ -1,0 +1,61 @@
+"""`dreams-nas score` as one library call: the acceptance rows of subnets, cached per supernet."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.runfolder import RunFolder
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    data: str = "builtin"  # builtin | FILE.jsonl
+    specs: str = "all"  # all | a file of ids
+    temperature: float = 0.0
+    limit: int | None = None
+    max_new_tokens: int = 64
+    device: str = "auto"
+    threads: int | None = None
+    seed: int = 0
+    show_progress: bool | None = None
+
+
+def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
+    """Score every asked-for subnet whose row the acceptance CSV lacks; returns the summary."""
+    from dreams_nas.nas.search.scoring import CachedAcceptance
+    from dreams_nas.nas.stages.inputs import (
+        LazyScorer,
+        RunModels,
+        dataset_id,
+        read_specs,
+        supernet_hash,
+        torch_threads,
+    )
+    from dreams_nas.supernet.acceptance.table import AcceptanceTable
+    from dreams_nas.supernet.core.device import resolve_device
+
+    start = time.perf_counter()
+    if options.temperature < 0:
+        raise InputError(f"--temperature {options.temperature} must be >= 0 (0 means greedy)")
+    device = resolve_device(options.device)
+    digest = supernet_hash(run)
+    space = run.space()
+    specs = read_specs(options.specs, space)
+    data_id = dataset_id(options.data, options.limit, options.seed)
+    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, options.temperature)
+    scorer = LazyScorer(RunModels(run, device), data=options.data, limit=options.limit,
+                        seed=options.seed, supernet_hash=digest, dataset_id=data_id,
+                        temperature=options.temperature, max_new_tokens=options.max_new_tokens,
+                        draft_lens=space.draft_len, show_progress=options.show_progress)
+    cached = CachedAcceptance(scorer, table)
+    with torch_threads(options.threads):
+        rows = cached.rows(specs, show_progress=options.show_progress)
+    best = max(rows, key=lambda r: r.tau)
+    return {"acceptance": str(table.path), "dataset_id": data_id, "supernet_hash": digest,
+            "temperature": options.temperature, "method": best.method, "n_specs": len(rows),
+            "n_scored": cached.n_scored, "n_cached": len(rows) - min(len(rows), cached.n_scored),
+            "best_tau": round(best.tau, 4), "best_tau_spec": best.spec.id,
+            "seconds": round(time.perf_counter() - start, 1)}

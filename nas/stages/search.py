@@ -1,0 +1,212 @@
+"""`dreams-nas search` as one library call: train the supernet if missing, score what the
+acceptance CSV lacks, search, export the deployable specs, verify the best end to end, report."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from dreams_nas.nas.stages.train import TrainOptions
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.runfolder import RunFolder
+
+log = logging.getLogger("dreams_nas")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    objective: str = "speedup"
+    method: str = "exhaustive"
+    trials: int | None = None
+    storage: str | None = None
+    study_name: str | None = None
+    hardware: str | None = None
+    max_draft_ms: float | None = None
+    data: str = "builtin"
+    limit: int | None = None
+    max_new_tokens: int = 64
+    verify: int = 3
+    verify_prompts: int | None = None  # None: every scored prompt (measured tau = scored tau)
+    device: str = "auto"
+    threads: int | None = None
+    seed: int = 0
+    show_progress: bool | None = None
+    write_report: bool = True
+    # used only when the run folder holds no trained supernet yet
+    train: TrainOptions = field(default_factory=TrainOptions)
+
+
+def study_name_for(options: SearchOptions, hardware_id: str, data_id: str, digest: str) -> str:
+    from dreams_nas.nas.search.strategies import default_study_name
+
+    base = default_study_name(options.objective, options.max_draft_ms)
+    return f"{base}-{hardware_id}-{data_id}-{digest}"
+
+
+def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
+    import optuna
+    from dreams_nas.nas.search.scoring import CachedAcceptance
+    from dreams_nas.nas.search.strategies import search as _search
+    from dreams_nas.nas.stages.export import export_result
+    from dreams_nas.nas.stages.inputs import (
+        LazyScorer,
+        RunModels,
+        context_len_of,
+        dataset_id,
+        draft_params_fn,
+        hardware_identity,
+        load_latency,
+        resolve_hardware,
+        supernet_hash,
+        torch_threads,
+    )
+    from dreams_nas.nas.stages.train import ensure_supernet, trained_supernet
+    from dreams_nas.supernet.acceptance.table import AcceptanceTable
+    from dreams_nas.supernet.core.device import resolve_device
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it all
+    if options.trials is not None and options.trials < 1:
+        raise InputError(f"--trials {options.trials} must be at least 1")
+    if options.verify < 0 or (options.verify_prompts is not None and options.verify_prompts < 1):
+        raise InputError("--verify must be >= 0 and --verify-prompts >= 1")
+    device = resolve_device(options.device)
+    hardware_id = resolve_hardware(run, options.hardware)
+    if trained_supernet(run) is None:
+        from dataclasses import replace
+
+        ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin", device=device,
+                                     seed=options.seed, show_progress=options.show_progress))
+    digest = supernet_hash(run)
+    space = run.space()
+    data_id = dataset_id(options.data, options.limit, options.seed)
+    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, 0.0)
+    show = options.show_progress
+    models = RunModels(run, device)
+    scorer = LazyScorer(models, data=options.data, limit=options.limit, seed=options.seed,
+                        supernet_hash=digest, dataset_id=data_id,
+                        max_new_tokens=options.max_new_tokens, draft_lens=space.draft_len,
+                        show_progress=show)
+    cached = CachedAcceptance(scorer, table)
+    storage = options.storage
+    if storage is None and options.method == "optuna":
+        db = run.study_db(hardware_id)
+        db.parent.mkdir(parents=True, exist_ok=True)
+        storage = f"sqlite:///{db.resolve()}"
+    study_name = options.study_name or study_name_for(options, hardware_id, data_id, digest)
+    with torch_threads(options.threads):
+        result = _search(
+            space, cached, load_latency(run, hardware_id), draft_params_fn(run),
+            context_len=context_len_of(table, scorer), objective=options.objective,
+            method=options.method, max_draft_ms=options.max_draft_ms, n_trials=options.trials,
+            storage=storage, study_name=study_name, seed=options.seed, show_progress=show,
+        )
+    if result.best is None:
+        raise InputError(f"no subnet meets --max-draft-ms {options.max_draft_ms}; the fastest "
+                         f"draft step is {min(c.draft_ms for c in result.candidates):.3f} ms: "
+                         "raise it")
+    hardware = hardware_identity(run, hardware_id)
+    measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
+    info = run.read_run().get("target") or {}
+
+    def write_draft(spec, folder):
+        from dreams_nas.supernet.draft.extract import extract
+
+        extract(models.draft, spec).save_pretrained(folder)
+
+    paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
+                          target=info, supernet_hash=digest, write_draft=write_draft,
+                          measured=measured, verified=verified)
+    report = write_run_report(run, hardware_id) if options.write_report else None
+    best = result.best
+    summary: dict[str, Any] = {
+        "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
+        "best": best.spec.id, "spec_dir": str(paths["spec_dir"]),
+        "predicted": {"speedup": round(best.speedup, 4), "tau": round(best.tau, 4),
+                      "draft_ms": round(best.draft_ms, 4),
+                      "first_draft_ms": round(best.first_draft_ms, 4),
+                      "verify_ms": round(best.verify_ms, 4),
+                      "decode_ms": round(best.decode_ms, 4)},
+        "measured": measured, "n_evaluations": result.n_evaluations,
+        "space_size": result.space_size, "n_scored": result.n_scored,
+        "front": [c.spec.id for c in result.front], "best_json": str(paths["best"]),
+        "warnings": warnings,
+    }
+    if result.study_name:
+        summary["study_name"] = result.study_name
+        summary["storage"] = redact(storage)
+    if report:
+        summary["report"] = report
+    return summary
+
+
+def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
+                hardware: dict[str, Any]
+                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
+    """Measure the best subnet and the top of the front end to end against plain decoding."""
+    from dreams_nas.nas.stages.inputs import torch_threads
+    from dreams_nas.nas.stages.verify import gap_warning, measure_end_to_end
+
+    if options.verify == 0:
+        return None, [], []
+    here = models.device.split(":")[0]
+    if hardware.get("kind") and hardware["kind"] != here:
+        warning = (f"not verified: the latency profile is of a {hardware['kind']} device and this "
+                   f"run decodes on {models.device}; run the search on the profiled machine")
+        log.warning("warning: %s", warning)
+        return None, [], [warning]
+    chosen = [result.best] + [c for c in result.front if c.spec != result.best.spec]
+    chosen = chosen[: options.verify]
+    prompts = scorer.prompts[: options.verify_prompts]
+    log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding",
+             len(chosen), len(prompts))
+    threads = hardware.get("threads") if here == "cpu" else None
+    with torch_threads(int(threads) if threads else None):  # the profile's setting
+        results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
+                                     prompts, max_new_tokens=options.max_new_tokens)
+    verified, warnings = [], []
+    for cand, m in zip(chosen, results, strict=True):
+        verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
+                         "measured_speedup": m.speedup,
+                         "measured_speedup_end_to_end": m.speedup_end_to_end,
+                         "measured_tau": m.tau,
+                         "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
+                         "baseline_tokens_per_s": m.baseline_tokens_per_s,
+                         "decode_tokens_per_s": m.decode_tokens_per_s,
+                         "baseline_decode_tokens_per_s": m.baseline_decode_tokens_per_s,
+                         "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
+                                         "loop_overhead": m.other_ms, "decode": m.decode_ms}})
+        warning = gap_warning(cand, m)
+        if warning:
+            log.warning("warning: %s", warning)
+            warnings.append(warning)
+    best = results[0]
+    measured = {"speedup": best.speedup, "speedup_end_to_end": best.speedup_end_to_end,
+                "tau": best.tau, "tokens_per_s": best.tokens_per_s,
+                "baseline_tokens_per_s": best.baseline_tokens_per_s,
+                "decode_tokens_per_s": best.decode_tokens_per_s,
+                "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
+                "prompts": len(prompts), "max_new_tokens": options.max_new_tokens}
+    return measured, verified, warnings
+
+
+def write_run_report(run: RunFolder, hardware_id: str) -> str | None:
+    """The HTML report of the run (the search's files are written first and stay valid)."""
+    from dreams_nas.reports import write_report
+
+    try:
+        return str(write_report(run.root, hardware_id=hardware_id))
+    except Exception as exc:  # noqa: BLE001 - a report failure must not lose the search
+        log.warning("warning: the search is saved but report.html was not written (%s: %s); "
+                    "run `dreams-nas report` to retry", type(exc).__name__, exc)
+        return None
+
+
+def redact(url: str | None) -> str | None:
+    """A storage URL without its password (the summary is printed and logged)."""
+    if url is None or "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else url

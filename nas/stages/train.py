@@ -1,0 +1,123 @@
+"""The supernet stage as a library call: reuse the run's trained supernet, or train one.
+
+`dreams-nas train` always trains (resuming a killed run); `dreams-nas search` and
+`dreams-nas demo` call `ensure_supernet`, which trains with the default settings only when the
+run folder holds no trained supernet of that target.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.runfolder import RunFolder
+
+log = logging.getLogger("dreams_nas")
+DEFAULT_TRAIN_PROMPTS = 384
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """The training settings a stage may change; None keeps `TrainConfig`'s default."""
+
+    target: str = "builtin"  # builtin | hub id | checkpoint folder
+    data: str = "builtin"  # builtin | FILE.jsonl
+    n_train: int | None = None
+    warmup_steps: int | None = None
+    multires_steps: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    lambda_kl: float | None = None
+    lambda_distill: float | None = None
+    lambda_feat: float | None = None
+    distill: str = "aifd"  # aifd | middle | none
+    heads: int | None = None  # heads of the maximal draft (None: the target's)
+    max_new_tokens: int = 64
+    device: str = "auto"
+    seed: int = 0
+    show_progress: bool | None = None
+
+    def config(self) -> Any:
+        """The `TrainConfig` these options ask for (None keeps its default)."""
+        from dreams_nas.supernet.training.batching import LossWeights
+        from dreams_nas.supernet.training.tppt import TrainConfig
+
+        base = TrainConfig()
+        changes = {name: getattr(self, name) for name in
+                   ("warmup_steps", "multires_steps", "batch_size", "lr")
+                   if getattr(self, name) is not None}
+        weights = LossWeights(
+            kl=base.weights.kl if self.lambda_kl is None else self.lambda_kl,
+            distill=base.weights.distill if self.lambda_distill is None else self.lambda_distill,
+            feat=base.weights.feat if self.lambda_feat is None else self.lambda_feat)
+        return replace(base, **changes, weights=weights, seed=self.seed)
+
+
+def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
+    """The training prompts: the built-in synthetic train split or a LLaVA-style JSONL."""
+    from dreams_nas.supernet.data.prompts import load_examples as _load
+
+    return _load(data, "train", n, DEFAULT_TRAIN_PROMPTS, seed, "--n-train")
+
+
+def trained_supernet(run: RunFolder) -> dict[str, Any] | None:
+    """run.json's `supernet` block when its weights are on disk and match its hash, else None."""
+    from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
+
+    weights = run.supernet_dir / SUPERNET_WEIGHTS
+    block = run.read_run().get("supernet")
+    if not weights.is_file() or not isinstance(block, dict):
+        return None
+    return block if block.get("hash") == file_hash(weights) else None
+
+
+def same_target(info: dict[str, Any], target: str, target_path: str | None) -> bool:
+    """Whether run.json's target block describes `target` (loaded from `target_path`)."""
+    if not info:
+        return True
+    if target_path is not None:
+        return str(info.get("path")) == str(target_path)
+    return info.get("id") == target
+
+
+def ensure_supernet(run: RunFolder, options: TrainOptions, *, target_path: str | None = None
+                    ) -> tuple[dict[str, Any], bool]:
+    """(summary, reused): the run's trained supernet, trained first when it is missing.
+
+    `target_path` is the folder `options.target` loads from when known (the demo target's
+    cache folder); a run trained on another target is refused rather than overwritten."""
+    info = run.read_run().get("target") or {}
+    block = trained_supernet(run)
+    if block is not None:
+        if not same_target(info, options.target, target_path):
+            raise InputError(
+                f"the run folder {run.root} holds a supernet of target "
+                f"{info.get('path') or info.get('id')}, not of {target_path or options.target}; "
+                "pass another --run folder")
+        return {"supernet": str(run.supernet_dir), "hash": block["hash"],
+                "num_params": block.get("num_params")}, True
+    config = options.config()
+    examples = load_examples(options.data, options.n_train, options.seed)
+    log.info("no trained supernet in %s: training one now on %d %s prompts (%d + %d steps, "
+             "batch %d; `dreams-nas train` sets these)", run.supernet_dir, len(examples),
+             options.data, config.warmup_steps, config.multires_steps, config.batch_size)
+    return train(run, options, examples), False
+
+
+def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = None
+          ) -> dict[str, Any]:
+    """Train the supernet of `options.target` into `run` (resuming a killed run); the summary.
+    `examples`: the training prompts when already loaded (else read from `options.data`)."""
+    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+    from dreams_nas.supernet.training.recipe import train_run
+
+    device = resolve_device(options.device)
+    if examples is None:
+        examples = load_examples(options.data, options.n_train, options.seed)
+    target = TargetAdapter.load(options.target, device=device)
+    return train_run(run, target, examples, options.config(), num_heads=options.heads,
+                     max_new_tokens=options.max_new_tokens, distill=options.distill,
+                     device=device, show_progress=options.show_progress)

@@ -1,0 +1,331 @@
+"""Acceptance length tau of every subnet, teacher forced (temperature 0).
+
+At temperature 0 the output of speculative decoding *is* the target's greedy output, so the
+target is run once per prompt and every subnet and every draft length is scored against it:
+
+1. `trace_target`: the target's greedy continuation y_0..y_{N-1} (decoded through the adapter
+   as plain decoding does) with the last hidden state of every position, plus what a draft
+   reads at prefill (the inject layers' hidden states over the prompt, visual-token scores).
+2. `draft_matches`: the draft rolled out from *every* start position at once (one batch row
+   per start): at start t the draft's cache holds the prompt and y_0..y_{t-1} with the
+   target's true features (as a drafter that refreshes its cache from the verified features
+   after each cycle has), it reads (y_t, H_{t-1}) and then its own tokens and features. The
+   result is, per start, how many of its draft tokens equal the target's continuation.
+3. `simulate_cycles`: the speculative loop replayed on those matches for one gamma, with the
+   engine's exact rules (room left before max_new_tokens, the bonus token, EOS), giving the
+   cycle lengths a real run produces, hence tau for every gamma from one rollout.
+
+Rows are pooled over prompts (tau = tokens / target verify forwards), with a bootstrap 95%
+interval over prompts and per-position acceptance rates (accepted / offered at position i,
+as `GenerationStats.accept_rates`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from dreams_nas.supernet.acceptance.table import AcceptanceRow
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.progress import progress
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TargetTrace:
+    """The target's side of one prompt, shared by every subnet (CPU tensors, no batch dim)."""
+
+    prompt_len: int
+    tokens: Tensor  # (prompt_len + n_cont,) prompt ids then the greedy continuation
+    last_hidden: Tensor  # (prompt_len + n_hidden, hidden) H_p (final-normed) for p < len
+    layer_hidden: dict[int, Tensor]  # inject layer -> (prompt_len, hidden)
+    visual_mask: Tensor  # bool (prompt_len,)
+    visual_scores: Tensor  # (prompt_len,) attention received (0 at text positions)
+    eos_index: int | None  # index in the continuation of the first EOS, None if none
+    max_new_tokens: int
+
+    @property
+    def continuation(self) -> Tensor:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def n_starts(self) -> int:
+        """Cycles can start after y_t for t < n_starts (before EOS and the token budget)."""
+        end = self.max_new_tokens - 1
+        if self.eos_index is not None:
+            end = min(end, self.eos_index)
+        return max(0, end)
+
+
+@torch.inference_mode()
+def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: Sequence[int],
+                 max_new_tokens: int, gamma_max: int) -> TargetTrace:
+    """Greedy-decode `max_new_tokens` (plus up to `gamma_max` past an EOS: a real loop verifies
+    draft tokens past it) and keep every position's last hidden state."""
+    pre = adapter.prefill(dict(inputs), layers=tuple(layers))
+    prompt_ids = pre.input_ids[0].cpu()
+    prompt_len = int(prompt_ids.shape[0])
+    token = pre.logits.reshape(-1, pre.logits.shape[-1])[-1].argmax().view(1, 1)
+    tokens, hidden = [int(token)], [pre.last_hidden[0].float().cpu()]
+    eos = adapter.eos_token_ids
+    eos_index = 0 if tokens[0] in eos else None
+    limit = max_new_tokens if eos_index is None else min(max_new_tokens, gamma_max + 1)
+    while len(tokens) < limit:
+        out = adapter.verify(token)
+        hidden.append(out.last_hidden[0].float().cpu())
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(int(token))
+        if eos_index is None and tokens[-1] in eos:
+            eos_index = len(tokens) - 1
+            limit = min(max_new_tokens, eos_index + gamma_max + 1)
+    visual_mask = torch.zeros(prompt_len, dtype=torch.bool)
+    visual_scores = torch.zeros(prompt_len)
+    positions = pre.visual_positions.cpu()
+    visual_mask[positions] = True
+    visual_scores[positions] = pre.visual_scores.float().cpu()
+    return TargetTrace(
+        prompt_len=prompt_len,
+        tokens=torch.cat((prompt_ids, torch.tensor(tokens, dtype=torch.long))),
+        last_hidden=torch.cat(hidden),
+        layer_hidden={int(i): pre.layer_hidden[i][0].float().cpu() for i in layers},
+        visual_mask=visual_mask, visual_scores=visual_scores, eos_index=eos_index,
+        max_new_tokens=max_new_tokens,
+    )
+
+
+@torch.inference_mode()
+def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma_max: int,
+                  chunk: int = 64) -> np.ndarray:
+    """Leading draft tokens equal to the continuation, per start -> (n_starts,) int.
+
+    The draft runs through its own `forward` (no re-implementation): a row for start t is the
+    draft's text positions up to y_t with true inputs, followed by its own rollout so far,
+    right-padded and masked; one more token per row and step, rows that already missed drop out.
+    """
+    n_starts = trace.n_starts
+    matches = np.zeros(n_starts, dtype=np.int64)
+    if n_starts == 0:
+        return matches
+    device = next(draft.parameters()).device
+    dtype = next(draft.parameters()).dtype
+    seq = int(trace.tokens.shape[0])
+    is_text = torch.ones(seq, dtype=torch.bool)
+    is_text[: trace.prompt_len] = ~trace.visual_mask
+    text_pos = is_text.nonzero().flatten()  # (n_text,) target positions the draft runs over
+    n_hidden = int(trace.last_hidden.shape[0])
+    text_pos = text_pos[text_pos <= n_hidden]  # a position needs H_{p-1}
+    hidden = trace.last_hidden.to(device, dtype)
+    prev_all = torch.cat((torch.zeros(1, hidden.shape[-1], device=device, dtype=dtype),
+                          hidden))[text_pos]  # (n_text, hidden) H_{p-1}
+    ids_all = trace.tokens[text_pos].to(device)
+    pos_all = text_pos.to(device)
+    cont = trace.continuation
+    with draft.using(spec.replace(draft_len=1)):
+        memory = draft.memory(trace.layer_hidden[spec.inject_layer][None].to(device, dtype),
+                              trace.visual_mask[None].to(device),
+                              trace.visual_scores[None].to(device))
+        # Step 1 for every start at once: the teacher-forced pass over all text positions.
+        feats = draft(ids_all[None], prev_all[None], pos_all[None], memory).feature[0]
+        start_idx = torch.searchsorted(pos_all, torch.arange(n_starts) + trace.prompt_len)
+        first = draft.logits(feats[start_idx]).argmax(-1).cpu()  # (n_starts,)
+        starts = torch.arange(n_starts)
+        ok = _agree(first, starts + 1, cont)
+        matches += ok.numpy()
+        tokens = first[:, None]  # (n_starts, 1) rollout tokens
+        rolled = feats[start_idx][:, None]  # (n_starts, 1, hidden) rollout features
+        for j in range(2, gamma_max + 1):
+            alive = (matches == j - 1) & (starts.numpy() + j < len(cont))
+            rows = np.flatnonzero(alive)
+            if len(rows) == 0:
+                break
+            nxt = torch.empty(len(rows), dtype=torch.long)
+            new_feat = torch.empty(len(rows), hidden.shape[-1], device=device, dtype=dtype)
+            for c in range(0, len(rows), chunk):
+                part = torch.as_tensor(rows[c:c + chunk])
+                f = _rollout_step(draft, memory, ids_all, prev_all, pos_all, start_idx[part],
+                                  tokens[part], rolled[part])
+                nxt[c:c + len(part)] = draft.logits(f).argmax(-1).cpu()
+                new_feat[c:c + len(part)] = f
+            agree = _agree(nxt, torch.as_tensor(rows) + j, cont)
+            matches[rows[agree.numpy()]] += 1
+            grown_tokens = torch.zeros(n_starts, j, dtype=torch.long)
+            grown_tokens[:, : j - 1] = tokens
+            grown_tokens[rows, j - 1] = nxt
+            grown_feats = torch.zeros(n_starts, j, hidden.shape[-1], device=device, dtype=dtype)
+            grown_feats[:, : j - 1] = rolled
+            grown_feats[torch.as_tensor(rows), j - 1] = new_feat
+            tokens, rolled = grown_tokens, grown_feats
+    return matches
+
+
+def _agree(drafted: Tensor, index: Tensor, continuation: Tensor) -> Tensor:
+    """drafted[i] == continuation[index[i]] (False past its end)."""
+    inside = index < len(continuation)
+    out = torch.zeros(len(drafted), dtype=torch.bool)
+    out[inside] = drafted[inside] == continuation[index[inside]]
+    return out
+
+
+def _rollout_step(draft: DreamDraft, memory, ids_all: Tensor, prev_all: Tensor, pos_all: Tensor,
+                  start_idx: Tensor, tokens: Tensor, rolled: Tensor) -> Tensor:
+    """Feature of the next rollout position for a few starts -> (rows, hidden).
+
+    start_idx: (rows,) index into the text positions of each row's y_t
+    tokens:    (rows, r) the row's rollout tokens so far (d_1..d_r)
+    rolled:    (rows, r, hidden) the draft features that produced them (F of y_t, d_1, ...)
+    """
+    rows, r = tokens.shape
+    device = prev_all.device
+    lengths = start_idx + 1 + r  # real positions per row
+    width = int(lengths.max())
+    ids = torch.zeros(rows, width, dtype=torch.long, device=device)
+    prev = torch.zeros(rows, width, prev_all.shape[-1], device=device, dtype=prev_all.dtype)
+    pos = torch.zeros(rows, width, dtype=torch.long, device=device)
+    mask = torch.zeros(rows, width, dtype=torch.bool, device=device)
+    for i in range(rows):
+        s = int(start_idx[i]) + 1
+        ids[i, :s], prev[i, :s], pos[i, :s] = ids_all[:s], prev_all[:s], pos_all[:s]
+        ids[i, s:s + r] = tokens[i].to(device)
+        prev[i, s:s + r] = rolled[i]
+        pos[i, s:s + r] = pos_all[s - 1] + torch.arange(1, r + 1, device=device)
+        mask[i, : s + r] = True
+    mem = type(memory)(keys=memory.keys.expand(rows, -1, -1, -1),
+                       values=memory.values.expand(rows, -1, -1, -1),
+                       mask=memory.mask.expand(rows, -1))
+    feature = draft(ids, prev, pos, mem, attention_mask=mask).feature  # (rows, width, hidden)
+    return feature[torch.arange(rows, device=device), (lengths - 1).to(device)]
+
+
+def simulate_cycles(matches: np.ndarray, gamma: int, max_new_tokens: int,
+                    eos_index: int | None) -> tuple[list[int], list[int]]:
+    """Replay the engine's loop: (cycle lengths = accepted + 1, tokens proposed per cycle)."""
+    lengths: list[int] = []
+    proposed: list[int] = []
+    produced = 1  # y_0 comes from the prefill
+    done = eos_index == 0
+    while not done and produced < max_new_tokens:
+        room = min(gamma, max_new_tokens - produced - 1)
+        last = produced - 1
+        n = min(int(matches[last]) if last < len(matches) else 0, room)
+        lengths.append(n + 1)
+        proposed.append(room)
+        end = last + n + 1  # index of the cycle's bonus token
+        if eos_index is not None and last < eos_index <= end:
+            lengths[-1] = eos_index - last  # the loop keeps the tokens up to the EOS only
+            done = True
+            produced = eos_index + 1
+        else:
+            produced = end + 1
+    return lengths, proposed
+
+
+def accept_rates(lengths: Sequence[int], proposed: Sequence[int], gamma: int) -> list[float]:
+    """Per draft position i: accepted / offered over the cycles that proposed it (NaN if none)."""
+    lengths_a, proposed_a = np.asarray(lengths), np.asarray(proposed)
+    out = []
+    for i in range(1, gamma + 1):
+        offered = proposed_a >= i
+        out.append(float(np.mean(lengths_a[offered] - 1 >= i)) if offered.any() else float("nan"))
+    return out
+
+
+def pooled_tau(per_prompt: Sequence[tuple[list[int], list[int]]], n_boot: int,
+               rng: np.random.Generator) -> tuple[float, float, float]:
+    """tau = all tokens / all cycles, and a bootstrap 95% interval resampling prompts."""
+    tokens = np.array([sum(c[0]) for c in per_prompt], dtype=np.float64)
+    cycles = np.array([len(c[0]) for c in per_prompt], dtype=np.float64)
+    if cycles.sum() == 0:
+        return 1.0, 1.0, 1.0
+    tau = float(tokens.sum() / cycles.sum())
+    if len(per_prompt) < 2 or n_boot <= 0:
+        return tau, tau, tau
+    picks = rng.integers(0, len(per_prompt), size=(n_boot, len(per_prompt)))
+    t, c = tokens[picks].sum(1), cycles[picks].sum(1)
+    boot = t[c > 0] / c[c > 0]
+    return tau, float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+
+
+class TeacherForcedScorer:
+    """The `AcceptanceScorer` of the search, over one evaluation set.
+
+    Traces the target once per prompt (lazily, then kept); scoring a spec rolls the draft out
+    once for its (heads, visual_keep, inject_layer) and returns rows for every draft length of
+    that triple in `draft_lens` (they are free), so the cache fills a whole triple at a time.
+    """
+
+    def __init__(self, adapter: TargetAdapter, draft: DreamDraft,
+                 prompts: Sequence[Mapping[str, Tensor]], *, supernet_hash: str, dataset_id: str,
+                 max_new_tokens: int = 64, draft_lens: Sequence[int] = tuple(range(1, 8)),
+                 n_boot: int = 1000, seed: int = 0, show_progress: bool | None = None) -> None:
+        if not prompts:
+            raise InputError("no evaluation prompts to score acceptance on; give a non-empty --data")
+        if max_new_tokens < 2:
+            raise InputError(f"max_new_tokens={max_new_tokens} must be at least 2 to draft at all")
+        self.adapter, self.draft, self.prompts = adapter, draft, list(prompts)
+        self.supernet_hash, self.dataset_id = supernet_hash, dataset_id
+        self.max_new_tokens = int(max_new_tokens)
+        self.draft_lens = tuple(sorted(set(int(g) for g in draft_lens)))
+        self.n_boot, self.seed, self.show_progress = int(n_boot), int(seed), show_progress
+        self._traces: list[TargetTrace] | None = None
+
+    @property
+    def gamma_max(self) -> int:
+        return max(self.draft_lens)
+
+    def traces(self) -> list[TargetTrace]:
+        if self._traces is None:
+            layers = tuple(self.draft.config.inject_layers)
+            bar = progress(self.prompts, desc="target greedy traces", unit="prompt",
+                           disable=None if self.show_progress is None else not self.show_progress)
+            self._traces = [trace_target(self.adapter, p, layers, self.max_new_tokens,
+                                         self.gamma_max) for p in bar]
+        return self._traces
+
+    @property
+    def context_len(self) -> int:
+        """Mean prompt length in tokens."""
+        return int(round(float(np.mean([t.prompt_len for t in self.traces()]))))
+
+    @property
+    def answer_len(self) -> float:
+        """Mean tokens decoded after the first (up to the EOS or the budget), per prompt: what
+        the rows' ``n_tokens / n_prompts`` records."""
+        return float(np.mean([t.n_starts for t in self.traces()]))
+
+    def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
+        triples = dict.fromkeys(s.replace(draft_len=1) for s in specs)
+        wanted = {s.replace(draft_len=1): set() for s in specs}
+        for s in specs:
+            wanted[s.replace(draft_len=1)].add(s.draft_len)
+        rows: list[AcceptanceRow] = []
+        for triple in triples:
+            lens = sorted(set(self.draft_lens) | wanted[triple])
+            rows.extend(self.score_triple(triple, lens))
+        return rows
+
+    def score_triple(self, triple: SubnetSpec, draft_lens: Sequence[int]) -> list[AcceptanceRow]:
+        traces = self.traces()
+        gamma_max = max(draft_lens)
+        matches = [draft_matches(self.draft, t, triple, gamma_max) for t in traces]
+        out = []
+        for gamma in draft_lens:
+            # The same seed for every spec: their intervals resample the same prompts.
+            rng = np.random.default_rng(self.seed)
+            cycles = [simulate_cycles(m, gamma, t.max_new_tokens, t.eos_index)
+                      for m, t in zip(matches, traces, strict=True)]
+            tau, lo, hi = pooled_tau(cycles, self.n_boot, rng)
+            lengths = [n for c in cycles for n in c[0]]
+            offered = [p for c in cycles for p in c[1]]
+            out.append(AcceptanceRow(
+                spec=triple.replace(draft_len=gamma), tau=tau, tau_lo=lo, tau_hi=hi,
+                supernet_hash=self.supernet_hash, dataset_id=self.dataset_id,
+                temperature=0.0, method="teacher-forced", n_prompts=len(traces),
+                n_tokens=int(sum(lengths)), context_len=self.context_len,
+                accept_rates=tuple(accept_rates(lengths, offered, gamma)),
+            ))
+        return out

@@ -1,0 +1,174 @@
+"""The run folder: every artefact of one target + supernet, at paths every command agrees on.
+
+```
+dreams-run/
+  run.json                       target, space, supernet config, versions
+  supernet/                      config.json + model.safetensors
+  latency/<hardware-id>/         profile.csv, predictor.joblib, predictor.json
+  acceptance/<dataset-id>.csv    one row per (subnet, dataset)
+  search/<hardware-id>/          study.db, trials.csv, pareto.csv, best.json
+  specs/<name>/                  spec.json + draft.safetensors
+  report.html
+```
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_json, locked, read_json
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.versions import library_versions
+
+DEFAULT_RUN_DIR = "dreams-run"
+RUN_SCHEMA_VERSION = 1
+_SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _check_slug(kind: str, value: str) -> str:
+    if not _SLUG_RE.match(value or ""):
+        raise InputError(
+            f"{kind} {value!r} is not a valid folder name; use letters, digits, '.', '_' and '-'"
+        )
+    return value
+
+
+class RunFolder:
+    """Knows every path of a run and reads/writes them safely."""
+
+    def __init__(self, root: str | Path = DEFAULT_RUN_DIR) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.root)!r})"
+
+    # --- paths ----------------------------------------------------------------------
+    @property
+    def run_json(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def supernet_dir(self) -> Path:
+        return self.root / "supernet"
+
+    def latency_dir(self, hardware_id: str) -> Path:
+        return self.root / "latency" / _check_slug("hardware id", hardware_id)
+
+    def profile_csv(self, hardware_id: str) -> Path:
+        return self.latency_dir(hardware_id) / "profile.csv"
+
+    def predictor_joblib(self, hardware_id: str) -> Path:
+        return self.latency_dir(hardware_id) / "predictor.joblib"
+
+    def predictor_json(self, hardware_id: str) -> Path:
+        return self.latency_dir(hardware_id) / "predictor.json"
+
+    def acceptance_csv(self, dataset_id: str) -> Path:
+        return self.root / "acceptance" / f"{_check_slug('dataset id', dataset_id)}.csv"
+
+    def search_dir(self, hardware_id: str) -> Path:
+        return self.root / "search" / _check_slug("hardware id", hardware_id)
+
+    def study_db(self, hardware_id: str) -> Path:
+        return self.search_dir(hardware_id) / "study.db"
+
+    def trials_csv(self, hardware_id: str) -> Path:
+        return self.search_dir(hardware_id) / "trials.csv"
+
+    def pareto_csv(self, hardware_id: str) -> Path:
+        return self.search_dir(hardware_id) / "pareto.csv"
+
+    def best_json(self, hardware_id: str) -> Path:
+        return self.search_dir(hardware_id) / "best.json"
+
+    @property
+    def specs_root(self) -> Path:
+        return self.root / "specs"
+
+    def spec_dir(self, name: str) -> Path:
+        return self.specs_root / _check_slug("spec name", name)
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    # --- what is there --------------------------------------------------------------
+    def hardware_ids(self) -> list[str]:
+        """Hardware ids that have a latency profile in this run."""
+        base = self.root / "latency"
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if (p / "profile.csv").is_file())
+
+    def dataset_ids(self) -> list[str]:
+        base = self.root / "acceptance"
+        return sorted(p.stem for p in base.glob("*.csv")) if base.is_dir() else []
+
+    def require(self, path: Path, what: str, command: str) -> Path:
+        """Return `path` if it exists; otherwise say what is missing and which command makes it."""
+        if not path.exists():
+            raise MissingArtefactError(f"no {what} in {path}; run `{command}` first")
+        return path
+
+    def require_supernet(self) -> Path:
+        return self.require(
+            self.supernet_dir / "model.safetensors",
+            "trained supernet",
+            "dreams-nas train` or `dreams-nas demo",
+        ).parent
+
+    # --- run.json -------------------------------------------------------------------
+    def read_run(self) -> dict[str, Any]:
+        """The run's metadata; an empty dict for a new run."""
+        if not self.run_json.exists():
+            return {}
+        data = read_json(self.run_json)
+        if not isinstance(data, dict):
+            raise InputError(f"{self.run_json} must hold a JSON object; move it aside to start anew")
+        return data
+
+    def update_run(self, **fields: Any) -> dict[str, Any]:
+        """Merge `fields` into run.json (atomically, under a lock) and stamp the versions."""
+        with locked(self.run_json):
+            data = self.read_run()
+            data.update(fields)
+            data["schema_version"] = RUN_SCHEMA_VERSION
+            data["versions"] = library_versions()
+            atomic_write_json(self.run_json, data)
+        return data
+
+    def target_source(self) -> str | None:
+        """What to load as the run's target (run.json's ``target`` block): ``builtin`` for the
+        demo target, else its checkpoint folder, or its id when that folder is gone; None when
+        the run has no target yet."""
+        info = self.read_run().get("target") or {}
+        if not info:
+            return None
+        if info.get("id") == "builtin":
+            return "builtin"
+        path = info.get("path")
+        return str(path) if path and Path(path).exists() else str(info.get("id"))
+
+    def space(self) -> SearchSpace:
+        data = self.read_run().get("space")
+        if data is None:
+            raise MissingArtefactError(
+                f"no search space in {self.run_json}; run `dreams-nas train` or `dreams-nas demo` first"
+            )
+        return SearchSpace.from_dict(data)
+
+    def save_space(self, space: SearchSpace) -> None:
+        self.update_run(space=space.to_dict())
+
+    # --- writing --------------------------------------------------------------------
+    def write_json(self, path: Path, data: Any) -> Path:
+        return atomic_write_json(path, data)
+
+    def append_rows(
+        self, path: Path, rows: Iterable[Mapping[str, Any]], fieldnames: Sequence[str]
+    ) -> int:
+        return append_csv_rows(path, rows, fieldnames)

@@ -1,0 +1,299 @@
+"""What a subnet is (`SubnetSpec`) and which subnets a search may pick (`SearchSpace`)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dreams_nas.supernet.core.errors import InputError
+
+SPEC_SCHEMA_VERSION = 1
+SPACE_SCHEMA_VERSION = 1
+
+_ID_RE = re.compile(r"^h(\d+)-v(\d+(?:\.\d+)?)-l(\d+)-g(\d+)$")
+DEFAULT_VISUAL_KEEP = (0.25, 0.5, 0.75, 1.0)
+DEFAULT_DRAFT_LENS = tuple(range(1, 8))
+
+
+@dataclass(frozen=True, order=True)
+class SubnetSpec:
+    """One draft subnet of the supernet.
+
+    heads:        attention heads kept in every draft attention layer (a prefix of the
+                  importance-sorted heads).
+    visual_keep:  fraction of visual tokens the draft attends to, in (0, 1].
+    inject_layer: index into the target's hidden states (0 = embeddings, L = last layer)
+                  whose features the draft's cross-attention reads.
+    draft_len:    tokens drafted per speculative cycle (gamma).
+    """
+
+    heads: int
+    visual_keep: float
+    inject_layer: int
+    draft_len: int
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "inject_layer", "draft_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise InputError(f"SubnetSpec.{name}={value!r} must be an integer")
+            object.__setattr__(self, name, int(value))
+        keep = self.visual_keep
+        if isinstance(keep, bool) or not isinstance(keep, int | float | np.floating | np.integer):
+            raise InputError(f"SubnetSpec.visual_keep={keep!r} must be a number in (0, 1]")
+        object.__setattr__(self, "visual_keep", float(keep))
+        if self.heads < 1:
+            raise InputError(f"SubnetSpec.heads={self.heads} must be at least 1")
+        if not (0.0 < self.visual_keep <= 1.0) or math.isnan(self.visual_keep):
+            raise InputError(f"SubnetSpec.visual_keep={self.visual_keep} must be in (0, 1]")
+        if self.inject_layer < 0:
+            raise InputError(f"SubnetSpec.inject_layer={self.inject_layer} must be >= 0")
+        if self.draft_len < 1:
+            raise InputError(f"SubnetSpec.draft_len={self.draft_len} must be at least 1")
+
+    @property
+    def id(self) -> str:
+        """Stable readable id, e.g. ``h4-v0.50-l12-g5``."""
+        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}-g{self.draft_len}"
+
+    @classmethod
+    def from_id(cls, text: str) -> SubnetSpec:
+        match = _ID_RE.match(text.strip())
+        if match is None:
+            raise InputError(
+                f"{text!r} is not a subnet id; ids look like 'h4-v0.50-l12-g5' "
+                "(heads, visual_keep, inject_layer, draft_len)"
+            )
+        h, v, lyr, g = match.groups()
+        return cls(heads=int(h), visual_keep=float(v), inject_layer=int(lyr), draft_len=int(g))
+
+    def replace(self, **changes: Any) -> SubnetSpec:
+        return SubnetSpec(**{**self.to_fields(), **changes})
+
+    def to_fields(self) -> dict[str, Any]:
+        """The four fields alone (for table rows)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SPEC_SCHEMA_VERSION, **self.to_fields()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SubnetSpec:
+        version = data.get("schema_version", SPEC_SCHEMA_VERSION)
+        if version != SPEC_SCHEMA_VERSION:
+            raise InputError(
+                f"subnet spec schema_version={version!r} is not supported (this dreams-nas "
+                f"reads version {SPEC_SCHEMA_VERSION}); re-export the spec with this version"
+            )
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise InputError(f"subnet spec is missing field(s) {missing}; a spec needs {names}")
+        unknown = sorted(set(data) - set(names) - {"schema_version", "id"})
+        if unknown:
+            raise InputError(f"subnet spec has unknown field(s) {unknown}; a spec has {names}")
+        return cls(**{n: data[n] for n in names})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SubnetSpec:
+        return cls.from_dict(json.loads(text))
+
+
+SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SubnetSpec))
+
+
+def _as_values(name: str, values: Sequence[Any], kind: type) -> tuple[Any, ...]:
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise InputError(f"search space field '{name}' must be a list of values, got {values!r}")
+    out: list[Any] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+            raise InputError(f"search space field '{name}' holds {v!r}, which is not a number")
+        if kind is int and float(v) != int(v):
+            raise InputError(f"search space field '{name}' holds {v!r}; it needs whole numbers")
+        out.append(kind(v))
+    if not out:
+        raise InputError(f"search space field '{name}' is empty; give at least one value")
+    if len(set(out)) != len(out):
+        raise InputError(f"search space field '{name}' repeats a value in {out}; list each once")
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The allowed values of each `SubnetSpec` field; the space is their product."""
+
+    heads: tuple[int, ...]
+    visual_keep: tuple[float, ...]
+    inject_layer: tuple[int, ...]
+    draft_len: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        kinds = {"heads": int, "visual_keep": float, "inject_layer": int, "draft_len": int}
+        for name, kind in kinds.items():
+            object.__setattr__(self, name, _as_values(name, getattr(self, name), kind))
+        rules = {
+            "heads": (lambda v: v >= 1, "at least 1"),
+            "visual_keep": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+            "inject_layer": (lambda v: v >= 0, ">= 0"),
+            "draft_len": (lambda v: v >= 1, "at least 1"),
+        }
+        for name, (ok, rule) in rules.items():
+            bad = [v for v in getattr(self, name) if not ok(v)]
+            if bad:
+                raise InputError(f"search space field '{name}' holds {bad}; values must be {rule}")
+
+    # --- size and order -------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return math.prod(len(getattr(self, n)) for n in SPEC_FIELDS)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def enumerate(self) -> Iterator[SubnetSpec]:
+        """Every subnet, exactly once, in a stable order (fields in declaration order)."""
+        for h, v, lyr, g in itertools.product(*(getattr(self, n) for n in SPEC_FIELDS)):
+            yield SubnetSpec(heads=h, visual_keep=v, inject_layer=lyr, draft_len=g)
+
+    def sample(self, n: int, rng: np.random.Generator | int | None = None) -> list[SubnetSpec]:
+        """`n` distinct subnets drawn uniformly without replacement."""
+        if n < 0 or n > self.size:
+            raise InputError(f"cannot sample {n} subnets from a space of {self.size}; use 0..{self.size}")
+        gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        picks = gen.choice(self.size, size=n, replace=False)
+        all_specs = list(self.enumerate())
+        return [all_specs[int(i)] for i in picks]
+
+    def largest(self) -> SubnetSpec:
+        return SubnetSpec(*(max(getattr(self, n)) for n in SPEC_FIELDS))
+
+    def smallest(self) -> SubnetSpec:
+        return SubnetSpec(*(min(getattr(self, n)) for n in SPEC_FIELDS))
+
+    def __contains__(self, spec: object) -> bool:
+        return isinstance(spec, SubnetSpec) and all(
+            getattr(spec, n) in getattr(self, n) for n in SPEC_FIELDS
+        )
+
+    def validate(self, spec: SubnetSpec) -> SubnetSpec:
+        """Return `spec` if it lies in the space; otherwise name the field, value and allowed values."""
+        for name in SPEC_FIELDS:
+            value, allowed = getattr(spec, name), getattr(self, name)
+            if value not in allowed:
+                raise InputError(
+                    f"The value {value!r} of field '{name}' in subnet {spec.id} isn't contained "
+                    f"in the search space (allowed: {list(allowed)}); pick an allowed value or "
+                    "widen the space"
+                )
+        return spec
+
+    # --- construction ---------------------------------------------------------------
+    @classmethod
+    def default_for(
+        cls,
+        num_target_layers: int,
+        num_draft_heads: int,
+        visual_keep: Sequence[float] = DEFAULT_VISUAL_KEEP,
+        draft_len: Sequence[int] = DEFAULT_DRAFT_LENS,
+    ) -> SearchSpace:
+        """A sensible default space.
+
+        heads: quarters of the draft's head count (1/4, 1/2, 3/4, all), rounded, at least 1.
+        inject_layer: four target layers spread over the depth, 1-based hidden-state indices
+        (L/4, L/2, 3L/4, L); the last one is the EAGLE-style choice.
+        """
+        if num_target_layers < 1 or num_draft_heads < 1:
+            raise InputError(
+                f"cannot derive a space from {num_target_layers} target layers and "
+                f"{num_draft_heads} draft heads; both must be at least 1"
+            )
+        heads = sorted({max(1, round(num_draft_heads * q / 4)) for q in (1, 2, 3, 4)})
+        layers = sorted({max(1, round(num_target_layers * q / 4)) for q in (1, 2, 3, 4)})
+        return cls(heads=tuple(heads), visual_keep=tuple(visual_keep),
+                   inject_layer=tuple(layers), draft_len=tuple(draft_len))
+
+    @classmethod
+    def from_configs(cls, target_config: Any, draft_config: Any, **kwargs: Any) -> SearchSpace:
+        """Derive the default space from a Hugging Face target config and a draft config."""
+        text_cfg = getattr(target_config, "text_config", None) or target_config
+        layers = getattr(text_cfg, "num_hidden_layers", None)
+        heads = getattr(draft_config, "num_attention_heads", None)
+        if layers is None or heads is None:
+            raise InputError(
+                "cannot derive a search space: the target config needs num_hidden_layers and "
+                "the draft config num_attention_heads"
+            )
+        return cls.default_for(int(layers), int(heads), **kwargs)
+
+    # --- persistence ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SPACE_SCHEMA_VERSION,
+                **{n: list(getattr(self, n)) for n in SPEC_FIELDS}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SearchSpace:
+        version = data.get("schema_version", SPACE_SCHEMA_VERSION)
+        if version != SPACE_SCHEMA_VERSION:
+            raise InputError(
+                f"search space schema_version={version!r} is not supported (this dreams-nas "
+                f"reads version {SPACE_SCHEMA_VERSION})"
+            )
+        missing = [n for n in SPEC_FIELDS if n not in data]
+        if missing:
+            raise InputError(f"search space is missing field(s) {missing}; it needs {list(SPEC_FIELDS)}")
+        unknown = sorted(set(data) - set(SPEC_FIELDS) - {"schema_version"})
+        if unknown:
+            raise InputError(
+                f"search space has unknown field(s) {unknown}; allowed fields are {list(SPEC_FIELDS)}"
+            )
+        return cls(**{n: data[n] for n in SPEC_FIELDS})
+
+    def to_toml(self) -> str:
+        lines = [f"schema_version = {SPACE_SCHEMA_VERSION}"]
+        for n in SPEC_FIELDS:
+            lines.append(f"{n} = [{', '.join(repr(v) for v in getattr(self, n))}]")
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        from dreams_nas.supernet.core.io import atomic_write_text
+
+        path = Path(path)
+        if path.suffix == ".toml":
+            text = self.to_toml()
+        elif path.suffix == ".json":
+            text = json.dumps(self.to_dict(), indent=2) + "\n"
+        else:
+            raise InputError(f"cannot save a search space as {path.name!r}; use a .toml or .json file")
+        atomic_write_text(path, text)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SearchSpace:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"search space file {path} does not exist; give a .toml or .json file")
+        text = path.read_text(encoding="utf-8")
+        try:
+            if path.suffix == ".toml":
+                data = tomllib.loads(text)
+            elif path.suffix == ".json":
+                data = json.loads(text)
+            else:
+                raise InputError(f"cannot read a search space from {path.name!r}; use .toml or .json")
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"search space file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+        if not isinstance(data, dict):
+            raise InputError(f"search space file {path} must hold a table of fields")
+        return cls.from_dict(data)

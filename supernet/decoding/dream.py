@@ -1,0 +1,107 @@
+"""The DREAM-S draft behind the engine's `Drafter` protocol (supernet subnet or extracted draft).
+
+Per sequence the draft keeps its own KV cache over the text positions whose inputs are *true*
+(token + the target's hidden state of the position before). Each cycle:
+
+* `propose`: run the pending true positions (the drafts accepted last cycle and the target's
+  own newest token) in one forward, then draft autoregressively, each step feeding the draft's
+  own feature in place of the target's unknown hidden state;
+* `update`: crop the cache back to the true positions and queue the newly accepted tokens with
+  the target hidden states the verify just returned.
+
+The cross-attention memory (keys/values of the prompt's text + kept visual tokens at the
+spec's inject layer) is built once at `start`.
+"""
+
+from __future__ import annotations
+
+import torch
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.decoding.protocol import Proposal
+from dreams_nas.supernet.decoding.sampling import SamplingConfig, choose, logits_to_probs, sample
+from dreams_nas.supernet.draft.model import DraftCache, DreamDraft, Memory, SharedTargetModules
+from dreams_nas.supernet.target.adapter import PrefillOutput, TargetAdapter, VerifyOutput
+from torch import Tensor
+
+
+class DreamDrafter:
+    """Drafts with one subnet of a `DreamDraft` (the supernet or a `CompactDraft`)."""
+
+    def __init__(self, draft: DreamDraft, spec: SubnetSpec | None = None) -> None:
+        self.draft = draft.eval()
+        self.spec = spec or draft.active
+        with draft.using(self.spec):  # validate now, not mid-generation
+            pass
+        self.required_layers: tuple[int, ...] = (self.spec.inject_layer,)
+        self.default_gamma: int = self.spec.draft_len
+        self._cache = DraftCache()
+        self._memory: Memory | None = None
+
+    @property
+    def _param(self) -> Tensor:
+        return next(self.draft.parameters())
+
+    @torch.inference_mode()
+    def start(self, target: TargetAdapter, prefill: PrefillOutput) -> None:
+        if self.draft._shared is None:
+            self.draft.attach(SharedTargetModules(target.embed_tokens, target.lm_head))
+        dtype, device = self._param.dtype, self._param.device
+        ids = prefill.input_ids.to(device)  # (1, prompt)
+        prompt = ids.shape[1]
+        visual = torch.zeros(1, prompt, dtype=torch.bool, device=device)
+        scores = torch.zeros(1, prompt, device=device)
+        visual[0, prefill.visual_positions.to(device)] = True
+        scores[0, prefill.visual_positions.to(device)] = prefill.visual_scores.to(device).float()
+        last = prefill.last_hidden.to(device, dtype)  # (1, prompt, hidden)
+        self._cache = DraftCache()
+        with self.draft.using(self.spec):
+            layer = prefill.layer_hidden[self.spec.inject_layer].to(device, dtype)
+            self._memory = self.draft.memory(layer, visual, scores)
+            text = torch.nonzero(~visual[0], as_tuple=False).flatten()
+            prev = torch.cat((torch.zeros_like(last[:, :1]), last[:, :-1]), dim=1)
+            self.draft(ids[:, text], prev[:, text], text[None], self._memory, cache=self._cache)
+        self._committed = self._cache.length
+        self._pos = prompt  # target position of the next chunk's first token
+        self._pending_ids = ids[:, :0]
+        self._pending_prev = last[:, :0]
+        self._next_prev = last[:, -1:]  # H_{prompt-1}: the input feature of the first new token
+
+    @torch.inference_mode()
+    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        device = self._param.device
+        ids = torch.cat((self._pending_ids, last_token.to(device).view(1, 1)), dim=1)
+        prev = torch.cat((self._pending_prev, self._next_prev), dim=1)
+        n = ids.shape[1]
+        pos = torch.arange(self._pos, self._pos + n, device=device)[None]
+        tokens: list[Tensor] = []
+        probs: list[Tensor] = []
+        with self.draft.using(self.spec):
+            feature = self.draft(ids, prev, pos, self._memory, cache=self._cache).feature[:, -1:]
+            self._committed = self._cache.length
+            self._pos += n
+            for i in range(gamma):
+                logits = self.draft.logits(feature)[:, -1].float()  # (1, vocab)
+                if sampling.greedy:
+                    token = choose(logits, sampling, None)
+                else:
+                    p = logits_to_probs(logits, sampling)
+                    token = sample(p, generator).view(1, 1)
+                    probs.append(p)
+                tokens.append(token)
+                if i + 1 < gamma:
+                    step_pos = torch.tensor([[self._pos + i]], device=device)
+                    feature = self.draft(token, feature, step_pos, self._memory,
+                                         cache=self._cache).feature
+        out = torch.cat(tokens, dim=1) if tokens else ids[:, :0]
+        draft_probs = torch.stack(probs, dim=1) if probs else None  # (1, k, vocab)
+        return Proposal(out, draft_probs)
+
+    @torch.inference_mode()
+    def update(self, accepted_tokens: Tensor, n_accepted: int, verify: VerifyOutput) -> None:
+        device, dtype = self._param.device, self._param.dtype
+        self._cache.crop(self._committed)
+        hidden = verify.last_hidden.to(device, dtype)  # (1, n_accepted + 1, hidden)
+        self._pending_ids = accepted_tokens[:, :n_accepted].to(device)
+        self._pending_prev = hidden[:, :n_accepted]
+        self._next_prev = hidden[:, n_accepted:n_accepted + 1]

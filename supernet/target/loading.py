@@ -1,0 +1,67 @@
+"""Load a VLM checkpoint (hub id or local folder) with its processor, with clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.target.families import SUPPORTED_FAMILIES
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+
+def check_checkpoint_folder(folder: Path) -> None:
+    """InputError unless `folder` holds a config.json of a VLM and weights."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"{str(folder)!r} holds no config.json, so it is not a Hugging Face checkpoint; "
+                         "pass a folder written by save_pretrained or a hub id")
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{str(config_path)!r} is not valid JSON ({exc}); re-save the checkpoint") from exc
+    if "vision_config" not in config:
+        raise InputError(f"{str(folder)!r} holds a {config.get('model_type', 'unknown')!r} checkpoint without a "
+                         f"vision_config, not a VLM; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+    if not any((folder / name).is_file() for name in _WEIGHT_FILES):
+        raise InputError(f"{str(folder)!r} has a config.json but no model weights (model.safetensors); "
+                         "copy the whole checkpoint folder")
+
+
+def load_model_and_processor(target: str | Path, *, device: str | torch.device = "cpu",
+                             dtype: torch.dtype | None = None) -> tuple[Any, Any, Any, str]:
+    """(model, processor | None, tokenizer | None, resolved path or hub id)."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    path = Path(target).expanduser()
+    is_local = path.exists()
+    if is_local:
+        if not path.is_dir():
+            raise InputError(f"target {str(target)!r} is a file; pass a checkpoint folder or a hub id")
+        check_checkpoint_folder(path)
+        source = str(path.resolve())
+    else:
+        if str(target).startswith((".", "/", "~")) or str(target).count("/") > 1:
+            raise InputError(f"target folder {str(target)!r} does not exist; pass an existing checkpoint "
+                             "folder, a hub id such as llava-hf/llava-1.5-7b-hf, or builtin")
+        source = str(target)
+    try:
+        model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype or "auto")
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"cannot load a VLM from {source!r}: {type(exc).__name__}: {exc}") from exc
+    model = model.to(device).eval()
+    processor = tokenizer = None
+    try:
+        processor = AutoProcessor.from_pretrained(source)
+        tokenizer = getattr(processor, "tokenizer", None)
+    except Exception as exc:  # noqa: BLE001 - a processor needing an absent optional library (torchvision...)
+        model._dreams_processor_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        except Exception:  # noqa: BLE001
+            tokenizer = None
+    return model, processor, tokenizer, source

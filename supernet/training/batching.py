@@ -1,0 +1,143 @@
+"""Pad target samples into training batches and compute the three loss terms for one subnet."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.training.features import TargetSample
+from dreams_nas.supernet.training.unroll import unrolled_forward
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors; `text` = the draft's positions (visual tokens removed)."""
+
+    text_ids: Tensor  # (batch, text) token x_p
+    text_pos: Tensor  # (batch, text) position p in the target's sequence
+    text_mask: Tensor  # bool (batch, text)
+    prev_hidden: Tensor  # (batch, text, hidden) target last hidden H_{p-1} (zeros at p = 0)
+    last_hidden: Tensor  # (batch, text, hidden) H_p: the feature target and the KL's logits
+    distill: dict[int, Tensor]  # layer -> (batch, text, hidden) target feature at p
+    loss_mask: Tensor  # bool (batch, text): positions whose next token is an answer token
+    memory_hidden: dict[int, Tensor]  # layer -> (batch, prompt, hidden)
+    visual_mask: Tensor  # bool (batch, prompt)
+    visual_scores: Tensor  # (batch, prompt)
+    prompt_mask: Tensor  # bool (batch, prompt)
+
+    def to(self, device: torch.device | str) -> Batch:
+        def mv(x: Tensor) -> Tensor:
+            return x.to(device)
+
+        return Batch(mv(self.text_ids), mv(self.text_pos), mv(self.text_mask),
+                     mv(self.prev_hidden), mv(self.last_hidden),
+                     {k: mv(v) for k, v in self.distill.items()}, mv(self.loss_mask),
+                     {k: mv(v) for k, v in self.memory_hidden.items()}, mv(self.visual_mask),
+                     mv(self.visual_scores), mv(self.prompt_mask))
+
+
+def collate(samples: Sequence[TargetSample]) -> Batch:
+    b = len(samples)
+    hidden = samples[0].last_hidden.shape[-1]
+    texts = [s.text_positions for s in samples]
+    t_max = max(int(t.numel()) for t in texts)
+    p_max = max(s.prompt_len for s in samples)
+    text_ids = torch.zeros(b, t_max, dtype=torch.long)
+    text_pos = torch.zeros(b, t_max, dtype=torch.long)
+    text_mask = torch.zeros(b, t_max, dtype=torch.bool)
+    prev = torch.zeros(b, t_max, hidden)
+    last = torch.zeros(b, t_max, hidden)
+    loss_mask = torch.zeros(b, t_max, dtype=torch.bool)
+    distill = {k: torch.zeros(b, t_max, hidden) for k in samples[0].distill_hidden}
+    memory = {k: torch.zeros(b, p_max, hidden) for k in samples[0].memory_hidden}
+    visual_mask = torch.zeros(b, p_max, dtype=torch.bool)
+    scores = torch.zeros(b, p_max)
+    prompt_mask = torch.zeros(b, p_max, dtype=torch.bool)
+    for i, (s, pos) in enumerate(zip(samples, texts, strict=True)):
+        n, seq = int(pos.numel()), int(s.input_ids.shape[0])
+        text_ids[i, :n] = s.input_ids[pos]
+        text_pos[i, :n] = pos
+        text_mask[i, :n] = True
+        shifted = torch.cat((torch.zeros(1, hidden), s.last_hidden[:-1]))  # H_{p-1}
+        prev[i, :n] = shifted[pos]
+        last[i, :n] = s.last_hidden[pos]
+        loss_mask[i, :n] = (pos >= s.prompt_len - 1) & (pos <= seq - 2)
+        for k, v in s.distill_hidden.items():
+            distill[k][i, :n] = v[pos]
+        p = s.prompt_len
+        for k, v in s.memory_hidden.items():
+            memory[k][i, :p] = v
+        visual_mask[i, :p] = s.visual_mask
+        scores[i, :p] = s.visual_scores
+        prompt_mask[i, :p] = True
+    return Batch(text_ids, text_pos, text_mask, prev, last, distill, loss_mask, memory,
+                 visual_mask, scores, prompt_mask)
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    kl: float = 1.0
+    distill: float = 0.2
+    feat: float = 0.2
+
+
+def _rms(x: Tensor) -> Tensor:
+    # Residual streams of different depths differ in scale; compare directions per token.
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers: Sequence[int],
+               weights: LossWeights, noise: float = 0.0,
+               generator: torch.Generator | None = None, unroll: int = 0) -> dict[str, Tensor]:
+    """KL(target || draft), SmoothL1(cross block, AIFD feature), SmoothL1(feature, last hidden).
+
+    noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
+            draft's own, imperfect features while drafting).
+    unroll: extra passes in which the draft reads its own features, as drafting steps 2..
+            (`unroll.unrolled_forward`); every pass's terms are averaged with equal weight.
+    """
+    with model.using(spec):
+        memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
+                              batch.visual_scores, batch.prompt_mask)
+        prev = batch.prev_hidden
+        if noise > 0:
+            eps = torch.randn(prev.shape, generator=generator, device="cpu").to(prev.device)
+            prev = prev + noise * eps
+        if unroll > 0:
+            outs = unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory,
+                                    batch.text_mask, unroll)
+        else:
+            outs = [model(batch.text_ids, prev, batch.text_pos, memory,
+                          attention_mask=batch.text_mask)]
+    totals = {"kl": 0.0, "distill": 0.0, "feat": 0.0}
+    used = 0
+    for k, out in enumerate(outs):
+        # pass k at text index t is the k-th drafted step of a cycle whose true context ends at
+        # t - k: count it only when that start also lies in the answer
+        m = batch.loss_mask.clone()
+        if k:
+            m[:, k:] &= batch.loss_mask[:, :-k]
+            m[:, :k] = False
+        if not bool(m.any()):
+            continue
+        used += 1
+        feature = out.feature[m]  # (n, hidden)
+        target = batch.last_hidden[m]
+        draft_logp = F.log_softmax(model.logits(feature).float(), -1)
+        target_logp = F.log_softmax(model.logits(target).float(), -1)
+        totals["kl"] = totals["kl"] + F.kl_div(draft_logp, target_logp, log_target=True,
+                                               reduction="batchmean")
+        totals["feat"] = totals["feat"] + F.smooth_l1_loss(feature, target)
+        if out.cross_out is not None and distill_layers and weights.distill > 0:
+            cross = _rms(out.cross_out[m])
+            totals["distill"] = totals["distill"] + torch.stack(
+                [F.smooth_l1_loss(cross, _rms(batch.distill[i][m])) for i in distill_layers]).mean()
+    zero = batch.prev_hidden.new_zeros(())
+    terms = {key: (val / used if used else zero) + zero for key, val in totals.items()}
+    terms["loss"] = weights.kl * terms["kl"] + weights.distill * terms["distill"] + weights.feat * terms["feat"]
+    return terms

@@ -1,0 +1,173 @@
+"""`dreams-nas train` as a library call: data -> self-distillation -> AIFD -> TPPT -> run folder.
+
+Writes `supernet/` (model.safetensors + config.json, and `checkpoint/` for resume) and the
+run.json keys `target`, `space`, `supernet` and `aifd` (SCHEMAS.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import atomic_write_json, read_json
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.store import save_supernet
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.aifd import AifdResult
+from dreams_nas.supernet.training.features import TargetSample
+from dreams_nas.supernet.training.selfdistill import (
+    collect_samples,
+    measure_aifd,
+    regenerate_answers,
+)
+from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_supernet
+from torch import Tensor
+
+log = logging.getLogger("dreams_nas")
+DistillMode = Literal["aifd", "middle", "none"]
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """Everything the trainer needs from the target, computed once."""
+
+    samples: list[TargetSample]
+    aifd: AifdResult
+    space: SearchSpace
+    num_target_layers: int
+
+
+def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> list[dict[str, Tensor]]:
+    """Chat-templated model inputs (image first) for each example's question."""
+    return [target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
+
+
+def _answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens: int) -> str:
+    digest = hashlib.sha256(json.dumps(
+        {"target": str(target.path or target.target_id), "max_new_tokens": max_new_tokens,
+         "examples": [[str(ex.id), str(ex.image_path), ex.prompt] for ex in examples]}
+    ).encode())
+    return digest.hexdigest()[:16]
+
+
+def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
+                           key: str, cache_file: Any, max_new_tokens: int,
+                           show_progress: bool | None) -> list[Tensor]:
+    """The target's own answers, cached in the run folder (a resumed run does not regenerate)."""
+    if cache_file is not None and cache_file.is_file():
+        data = read_json(cache_file)
+        if isinstance(data, dict) and data.get("key") == key:
+            return [torch.tensor(a, dtype=torch.long) for a in data["answers"]]
+    answers = regenerate_answers(target.model, prompts, max_new_tokens,
+                                 show_progress=show_progress)
+    if cache_file is not None:
+        atomic_write_json(cache_file, {"key": key, "answers": [a.tolist() for a in answers]})
+    return answers
+
+
+def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_heads: int,
+                 max_new_tokens: int = 64, aifd_prompts: int = 16,
+                 answers_cache: Any = None, show_progress: bool | None = None) -> PreparedData:
+    if not examples:
+        raise InputError("the training data hold no examples; give a JSONL file with at least one")
+    prompts = prompt_inputs(target, examples)
+    key = _answers_key(target, examples, max_new_tokens)
+    answers = self_distilled_answers(target, prompts, key, answers_cache, max_new_tokens,
+                                     show_progress)
+    keep = [i for i, a in enumerate(answers) if a.numel() > 0]
+    if not keep:
+        raise InputError("the target answered none of the training prompts (every answer is empty); "
+                         "check the target and the prompts")
+    prompts, answers = [prompts[i] for i in keep], [answers[i] for i in keep]
+    n = max(1, min(aifd_prompts, len(prompts)))
+    aifd = measure_aifd(target.model, prompts[:n], answers[:n])
+    layers = target.num_layers
+    space = SearchSpace.default_for(layers, num_draft_heads)
+    distill = sorted(set(aifd.chosen) | {max(1, layers // 2)})  # also the ablation's layer
+    samples = collect_samples(target, prompts, answers, space.inject_layer, distill,
+                              show_progress=show_progress)
+    return PreparedData(samples, aifd, space, layers)
+
+
+def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]:
+    if mode == "aifd":
+        return tuple(data.aifd.chosen)
+    if mode == "middle":
+        return (max(1, data.num_target_layers // 2),)
+    if mode == "none":
+        return ()
+    raise InputError(f"distillation mode {mode!r} is not one of aifd, middle, none")
+
+
+def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, seed: int,
+                cross_attention: bool = True, device: str | torch.device = "cpu") -> DreamDraft:
+    cfg = DraftConfig.for_target(target.text_config, data.space.inject_layer, num_heads=num_heads,
+                                 cross_attention=cross_attention)
+    shared = SharedTargetModules(target.embed_tokens, target.lm_head)
+    return DreamDraft.initialised(cfg, shared, seed).to(device)
+
+
+def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], config: TrainConfig,
+              *, num_heads: int | None = None, max_new_tokens: int = 64, aifd_prompts: int = 16,
+              distill: DistillMode = "aifd", device: str | torch.device = "cpu",
+              show_progress: bool | None = None) -> dict[str, Any]:
+    """Train the supernet of `target` on `examples` into `run`; returns the command's summary."""
+    start = time.perf_counter()
+    heads = int(num_heads or target.text_config.num_attention_heads)
+    run.supernet_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(target, examples, num_draft_heads=heads, max_new_tokens=max_new_tokens,
+                        aifd_prompts=aifd_prompts,
+                        answers_cache=run.supernet_dir / "selfdistill.json",
+                        show_progress=show_progress)
+    log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
+             [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
+    layers = distill_layers_for(distill, data)
+    if distill == "none":
+        config = replace(config, weights=replace(config.weights, distill=0.0))
+    draft = build_draft(target, data, num_heads=heads, seed=config.seed, device=device)
+    outcome: TrainOutcome = train_supernet(draft, data.samples, layers, config,
+                                           run.supernet_dir / "checkpoint",
+                                           show_progress=show_progress)
+    digest = save_supernet(draft, run.supernet_dir, extra={"distill_layers": list(layers)})
+    supernet = {
+        "hash": digest, "config": draft.config.to_dict(),
+        "num_params": sum(p.numel() for p in draft.parameters()),  # every candidate's adapter
+        "num_params_largest_subnet": draft.num_params(draft.config.largest()),
+        "distill_layers": list(layers),
+        "train": {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
+                  "batch_size": config.batch_size, "lr": config.lr,
+                  "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
+                              "feat": config.weights.feat},
+                  "n_samples": len(data.samples), "n_examples": len(examples),
+                  "max_new_tokens": max_new_tokens, "distill": distill,
+                  "config": config.to_dict(),
+                  "seconds": round(time.perf_counter() - start, 1),
+                  "loss_curve": outcome.loss_curve},
+    }
+    run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
+                   aifd=data.aifd.to_dict())
+    last = outcome.loss_curve[-1] if outcome.loss_curve else {}
+    return {"supernet": str(run.supernet_dir), "hash": digest,
+            "num_params": supernet["num_params"], "aifd_chosen": list(data.aifd.chosen),
+            "distill_layers": list(layers), "steps": config.total_steps,
+            "resumed_from": outcome.resumed_from, "final_loss": last.get("loss"),
+            "final_kl": last.get("kl"), "n_samples": len(data.samples),
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def draft_for_run(target: TargetAdapter, run: RunFolder, device: str | torch.device = "cpu"
+                  ) -> DreamDraft:
+    """The trained supernet of `run`, attached to `target`'s embedding and LM head."""
+    from dreams_nas.supernet.draft.store import load_supernet
+
+    shared = SharedTargetModules(target.embed_tokens, target.lm_head)
+    return load_supernet(run.require_supernet(), shared, device=device)

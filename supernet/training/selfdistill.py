@@ -1,0 +1,113 @@
+"""Self-distillation data: the target answers the training prompts itself, then its features.
+
+The draft learns to predict what *this* target says, so its training answers are the target's
+own greedy responses to the training prompts (the dataset's reference answers are not used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from dreams_nas.supernet.core.progress import progress
+from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.aifd import AifdResult, aifd_from_entropy, measure_target_entropy
+from dreams_nas.supernet.training.features import TargetSample, collect_sample
+from torch import Tensor
+
+_BATCHABLE = {"input_ids", "attention_mask", "pixel_values"}
+
+
+def _left_pad(prompts: Sequence[Mapping[str, Tensor]], pad_id: int) -> dict[str, Tensor]:
+    width = max(int(p["input_ids"].shape[1]) for p in prompts)
+    ids, mask = [], []
+    for p in prompts:
+        n = int(p["input_ids"].shape[1])
+        pad = torch.full((1, width - n), pad_id, dtype=p["input_ids"].dtype)
+        ids.append(torch.cat((pad, p["input_ids"].cpu()), 1))
+        mask.append(torch.cat((torch.zeros(1, width - n, dtype=torch.long),
+                               torch.ones(1, n, dtype=torch.long)), 1))
+    out = {"input_ids": torch.cat(ids), "attention_mask": torch.cat(mask)}
+    if "pixel_values" in prompts[0]:
+        out["pixel_values"] = torch.cat([p["pixel_values"].cpu() for p in prompts])
+    return out
+
+
+def _eos_ids(model: Any) -> set[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        text_cfg = getattr(model.config, "text_config", None) or model.config
+        eos = getattr(text_cfg, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])}
+
+
+@torch.no_grad()
+def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_new_tokens: int,
+                       batch_size: int = 8, show_progress: bool | None = None) -> list[Tensor]:
+    """The target's greedy answer to each prompt (ids, ending with EOS when it stopped).
+
+    Prompts with only input_ids / attention_mask / pixel_values are generated in left-padded
+    batches; others (e.g. Qwen-VL's grid inputs) one at a time.
+    """
+    device = next(model.parameters()).device
+    eos = _eos_ids(model)
+    text_cfg = getattr(model.config, "text_config", None) or model.config
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    pad = pad if pad is not None else getattr(text_cfg, "pad_token_id", None)
+    pad = int(pad if pad is not None else (min(eos) if eos else 0))
+    batchable = all(set(p) <= _BATCHABLE for p in prompts)
+    size = batch_size if batchable else 1
+    # A placeholder token in an answer would be read as an image slot when the answer is fed
+    # back with the prompt's pixels; such an answer is cut before it.
+    image_ids = {int(v) for v in (getattr(model.config, "image_token_id", None),
+                                  getattr(model.config, "image_token_index", None)) if v is not None}
+    answers: list[Tensor] = []
+    bar = progress(total=len(prompts), desc="self-distillation answers", unit="prompt",
+                   disable=show_progress is False or None)
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start:start + size]
+        inputs = _left_pad(chunk, pad) if batchable else dict(chunk[0])
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=pad)
+        new = out[:, inputs["input_ids"].shape[1]:].cpu()
+        for row in new:
+            ids = row.tolist()
+            stop = next((i for i, t in enumerate(ids) if t in eos), None)
+            ids = ids[: stop + 1] if stop is not None else ids
+            cut = next((i for i, t in enumerate(ids) if t in image_ids), None)
+            ids = ids[:cut] if cut is not None else ids
+            answers.append(torch.tensor(ids, dtype=torch.long))
+        bar.update(len(chunk))
+    bar.close()
+    return answers
+
+
+def measure_aifd(model: Any, prompts: Sequence[Mapping[str, Tensor]], answers: Sequence[Tensor],
+                 k: int = 1) -> AifdResult:
+    """AE / dAE per target layer over prompt + answer sequences, and the AIFD choice."""
+    device = next(model.parameters()).device
+    batches = []
+    for prompt, answer in zip(prompts, answers, strict=True):
+        batch = {key: v.to(device) for key, v in prompt.items()}
+        ids = torch.cat((batch["input_ids"][0], answer.to(device)))[None]
+        batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
+        batches.append(batch)
+    return aifd_from_entropy(measure_target_entropy(model, batches), k)
+
+
+def collect_samples(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
+                    answers: Sequence[Tensor], memory_layers: Sequence[int],
+                    distill_layers: Sequence[int], show_progress: bool | None = None
+                    ) -> list[TargetSample]:
+    samples = []
+    bar = progress(total=len(prompts), desc="target features", unit="prompt",
+                   disable=show_progress is False or None)
+    for prompt, answer in zip(prompts, answers, strict=True):
+        samples.append(collect_sample(target, prompt, answer, memory_layers, distill_layers))
+        bar.update(1)
+    bar.close()
+    return samples

@@ -1,0 +1,319 @@
+"""Two-phase progressive training (TPPT) of the DREAM-S supernet.
+
+Phase 1 (warm-up) trains the full draft (all heads, all visual tokens) with a random inject
+layer per step, so every candidate layer's memory adapter is trained. Before phase 2 the heads
+of every attention are sorted by importance (|grad x weight| on calibration batches) and the
+weights (and AdamW moments) reordered, so each smaller subnet is a prefix. Phase 2
+(multi-resolution) applies the sandwich rule: each step sums the gradients of the largest
+subnet, the smallest and `random_subnets` random ones (once-for-all style).
+
+Determinism and resume: the learning rate is a pure function of the step, and every random
+choice of step `s` (batch order, subnets, feature noise) comes from generators seeded with
+(seed, s), so a run restored from a checkpoint continues exactly like an uninterrupted one.
+Checkpoints are safetensors (weights, AdamW state) + JSON (step, loss curve), written
+atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import atomic_write_json, read_json
+from dreams_nas.supernet.core.progress import progress
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.draft.elastic import importance_order
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.training.batching import Batch, LossWeights, collate, loss_terms
+from dreams_nas.supernet.training.features import TargetSample
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    warmup_steps: int = 300  # phase 1: the full draft
+    multires_steps: int = 300  # phase 2: sandwich rule
+    batch_size: int = 8
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.05
+    lr_warmup_steps: int = 20
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    random_subnets: int = 2
+    weights: LossWeights = field(default_factory=LossWeights)
+    feature_noise: float = 0.1
+    unroll: int = 2  # drafting steps trained on the draft's own features (training-time test)
+    calibration_batches: int = 4
+    checkpoint_every: int = 25
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
+                     "unroll"):
+            if getattr(self, name) < 0:
+                raise InputError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.warmup_steps + self.multires_steps < 1:
+            raise InputError("warmup_steps + multires_steps is 0; train for at least one step")
+        if self.batch_size < 1 or self.checkpoint_every < 1:
+            raise InputError("batch_size and checkpoint_every must be at least 1")
+
+    @property
+    def total_steps(self) -> int:
+        return self.warmup_steps + self.multires_steps
+
+    def lr_at(self, step: int) -> float:
+        """Linear warm-up then cosine decay to min_lr_ratio * lr over all steps."""
+        if step < self.lr_warmup_steps:
+            return self.lr * (step + 1) / self.lr_warmup_steps
+        span = max(1, self.total_steps - self.lr_warmup_steps)
+        progress_ = min(1.0, (step - self.lr_warmup_steps) / span)
+        cos = 0.5 * (1 + math.cos(math.pi * progress_))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if isinstance(known.get("weights"), dict):
+            known["weights"] = LossWeights(**known["weights"])
+        return cls(**known)
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    heads_sorted: bool = False
+    loss_curve: list[dict[str, float]] = field(default_factory=list)
+
+
+def _step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
+
+
+def batch_indices(num_samples: int, batch_size: int, seed: int, step: int) -> list[int]:
+    """Sample indices of step `step`: epochs are seeded permutations, the tail is dropped."""
+    per_epoch = max(1, num_samples // batch_size)
+    epoch, offset = divmod(step, per_epoch)
+    perm = torch.randperm(num_samples, generator=_step_generator(seed, epoch, salt=1))
+    size = min(batch_size, num_samples)
+    return perm[offset * size: offset * size + size].tolist()
+
+
+def training_space(model: DreamDraft) -> SearchSpace:
+    """The subnets training visits (draft_len is inference-only, fixed to 1 here)."""
+    space = model.space()
+    return SearchSpace(heads=space.heads, visual_keep=space.visual_keep,
+                       inject_layer=space.inject_layer, draft_len=(1,))
+
+
+def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainConfig
+               ) -> list[SubnetSpec]:
+    """Phase 1: the full draft at a random layer. Phase 2: largest, smallest, random ones."""
+    gen = _step_generator(config.seed, step, salt=2)
+    layers = space.inject_layer
+
+    def layer() -> int:
+        return layers[int(torch.randint(len(layers), (1,), generator=gen))]
+
+    largest = SubnetSpec(max(space.heads), max(space.visual_keep), layer(), 1)
+    if step < config.warmup_steps:
+        return [largest]
+    smallest = SubnetSpec(min(space.heads), min(space.visual_keep), layer(), 1)
+    everything = list(space.enumerate())
+    picks = torch.randint(len(everything), (config.random_subnets,), generator=gen).tolist()
+    return [largest, smallest, *(everything[i] for i in picks)]
+
+
+# --- head sorting ---------------------------------------------------------------------
+def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequence[int],
+               config: TrainConfig, optimizer: torch.optim.Optimizer | None = None
+               ) -> list[list[int]]:
+    """Accumulate |grad x weight| per head over `batches` (full draft, layers cycled), then
+    reorder every attention's heads (and the optimizer's moments) by decreasing importance."""
+    attns = model.attentions()
+    totals = [torch.zeros(a.num_heads) for a in attns]
+    layers = model.config.inject_layers
+    full = model.config.largest()
+    for i, batch in enumerate(batches):
+        model.zero_grad(set_to_none=True)
+        spec = full.replace(inject_layer=layers[i % len(layers)])
+        loss_terms(model, batch, spec, distill_layers, config.weights)["loss"].backward()
+        for total, attn in zip(totals, attns, strict=True):
+            total += attn.head_importance().cpu()
+    model.zero_grad(set_to_none=True)
+    orders = []
+    for total, attn in zip(totals, attns, strict=True):
+        order = importance_order(total)
+        index = attn.permute_heads(order.to(attn.q_proj.weight.device))
+        if optimizer is not None:
+            for param, dim in attn.permuted_params():
+                for value in optimizer.state.get(param, {}).values():
+                    if torch.is_tensor(value) and value.shape == param.shape:
+                        value.copy_(value.index_select(dim, index))
+        orders.append(order.tolist())
+    return orders
+
+
+# --- checkpoints ----------------------------------------------------------------------
+def _save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
+                     state: TrainState, fingerprint: str) -> None:
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    opt = optimizer.state_dict()
+    moments = {f"{idx}.{key}": (val.detach().cpu().contiguous() if val.dim() else val.reshape(1))
+               for idx, entry in opt["state"].items() for key, val in entry.items()
+               if torch.is_tensor(val)}
+    for name, tensors in (("model", weights), ("optimizer", moments)):
+        tmp = directory / f".{name}.safetensors.tmp"
+        save_file(tensors, str(tmp))
+        tmp.replace(directory / f"{name}.safetensors")
+    # state.json last: it names the step the two weight files belong to
+    atomic_write_json(directory / "state.json", {
+        "fingerprint": fingerprint, "step": state.step, "heads_sorted": state.heads_sorted,
+        "loss_curve": state.loss_curve, "param_groups": opt["param_groups"],
+    })
+
+
+def _load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
+                     fingerprint: str) -> TrainState | None:
+    from safetensors.torch import load_file
+
+    if not (directory / "state.json").is_file():
+        return None
+    meta = read_json(directory / "state.json")
+    if meta.get("fingerprint") != fingerprint:
+        raise InputError(
+            f"the checkpoint in {directory} belongs to another training set-up (data, target or "
+            "settings differ); use another --run folder or delete that checkpoint folder"
+        )
+    device = next(model.parameters()).device
+    model.load_state_dict(load_file(str(directory / "model.safetensors"), device=str(device)))
+    flat = load_file(str(directory / "optimizer.safetensors"), device=str(device))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in flat.items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = tensor.reshape(()) if key == "step" else tensor
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return TrainState(step=int(meta["step"]), heads_sorted=bool(meta["heads_sorted"]),
+                      loss_curve=list(meta["loss_curve"]))
+
+
+def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
+                   distill_layers: Sequence[int], config: TrainConfig) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"draft": model.config.to_dict(), "train": config.to_dict(),
+                              "distill": list(distill_layers)}, sort_keys=True).encode())
+    for s in samples:
+        digest.update(s.input_ids.numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+# --- the loop -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainOutcome:
+    loss_curve: list[dict[str, float]]
+    head_orders: list[list[int]] | None
+    resumed_from: int
+    steps_run: int
+
+
+def make_optimizer(model: DreamDraft, config: TrainConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,
+                             weight_decay=config.weight_decay)
+
+
+def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
+                   distill_layers: Sequence[int], config: TrainConfig,
+                   checkpoint_dir: str | Path | None = None,
+                   on_step: Callable[[int, dict[str, float]], None] | None = None,
+                   show_progress: bool | None = None) -> TrainOutcome:
+    """Train `model` in place; resumes from `checkpoint_dir` when it holds a checkpoint.
+
+    on_step(step, losses) is called after each optimizer step (tests use it to stop a run
+    half-way, as a kill would).
+    """
+    if not samples:
+        raise InputError("no training samples; give a dataset with at least one prompt")
+    device = next(model.parameters()).device
+    # The target's embedding and LM head are shared and frozen: no gradients accumulate on them.
+    for module in (model.shared.embed_tokens, model.shared.lm_head):
+        for param in module.parameters():
+            param.requires_grad_(False)
+    space = training_space(model)
+    optimizer = make_optimizer(model, config)
+    fingerprint = fingerprint_of(model, samples, distill_layers, config)
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    state = (_load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None) or TrainState()
+    resumed_from = state.step
+    orders: list[list[int]] | None = None
+    bar = progress(total=config.total_steps, desc="train supernet", unit="step",
+                   disable=show_progress is False or None)
+    bar.update(state.step)
+    model.train()
+    steps_run = 0
+    while state.step < config.total_steps:
+        step = state.step
+        if step >= config.warmup_steps and not state.heads_sorted:
+            calib = [collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
+                                                                 config.seed, j)]).to(device)
+                     for j in range(config.calibration_batches)]
+            orders = sort_heads(model, calib, distill_layers, config, optimizer)
+            state.heads_sorted = True
+        batch = collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
+                                                           config.seed, step)]).to(device)
+        specs = step_specs(model, space, step, config)
+        noise_gen = _step_generator(config.seed, step, salt=3)
+        optimizer.zero_grad(set_to_none=True)
+        sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
+        for spec in specs:
+            terms = loss_terms(model, batch, spec, distill_layers, config.weights,
+                               config.feature_noise, noise_gen, config.unroll)
+            (terms["loss"] / len(specs)).backward()
+            for key in sums:
+                sums[key] += float(terms[key].detach()) / len(specs)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr_at(step)
+        optimizer.step()
+        state.step += 1
+        steps_run += 1
+        state.loss_curve.append({"step": state.step, **{k: round(v, 6) for k, v in sums.items()},
+                                 "phase": 1 if step < config.warmup_steps else 2})
+        bar.update(1)
+        bar.set_postfix(loss=f"{sums['loss']:.4f}", kl=f"{sums['kl']:.3f}")
+        if ckpt is not None and (state.step % config.checkpoint_every == 0
+                                 or state.step == config.total_steps):
+            _save_checkpoint(ckpt, model, optimizer, state, fingerprint)
+        if on_step is not None:
+            on_step(state.step, sums)
+    bar.close()
+    model.eval()
+    return TrainOutcome(loss_curve=state.loss_curve, head_orders=orders,
+                        resumed_from=resumed_from, steps_run=steps_run)
+
+
+@torch.no_grad()
+def evaluate_losses(model: DreamDraft, batches: Sequence[Batch], spec: SubnetSpec,
+                    distill_layers: Sequence[int], weights: LossWeights | None = None
+                    ) -> dict[str, float]:
+    """Mean loss terms of one subnet over `batches` (no noise, eval mode)."""
+    weights = weights or LossWeights()
+    was_training = model.training
+    model.eval()
+    sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
+    for batch in batches:
+        terms = loss_terms(model, batch, spec, distill_layers, weights)
+        for key in sums:
+            sums[key] += float(terms[key]) / len(batches)
+    model.train(was_training)
+    return sums
