@@ -20,19 +20,16 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# ruff, then the layer contracts of pyproject.toml ([tool.importlinter]).
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
-test: install
-	$(BIN)/ruff check .
+test: lint
 	$(BIN)/python -m pytest -q
 
 demo: install
-	@if $(BIN)/dreams-nas demo --help >/dev/null 2>&1; then \
-		$(BIN)/dreams-nas demo; \
-	else \
-		echo "dreams-nas is installed in $(VENV) ($(BIN)/dreams-nas --help lists the commands); the one-command demo pipeline is not built yet."; \
-	fi
+	$(BIN)/dreams-nas demo
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

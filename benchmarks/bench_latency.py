@@ -11,8 +11,8 @@
    same over k x context for the target steps, with k = 1 and 8 at the shortest and longest
    context), fits the predictor on them and predicts every other row, measured in the same run.
 3. Prints MAPE, share within +-10 %, RMSE and Kendall's tau overall and per kind of step, and
-   whether the issue's targets hold (MAPE <= 5 %, >= 95 % within 10 %, tau >= 0.9), for the
-   rows' medians (the issue's statistic) and, on a shared machine, their 10th percentiles.
+   whether the targets hold (MAPE <= 5 %, >= 95 % within 10 %, tau >= 0.9), for the
+   rows' medians and, on a shared machine, their 10th percentiles.
 
 Target: ``builtin`` if the demo target is already cached, else ``random-demo``: the demo
 target's exact architecture and processor with random weights (latency does not depend on the

@@ -5,7 +5,7 @@
 
 For each seed it runs the Optuna strategy (in memory) and records how many distinct subnet
 evaluations it needed until its best expected speedup reached 98% of the exhaustive best.
-Target (issue 7): median over 5 seeds <= 25% of the space.
+Target: median over 5 seeds <= 25% of the space.
 """
 
 from __future__ import annotations

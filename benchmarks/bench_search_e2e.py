@@ -9,7 +9,7 @@ Measures, in one interleaved run against plain decoding of the same prompts:
   * the full supernet draft (all heads, all visual tokens, last inject layer) at its own best
     draft length by the same prediction,
   * a fixed EAGLE-like configuration: all heads, all visual tokens, last layer, gamma = 5,
-and prints predicted and measured speedups (issue 7: predicted within 10% of measured for the
+and prints predicted and measured speedups (target: predicted within 10% of measured for the
 best subnet). With --repeats R the whole measurement runs R times; the table shows the median
 of each figure over the repeats and the range of the measured decode-phase speedup.
 """

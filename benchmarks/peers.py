@@ -318,5 +318,5 @@ def load_assistant(where: str, target: Any, *, device: str = "cpu") -> Any | Non
                              "or the folder of a small model with the target's tokenizer")
     from dreams_nas.supernet.target.loading import load_model_and_processor
 
-    model = load_model_and_processor(folder, device=device, dtype=None)[0]
+    model = load_model_and_processor(folder, device=device, dtype=None).model
     return model.eval()

@@ -135,9 +135,7 @@ class CVSelectedRegressor(RegressorMixin, BaseEstimator):
     of Statistical Learning*, 7.10): the first candidate, in the given order (simplest first),
     whose mean CV error is within one standard error of the lowest. A profile fitted on a
     budget has few rows, and the lowest CV error then often belongs to a richer model that
-    predicts the untimed grid points worse: on the demo target, fitted on 30 % of the grid,
-    ridge on the plain features ranked the other 70 % with Kendall tau 0.902-0.941 where
-    ridge on their squares, chosen by the lowest CV error by 0.001-0.003, gave 0.833-0.927.
+    predicts the untimed grid points worse (BENCHMARKS.md, "Latency predictor").
 
     candidates: list of (name, unfitted regressor), simplest first; None means
     `default_candidates()`.

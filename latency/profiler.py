@@ -1,9 +1,9 @@
 """Time every planned step on one device and append each row to the profile as it is measured.
 
-The profiler knows nothing about models: a `StepBuilder` turns a `StepKey` into a callable
-that runs that one step (state such as a prefilled KV cache is set up by the builder and
-restored by the callable, so every repeat times the same work). A callable with a ``prepare``
-attribute has it run untimed before every repeat (see `timing.measure`).
+The profiler knows nothing about models: a `StepBuilder` turns a `StepKey` into a `Step`
+whose ``run`` runs that one step (state such as a prefilled KV cache is set up by the builder
+and restored by ``run``, so every repeat times the same work); its optional ``prepare`` runs
+untimed before every repeat (see `timing.measure`).
 """
 
 from __future__ import annotations
@@ -23,12 +23,20 @@ from dreams_nas.latency.timing import Timing, measure
 log = logging.getLogger("dreams_nas.latency")
 
 
+@dataclass(frozen=True)
+class Step:
+    """One timed step: ``run`` is timed; ``prepare`` (optional) runs untimed before each repeat."""
+
+    run: Callable[[], object]
+    prepare: Callable[[], object] | None = None
+
+
 class StepBuilder(Protocol):
-    """Builds the callable that runs one step of `key` on the builder's device."""
+    """Builds the `Step` of `key` on the builder's device."""
 
     visual_tokens: int  # visual tokens in one prompt of the target (for featurisation)
 
-    def build(self, key: StepKey) -> Callable[[], object]: ...
+    def build(self, key: StepKey) -> Step: ...
 
 
 @dataclass(frozen=True)
@@ -149,11 +157,11 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
     """The step's timing, or the row recording why it could not be timed."""
     try:
         step = builder.build(key)
-        timing = measure(step, device=hw.device, warmup=settings.warmup,
+        timing = measure(step.run, device=hw.device, warmup=settings.warmup,
                          min_repeats=settings.min_repeats, max_repeats=settings.repeats,
                          budget_s=settings.budget_s, threads=settings.threads, probe=probe,
                          clock=settings.clock if hw.kind == "cpu" else "wall",
-                         prepare=getattr(step, "prepare", None))
+                         prepare=step.prepare)
         del step
         return timing
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError

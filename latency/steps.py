@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.profiler import Step
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from torch import nn
@@ -39,9 +40,8 @@ def first_positions(gamma: int) -> int:
     """Positions the first draft step of a cycle is timed over.
 
     That step reads the previous cycle's accepted tokens plus the new one: 1 .. gamma + 1
-    positions, tau on average. On the demo target's CPU it costs 1.04 ms over 1 position,
-    1.24 over 4 and 1.22 over 8 (after a verify): past a few positions the width barely
-    matters, so it is timed over the middle of the range, (gamma + 1) // 2 (at least 1).
+    positions, tau on average. Past a few positions the width barely changes its cost, so it
+    is timed over the middle of the range, (gamma + 1) // 2 (at least 1).
     """
     return max(1, (gamma + 1) // 2)
 
@@ -77,9 +77,13 @@ def default_context_lengths(visual_tokens: int) -> list[int]:
     return [visual_tokens + t for t in (16, 48, 96, 160, 256)]
 
 
-def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None) -> nn.Module:
-    """An (untrained) DREAM-S supernet for `target`, or one with `config` (a DraftConfig)."""
-    from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
+                   seed: int = 0) -> nn.Module:
+    """An (untrained, seeded) DREAM-S supernet for `target`, or one with `config` (a
+    DraftConfig): its cost is what is timed, not its weights."""
+    from dreams_nas.supernet.draft.config import DraftConfig
+    from dreams_nas.supernet.draft.model import DreamDraft
+    from dreams_nas.supernet.draft.state import SharedTargetModules
 
     shared = SharedTargetModules(embed_tokens=target.get_input_embeddings(),
                                  lm_head=target.get_output_embeddings())
@@ -90,7 +94,8 @@ def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None) ->
     if missing:
         raise InputError(f"the space's heads {missing} exceed the supernet's {config.num_heads} heads")
     param = next(target.parameters())
-    return DreamDraft(config, shared).to(device=param.device, dtype=param.dtype).eval()
+    draft = DreamDraft.initialised(config, shared, seed)
+    return draft.to(device=param.device, dtype=param.dtype).eval()
 
 
 class ModelSteps:
@@ -116,21 +121,22 @@ class ModelSteps:
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
 
-    def build(self, key: StepKey) -> Callable[[], object]:
-        """The step of `key`; a ``draft_first`` step carries a ``prepare`` attribute (the
-        target's verify pass) that the profiler runs untimed before every repeat."""
+    def build(self, key: StepKey) -> Step:
+        """The step of `key`; a ``draft_first`` step is prepared by the target's verify pass
+        and a verify by `precede`'s draft steps, which the profiler runs untimed before every
+        repeat."""
         if key.context_len <= self.visual_tokens:
             raise InputError(
                 f"context length {key.context_len} leaves no text after the {self.visual_tokens} "
                 f"visual tokens; use --context-lengths above {self.visual_tokens}"
             )
         if key.kind == "draft":
-            return self._draft_step(key)
+            return Step(self._draft_step(key))
         if key.kind == "draft_first":
             return self._first_draft_step(key)
         if key.kind == "verify" and self.precede is not None:
             return self._verify_after_draft(key)
-        return self._target_step(key)
+        return Step(self._target_step(key))
 
     def _ids(self, n: int) -> torch.Tensor:
         ids = torch.randint(0, self.vocab, (1, n), generator=self.generator)
@@ -154,7 +160,7 @@ class ModelSteps:
 
         return step
 
-    def _verify_after_draft(self, key: StepKey) -> Callable[[], object]:
+    def _verify_after_draft(self, key: StepKey) -> Step:
         """The verify step of `key`, prepared by `precede`'s draft_len draft steps."""
         assert self.precede is not None
         steps = max(1, self.precede.draft_len)
@@ -165,24 +171,17 @@ class ModelSteps:
             for _ in range(steps):
                 draft()
 
-        verify.prepare = drafting  # type: ignore[attr-defined]
-        return verify
+        return Step(verify, prepare=drafting)
 
     # --- draft -------------------------------------------------------------------------
-    def _first_draft_step(self, key: StepKey) -> Callable[[], object]:
+    def _first_draft_step(self, key: StepKey) -> Step:
         """The draft step of `key` over `first_positions(gamma)` positions, prepared by the
         target's verify over the canonical spec's draft_len + 1 positions (the space's largest
         gamma; 8 without a spec)."""
         assert key.spec is not None
         k = key.spec.draft_len + 1 if key.spec.draft_len else 8
         verify = self._target_step(StepKey("verify", key.context_len, max(2, k)))
-        step = self._draft_step(key, width=first_positions(k - 1))
-
-        def first() -> object:
-            return step()
-
-        first.prepare = verify  # type: ignore[attr-defined]
-        return first
+        return Step(self._draft_step(key, width=first_positions(k - 1)), prepare=verify)
 
     def _extracted(self, spec: SubnetSpec) -> nn.Module:
         from dreams_nas.supernet.draft.extract import extract
@@ -197,7 +196,7 @@ class ModelSteps:
     def _draft_step(self, key: StepKey, width: int = 1) -> Callable[[], object]:
         """One draft forward over `width` new positions (1: a step within the cycle), the
         LM head on the last, argmax; the draft's cache is cropped back after each call."""
-        from dreams_nas.supernet.draft.model import DraftCache
+        from dreams_nas.supernet.draft.state import DraftCache
 
         assert key.spec is not None
         draft = self._extracted(key.spec)

@@ -75,7 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
         module = _command_module(name)
         child = sub.add_parser(name, help=module.HELP, description=module.HELP, parents=[common])
         module.add_arguments(child)
-        child.set_defaults(_module=module)
     return parser
 
 
@@ -113,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run = DEFAULT_RUN_DIR
     _setup_logging(args.verbose, args.quiet)
     try:
-        summary = args._module.run(args)
+        summary = _command_module(args.command).run(args)
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; rerun the same command to resume\n")
         return 130

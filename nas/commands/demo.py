@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_device, add_threads
+
 HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
         "search, verify, report (a rerun reuses every artefact)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda:N",
-                        help="device to train, profile, score and verify on (default: auto = "
-                             "cuda:0 if present, else cpu)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU: torch threads while profiling (default: physical cores)")
+    add_device(parser, "to train, profile, score and verify on")
+    add_threads(parser, "while profiling", default="physical cores")
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
         "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size demo target)")

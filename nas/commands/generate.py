@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_device
 from dreams_nas.supernet.core.errors import InputError
 
 HELP = "generate an answer about an image with a target VLM and a drafter (lossless speculative decoding)"
@@ -28,13 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
-    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cuda if available)")
+    add_device(parser, "to decode on")
     parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                         help="model dtype (default: the checkpoint's)")
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    """Everything that can be checked before the (slow) model load."""
+def _check_args(args: argparse.Namespace) -> Any:
+    """Everything that can be checked before the (slow) model load; returns the opened image."""
     if args.draft_len is not None and args.draft_len < 1:
         raise InputError(f"--draft-len {args.draft_len} must be >= 1; use --drafter none for plain decoding")
     if args.max_new_tokens < 1:
@@ -42,13 +43,13 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
         raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
                          "of a spec folder (specs/<spec_id>/ in the run folder)")
-    from dreams_nas.supernet.target.adapter import _open_image
+    from dreams_nas.supernet.target.adapter import open_image
 
-    args._image = _open_image(args.image)
+    return open_image(args.image)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    _check_args(args)
+    image = _check_args(args)
     import torch
     from dreams_nas.supernet.decoding.loop import generate
     from dreams_nas.supernet.decoding.registry import load_drafter
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     target = TargetAdapter.load(args.target, device=device, dtype=dtype)
-    inputs = target.build_inputs(args._image, args.prompt)
+    inputs = target.build_inputs(image, args.prompt)
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
                                                                max_new_tokens=args.max_new_tokens)
     gamma = args.draft_len or getattr(drafter, "default_gamma", None) or 5

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_device, add_threads
+
 HELP = "time draft subnets and the target's decode/verify steps on this device; fit the latency predictor"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, metavar="builtin|PATH",
                         help="target VLM checkpoint folder (default: the run's target, else builtin)")
-    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda:N",
-                        help="device to time on (default: auto = cuda:0 if present, else cpu)")
+    add_device(parser, "to time on")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' dtype (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
@@ -22,8 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt lengths in tokens, image included (default: image + 16..256 text)")
     parser.add_argument("--repeats", type=int, default=100,
                         help="timed repeats per step, at most (default: 100; fewer past 2 s)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="CPU: torch threads, fixed while timing (default: physical cores)")
+    add_threads(parser, "fixed while timing", default="physical cores")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
                              "--threads 1; for shared machines)")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_data, add_device, add_threads
+
 HELP = "measure the acceptance length tau of subnets on evaluation prompts (cached per supernet)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default="builtin", metavar="builtin|FILE.jsonl",
-                        help="evaluation prompts: the built-in eval split or a LLaVA-style JSONL")
+    add_data(parser, "evaluation prompts")
     parser.add_argument("--specs", default="all", metavar="all|FILE",
                         help="which subnets: all of the space, or a file of ids (one per line)")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
@@ -20,9 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use the first N prompts (builtin default: 32)")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                         help="tokens generated per prompt (default 64)")
-    parser.add_argument("--device", default="auto", metavar="D", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="torch CPU threads while scoring (default: torch's own)")
+    add_device(parser, "to score on")
+    add_threads(parser, "while scoring")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_data, add_device, add_threads
+
 HELP = "search the subnets for the best expected speedup on one profiled hardware id"
 
 
@@ -27,8 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hardware id whose latency profile to use (default: the only one)")
     parser.add_argument("--max-draft-ms", type=float, default=None, metavar="X",
                         help="constraint: a draft step must take at most X ms")
-    parser.add_argument("--data", default="builtin", metavar="builtin|FILE.jsonl",
-                        help="evaluation prompts whose acceptance is scored (as `score`)")
+    add_data(parser, "evaluation prompts whose acceptance is scored (as `score`)")
     parser.add_argument("--limit", type=int, default=None, metavar="N",
                         help="use the first N evaluation prompts (builtin default: 32)")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
@@ -39,10 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-prompts", type=int, default=None, metavar="N",
                         help="evaluation prompts decoded for the verification (default: all the "
                              "scored ones, so measured and scored tau come from the same prompts)")
-    parser.add_argument("--device", default="auto", metavar="D", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="torch CPU threads while scoring missing rows (default: torch's "
-                             "own); verification always uses the profiled thread count")
+    add_device(parser, "to score and verify on")
+    add_threads(parser, "while scoring missing rows; verification always uses the profiled "
+                "thread count")
     group = parser.add_argument_group(
         "when the run holds no trained supernet", "search trains one first, with `dreams-nas "
         "train`'s defaults on the built-in train split unless these say otherwise")

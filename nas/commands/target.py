@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_threads
+
 HELP = "the built-in demo target: `target build-demo` trains it once and caches it"
 
 
@@ -19,8 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: default)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="cache folder (default: $DREAMS_NAS_CACHE or ~/.cache/dreams-nas)")
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
-                       help="torch CPU threads for the build (default: torch's own choice)")
+    add_threads(parser, "for the build")
     parser.add_argument("--rebuild", action="store_true",
                         help="build afresh even when a valid cached build exists (benchmarking)")
 

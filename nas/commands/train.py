@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import add_data, add_device
+
 HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, two-phase training)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="builtin|ID|PATH",
                         help="the target VLM: builtin (the demo target), a hub id or a checkpoint folder")
-    parser.add_argument("--data", default="builtin", metavar="builtin|FILE.jsonl",
-                        help="training prompts: the built-in synthetic train split or a LLaVA-style JSONL")
+    add_data(parser, "training prompts")
     parser.add_argument("--n-train", type=int, default=None, metavar="N",
                         help="use the first N prompts (builtin: how many to synthesise; default 384)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
@@ -32,8 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="heads of the maximal draft (default: the target's)")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
                         help="length cap of the target's self-distilled answers")
-    parser.add_argument("--device", default="auto", metavar="D",
-                        help="auto, cpu, cuda or cuda:N (the target and the draft)")
+    add_device(parser, "to train on (the target and the draft)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -9,9 +9,8 @@ one forward pass; the cycle yields tau tokens on average (tau counts the bonus t
 T_draft_first is the cycle's first draft step, which runs right after the target's verify
 pass: that pass evicts the draft's weights from the CPU caches (on a GPU, the launch queue
 drains at its synchronisation), so the first step costs more than the later ones, timed back
-to back (on the demo target's CPU 1.31 ms against 0.71 ms). Likewise T_verify is timed right
-after a cycle's draft steps, and T_decode back to back, as each runs in its own loop. Without it (a profile older than
-the ``draft_first`` step kind) T_draft_first = T_draft_step, the formula
+to back. Likewise T_verify is timed right after a cycle's draft steps, and T_decode back to
+back, as each runs in its own loop. Without a first-step time, T_draft_first = T_draft_step:
 tau * T_decode / (gamma * T_draft_step + T_verify(gamma + 1)).
 
 All arguments broadcast like numpy arrays; the result is a float64 array (a 0-d array for

@@ -290,7 +290,7 @@ class StudyRunner:
         frozen = optuna.trial.create_trial(
             params=spec.to_fields(), distributions=self.distributions,
             values=self._values(cand),
-            user_attrs={**self._attrs(cand), "host": self.host, "pid": self.pid},
+            user_attrs={**cand.to_attrs(), "host": self.host, "pid": self.pid},
             constraints=self._constraints(cand) or None,
         )
         tid = self.storage.create_new_trial(self.study_id, template_trial=frozen)

@@ -89,10 +89,6 @@ def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
     return params
 
 
-def run_space(run: RunFolder) -> SearchSpace:
-    return run.space()
-
-
 def read_specs(text: str, space: SearchSpace) -> list[SubnetSpec]:
     """`all`, or a file of spec ids (one per line) or a JSON list of ids/spec objects."""
     if text == "all":

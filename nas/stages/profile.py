@@ -74,7 +74,7 @@ def count_visual_tokens(adapter: Any) -> int:
     return visual_tokens_of(adapter.model.config)
 
 
-def _space_and_supernet(run: RunFolder, model: Any) -> tuple[SearchSpace, Any]:
+def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSpace, Any]:
     from dreams_nas.latency.steps import build_supernet, text_config
 
     config = None
@@ -88,12 +88,11 @@ def _space_and_supernet(run: RunFolder, model: Any) -> tuple[SearchSpace, Any]:
         text = text_config(model.config)
         heads = config.num_heads if config is not None else int(text.num_attention_heads)
         space = SearchSpace.default_for(int(text.num_hidden_layers), heads)
-    return space, build_supernet(model, space, config)
+    return space, build_supernet(model, space, config, seed=seed)
 
 
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
-    import torch
     from dreams_nas.latency.steps import ModelSteps, default_context_lengths, resolve_dtype
 
     started = time.perf_counter()
@@ -127,10 +126,9 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     else:
         _check_same_hardware(folder, hw, options.clock)
         target_id = options.target or run.target_source() or "builtin"
-        torch.manual_seed(options.seed)
         adapter = load_target(target_id, device, dtype)
         entry = adapter.describe()
-        space, supernet = _space_and_supernet(run, adapter.model)
+        space, supernet = _space_and_supernet(run, adapter.model, options.seed)
         visual_tokens = count_visual_tokens(adapter)
         contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
         keys = build_plan(space, contexts, budget=options.budget, seed=options.seed)
@@ -185,11 +183,11 @@ def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
             )
     plan = folder / "plan.json"
     if plan.is_file() and hw.kind == "cpu":
-        old_clock = read_json(plan).get("clock", "wall")
-        if old_clock != clock:
+        recorded_clock = read_json(plan).get("clock", "wall")
+        if recorded_clock != clock:
             raise InputError(
-                f"the profile in {folder} was timed with --clock {old_clock}, this run asks for "
-                f"--clock {clock}; pass --clock {old_clock} or use another --run folder"
+                f"the profile in {folder} was timed with --clock {recorded_clock}, this run asks for "
+                f"--clock {clock}; pass --clock {recorded_clock} or use another --run folder"
             )
 
 

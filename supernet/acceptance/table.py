@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,7 +149,3 @@ class AcceptanceTable:
                     f"dataset {row.dataset_id}, not {self.supernet_hash} / {self.dataset_id}"
                 )
         return append_csv_rows(self.path, (r.to_csv_row() for r in rows), ACCEPTANCE_COLUMNS)
-
-
-def rows_by_spec(rows: Sequence[AcceptanceRow]) -> dict[SubnetSpec, AcceptanceRow]:
-    return {r.spec: r for r in rows}

@@ -144,13 +144,13 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
             if len(rows) == 0:
                 break
             nxt = torch.empty(len(rows), dtype=torch.long)
-            new_feat = torch.empty(len(rows), hidden.shape[-1], device=device, dtype=dtype)
+            step_feat = torch.empty(len(rows), hidden.shape[-1], device=device, dtype=dtype)
             for c in range(0, len(rows), chunk):
                 part = torch.as_tensor(rows[c:c + chunk])
                 f = _rollout_step(draft, memory, ids_all, prev_all, pos_all, start_idx[part],
                                   tokens[part], rolled[part])
                 nxt[c:c + len(part)] = draft.logits(f).argmax(-1).cpu()
-                new_feat[c:c + len(part)] = f
+                step_feat[c:c + len(part)] = f
             agree = _agree(nxt, torch.as_tensor(rows) + j, cont)
             matches[rows[agree.numpy()]] += 1
             grown_tokens = torch.zeros(n_starts, j, dtype=torch.long)
@@ -158,7 +158,7 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
             grown_tokens[rows, j - 1] = nxt
             grown_feats = torch.zeros(n_starts, j, hidden.shape[-1], device=device, dtype=dtype)
             grown_feats[:, : j - 1] = rolled
-            grown_feats[torch.as_tensor(rows), j - 1] = new_feat
+            grown_feats[torch.as_tensor(rows), j - 1] = step_feat
             tokens, rolled = grown_tokens, grown_feats
     return matches
 

@@ -19,7 +19,8 @@ import torch
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.decoding.protocol import Proposal
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, choose, logits_to_probs, sample
-from dreams_nas.supernet.draft.model import DraftCache, DreamDraft, Memory, SharedTargetModules
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import DraftCache, Memory, SharedTargetModules
 from dreams_nas.supernet.target.adapter import PrefillOutput, TargetAdapter, VerifyOutput
 from torch import Tensor
 
@@ -43,7 +44,7 @@ class DreamDrafter:
 
     @torch.inference_mode()
     def start(self, target: TargetAdapter, prefill: PrefillOutput) -> None:
-        if self.draft._shared is None:
+        if not self.draft.is_attached:
             self.draft.attach(SharedTargetModules(target.embed_tokens, target.lm_head))
         dtype, device = self._param.dtype, self._param.device
         ids = prefill.input_ids.to(device)  # (1, prompt)

@@ -14,7 +14,7 @@ from dreams_nas.supernet.core.io import read_json
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.draft.extract import CompactDraft
-from dreams_nas.supernet.draft.model import SharedTargetModules
+from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
 
 

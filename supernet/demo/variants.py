@@ -45,10 +45,8 @@ class DemoVariant:
 DEFAULT_TASK_MIX = ("scene", "count", "chart", "math", "scene", "count", "chart", "math", "ocr",
                     "chart")
 
-# Weight of the auxiliary per-cell loss (`demo.training.CellPatterns`) in the first training stage.
-# It supervises what every image cell holds, where the answers name only a few cells: on the
-# 4-layer stage at step 1000, validation exact match 0.79 with it vs 0.51 without (scenes
-# 1.00 vs 0.05), 40 validation samples per task.
+# Weight of the auxiliary per-cell loss (`demo.training.CellPatterns`) in the first training
+# stage. It supervises what every image cell holds, where the answers name only a few cells.
 CELL_AUX_WEIGHT = 0.5
 
 VARIANTS: dict[str, DemoVariant] = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 
 def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -30,14 +31,9 @@ def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[T
     return emb.cos()[:, None], emb.sin()[:, None]
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x: (batch, heads, seq, head_dim); cos/sin: (batch, 1, seq, head_dim)."""
-    return x * cos.to(x.dtype) + _rotate_half(x) * sin.to(x.dtype)
+    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
 
 
 class ElasticAttention(nn.Module):

@@ -15,7 +15,9 @@ from typing import Any
 import torch
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.space import SubnetSpec
-from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
 from torch import Tensor
 
 WEIGHTS_NAME = "draft.safetensors"
@@ -88,7 +90,7 @@ def extract(supernet: DreamDraft, spec: SubnetSpec) -> CompactDraft:
     cfg = supernet.config
     compact_cfg = DraftConfig(**{**cfg.__dict__, "num_heads": spec.heads,
                                  "inject_layers": (spec.inject_layer,), "spec": spec})
-    compact = CompactDraft(compact_cfg, supernet._shared)
+    compact = CompactDraft(compact_cfg, supernet.shared if supernet.is_attached else None)
     compact.load_state_dict(_slice_state(supernet, spec))
     param = next(supernet.parameters())
     return compact.to(device=param.device, dtype=param.dtype).eval()

@@ -21,270 +21,23 @@ parameters or state dict (they are held outside the module tree and passed in).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
-from dreams_nas.supernet.draft.elastic import ElasticAttention, apply_rotary, rotary_cos_sin
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
+from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput
+from dreams_nas.supernet.draft.state import (
+    DraftCache,
+    DraftOutput,
+    Memory,
+    SharedTargetModules,
+    gather_rows,
+    select_memory_positions,
+)
 from torch import Tensor, nn
-
-CONFIG_SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class DraftConfig:
-    """Shape of a draft (the supernet's maximal one, or an extracted subnet's)."""
-
-    hidden_size: int
-    num_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    inject_layers: tuple[int, ...]  # target hidden-state indices the cross-attention can read
-    num_target_layers: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    cross_attention: bool = True  # False: the text-only ablation (two decoder layers)
-    # Set on an extracted draft only: the subnet it was cut from.
-    spec: SubnetSpec | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "inject_layers", tuple(int(x) for x in self.inject_layers))
-        if self.head_dim % 2:
-            raise InputError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-        if not self.inject_layers:
-            raise InputError("inject_layers is empty; list the target layers the draft may read")
-        bad = [x for x in self.inject_layers if not 0 <= x <= self.num_target_layers]
-        if bad:
-            raise InputError(
-                f"inject_layers {bad} are outside the target's hidden states 0..{self.num_target_layers}"
-            )
-
-    @classmethod
-    def for_target(cls, target_text_config: Any, inject_layers: Sequence[int],
-                   num_heads: int | None = None, **kwargs: Any) -> DraftConfig:
-        """A draft as wide as the target's text model (its hidden size must match the LM head)."""
-        cfg = target_text_config
-        heads = int(num_heads or cfg.num_attention_heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        return cls(hidden_size=int(cfg.hidden_size), num_heads=heads, head_dim=head_dim,
-                   intermediate_size=int(cfg.intermediate_size), vocab_size=int(cfg.vocab_size),
-                   inject_layers=tuple(inject_layers),
-                   num_target_layers=int(cfg.num_hidden_layers),
-                   rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
-                   rope_theta=float(_rope_theta(cfg)), **kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["inject_layers"] = list(self.inject_layers)
-        data["spec"] = None if self.spec is None else self.spec.to_dict()
-        return {"schema_version": CONFIG_SCHEMA_VERSION, **data}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DraftConfig:
-        data = dict(data)
-        version = data.pop("schema_version", CONFIG_SCHEMA_VERSION)
-        if version != CONFIG_SCHEMA_VERSION:
-            raise InputError(f"draft config schema_version={version!r} is not supported "
-                             f"(this dreams-nas reads {CONFIG_SCHEMA_VERSION}); retrain or re-extract")
-        spec = data.pop("spec", None)
-        return cls(**data, spec=None if spec is None else SubnetSpec.from_dict(spec))
-
-    def largest(self) -> SubnetSpec:
-        return SubnetSpec(heads=self.num_heads, visual_keep=1.0,
-                          inject_layer=max(self.inject_layers), draft_len=1)
-
-
-def _rope_theta(cfg: Any) -> float:
-    theta = getattr(cfg, "rope_theta", None)
-    if theta is None:
-        params = getattr(cfg, "rope_parameters", None) or {}
-        theta = params.get("rope_theta", 10000.0) if isinstance(params, dict) else 10000.0
-    return float(theta)
-
-
-# --- state passed around --------------------------------------------------------------
-@dataclass
-class Memory:
-    """Cross-attention keys/values for one subnet over the prompt's kept positions."""
-
-    keys: Tensor  # (batch, heads, mem, head_dim)
-    values: Tensor  # (batch, heads, mem, head_dim)
-    mask: Tensor  # bool (batch, mem): True = a real (not padded) memory slot
-
-    @property
-    def length(self) -> int:
-        return int(self.keys.shape[2])
-
-
-@dataclass
-class DraftCache:
-    """The draft's own KV cache (self-attention layers), reused across speculative cycles."""
-
-    keys: list[Tensor | None] = field(default_factory=list)  # per layer (batch, heads, len, d)
-    values: list[Tensor | None] = field(default_factory=list)
-
-    @property
-    def length(self) -> int:
-        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[2])
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        while len(self.keys) <= layer:
-            self.keys.append(None)
-            self.values.append(None)
-        old_k, old_v = self.keys[layer], self.values[layer]
-        if old_k is not None:
-            k = torch.cat((old_k, k), dim=2)
-            v = torch.cat((old_v, v), dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
-
-    def crop(self, length: int) -> None:
-        """Keep the first `length` positions (drop drafted positions after a verify)."""
-        if length < 0 or length > self.length:
-            raise ValueError(f"cannot crop a draft cache of {self.length} positions to {length}")
-        self.keys = [None if k is None else k[:, :, :length] for k in self.keys]
-        self.values = [None if v is None else v[:, :, :length] for v in self.values]
-
-
-@dataclass
-class DraftOutput:
-    feature: Tensor  # (batch, seq, hidden): the draft's final (normed) feature, ~ target last hidden
-    cross_out: Tensor | None  # (batch, seq, hidden): the cross-attention block's output
-
-
-@dataclass(frozen=True)
-class SharedTargetModules:
-    """The target's token embedding and LM head: shared, frozen, never copied or saved."""
-
-    embed_tokens: nn.Module
-    lm_head: nn.Module
-
-
-# --- visual token selection (pure functions) ------------------------------------------
-def keep_count(num_visual: int, visual_keep: float) -> int:
-    """How many of `num_visual` tokens a subnet keeps: ceil(keep * n), at least 1 if any."""
-    if num_visual == 0:
-        return 0
-    return max(1, min(num_visual, math.ceil(visual_keep * num_visual - 1e-9)))
-
-
-def select_memory_positions(visual_mask: Tensor, visual_scores: Tensor, prompt_mask: Tensor,
-                            visual_keep: float) -> Tensor:
-    """Which prompt positions the cross-attention reads.
-
-    visual_mask:   bool (batch, prompt) True at visual-token positions
-    visual_scores: (batch, prompt) attention each position *receives* from the text positions in
-                   the target's last layer at prefill (only read at visual positions)
-    prompt_mask:   bool (batch, prompt) True at real (not padded) prompt positions
-    Returns bool (batch, prompt): every text position and the top `keep_count` visual positions
-    by score (ties: the earlier position), in their original order.
-    """
-    keep = prompt_mask & ~visual_mask
-    for b in range(visual_mask.shape[0]):
-        vis = torch.nonzero(visual_mask[b] & prompt_mask[b], as_tuple=False).flatten()
-        n = keep_count(int(vis.numel()), visual_keep)
-        if n == 0:
-            continue
-        order = torch.sort(visual_scores[b, vis].float(), descending=True, stable=True).indices
-        keep[b, vis[order[:n]]] = True
-    return keep
-
-
-def gather_rows(states: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """Compact the kept positions of each row to the front, order preserved.
-
-    states: (batch, seq, hidden); keep: bool (batch, seq) -> (batch, kept_max, hidden), mask
-    """
-    counts = keep.sum(dim=1)
-    width = int(counts.max().item()) if counts.numel() else 0
-    # stable sort puts kept positions first, each group in its original order
-    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]
-    out = states.gather(1, order[..., None].expand(-1, -1, states.shape[-1]))
-    mask = torch.arange(width, device=keep.device)[None] < counts[:, None]
-    return out, mask
-
-
-# --- layers ---------------------------------------------------------------------------
-class SwiGLU(nn.Module):
-    def __init__(self, hidden: int, inner: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm Llama-style layer with elastic self-attention and rotary positions."""
-
-    def __init__(self, cfg: DraftConfig) -> None:
-        super().__init__()
-        self.input_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.attn = ElasticAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim)
-        self.post_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-
-    def forward(self, h: Tensor, heads: int, cos: Tensor, sin: Tensor, mask: Tensor,
-                cache: DraftCache | None, index: int) -> Tensor:
-        """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys)."""
-        x = self.input_norm(h)
-        q = apply_rotary(self.attn.project_q(x, heads), cos, sin)
-        k, v = self.attn.project_kv(x, heads)
-        k = apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(index, k, v)
-        h = h + self.attn.attend(q, k, v, mask)
-        return h + self.mlp(self.post_norm(h))
-
-
-class CrossAttentionLayer(nn.Module):
-    """Queries from the draft, keys/values from the memory; tanh gates start closed (zero)."""
-
-    def __init__(self, cfg: DraftConfig) -> None:
-        super().__init__()
-        self.query_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.attn = ElasticAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim)
-        self.post_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.attn_gate = nn.Parameter(torch.zeros(1))
-        self.mlp_gate = nn.Parameter(torch.zeros(1))
-
-    def forward(self, h: Tensor, heads: int, memory: Memory) -> Tensor:
-        q = self.attn.project_q(self.query_norm(h), heads)
-        mask = memory.mask[:, None, None, :]  # (batch, 1, 1, mem)
-        h = h + torch.tanh(self.attn_gate) * self.attn.attend(q, memory.keys, memory.values, mask)
-        return h + torch.tanh(self.mlp_gate) * self.mlp(self.post_norm(h))
-
-
-class LayerInput(nn.Module):
-    """Per-candidate-layer input adapter for the cross-attention memory.
-
-    Why per layer (and not one shared projection or a layer embedding): the target's residual
-    stream grows in norm and changes basis with depth, so features of layer 4 and layer 16 live
-    on different scales and directions. A separate RMSNorm fixes the scale of each candidate and
-    a separate linear map (initialised to the identity) rotates it into the space the shared
-    cross-attention k/v projections read. Every candidate is trained (phase 1 and 2 pick a layer
-    per step), costs the same at inference whichever layer is chosen, and an extracted draft
-    keeps only its own layer's adapter.
-    """
-
-    def __init__(self, cfg: DraftConfig) -> None:
-        super().__init__()
-        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
-        with torch.no_grad():
-            self.proj.weight.copy_(torch.eye(cfg.hidden_size))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(self.norm(x))
 
 
 # --- the draft ------------------------------------------------------------------------
@@ -343,6 +96,11 @@ class DreamDraft(nn.Module):
                            inject_layer=self.config.inject_layers, draft_len=tuple(draft_len))
 
     # --- shared target modules ------------------------------------------------------
+    @property
+    def is_attached(self) -> bool:
+        """Whether the target's embedding and LM head are attached (`attach`)."""
+        return self._shared is not None
+
     @property
     def shared(self) -> SharedTargetModules:
         if self._shared is None:

@@ -9,7 +9,9 @@ from typing import Any
 import torch
 from dreams_nas.supernet.core.errors import MissingArtefactError
 from dreams_nas.supernet.core.io import atomic_write_json, file_sha256
-from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
 
 SUPERNET_WEIGHTS = "model.safetensors"
 SUPERNET_CONFIG = "config.json"

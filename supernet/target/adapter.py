@@ -8,7 +8,7 @@ trainer and the latency profiler all drive the same way.
     adapter.rollback(n)                               # forget the last n cache positions
 
 Hidden states of requested layers come from forward hooks on those decoder layers only (asking HF
-for every hidden state costs ~40% more per step). ``layer_hidden[i]`` follows HF's
+for every hidden state costs noticeably more per step). ``layer_hidden[i]`` follows HF's
 ``hidden_states[i]`` convention: 0 is the input embeddings (image features merged in), i >= 1 the
 output of decoder layer i (1-based), and i == num_layers the final-normed state (what HF returns
 there too). The visual-token scores are the attention each visual token *receives* from the text
@@ -32,6 +32,7 @@ from dreams_nas.supernet.target.families import (
     text_decoder,
 )
 from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 
 @dataclass
@@ -56,17 +57,14 @@ class VerifyOutput:
                             {i: h[:, :n] for i, h in self.layer_hidden.items()})
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class TargetAdapter:
     """A loaded VLM with a KV cache, driven one prefill / verify / rollback at a time (batch 1)."""
 
     def __init__(self, model: nn.Module, processor: Any = None, tokenizer: Any = None,
-                 *, target_id: str | None = None, path: str | None = None) -> None:
+                 *, target_id: str | None = None, path: str | None = None,
+                 processor_error: str | None = None) -> None:
         self.model = model.eval()
+        self.processor_error = processor_error  # why the processor could not be loaded
         self.processor = processor
         self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
         self.info: FamilyInfo = detect_family(model)
@@ -104,8 +102,9 @@ class TargetAdapter:
                 raise InputError("the builtin demo target is not part of this build; "
                                  "pass --target PATH or a hub id") from exc
             target = ensure_demo_target(variant=builtin_variant())
-        model, processor, tokenizer, path = load_model_and_processor(target, device=device, dtype=dtype)
-        return cls(model, processor, tokenizer, target_id=target_id, path=path)
+        loaded = load_model_and_processor(target, device=device, dtype=dtype)
+        return cls(loaded.model, loaded.processor, loaded.tokenizer, target_id=target_id,
+                   path=loaded.source, processor_error=loaded.processor_error)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -143,12 +142,12 @@ class TargetAdapter:
         checkpoint's own processor and chat template (image first); ``<image>\\n{prompt}``
         when the checkpoint has no chat template."""
         if self.processor is None:
-            why = getattr(self.model, "_dreams_processor_error", None)
+            why = self.processor_error
             raise InputError("this target has no processor, so images cannot be encoded"
                              + (f" (loading it failed: {why})" if why else "")
                              + "; load a checkpoint folder with its processor files and install what "
                              "the processor needs (e.g. torchvision)")
-        image = _open_image(image)
+        image = open_image(image)
         template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
         if template:
             messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
@@ -282,8 +281,8 @@ def _received_attention(attn: nn.Module, hidden: Tensor, cos: Tensor, sin: Tenso
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = q.transpose(1, 2).float(), k.transpose(1, 2).float()  # (1, heads, n, head_dim)
     cos, sin = cos.float().unsqueeze(1), sin.float().unsqueeze(1)  # (1, 1, seq, head_dim)
-    q = q * cos[:, :, text_positions] + _rotate_half(q) * sin[:, :, text_positions]
-    k = k * cos + _rotate_half(k) * sin
+    q = q * cos[:, :, text_positions] + rotate_half(q) * sin[:, :, text_positions]
+    k = k * cos + rotate_half(k) * sin
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # grouped-query attention
     scaling = getattr(attn, "scaling", head_dim**-0.5)
     scores = (q @ k.transpose(-1, -2)) * scaling  # (1, heads, n_text, seq)
@@ -292,7 +291,7 @@ def _received_attention(attn: nn.Module, hidden: Tensor, cos: Tensor, sin: Tenso
     return probs[..., visual_positions].mean(dim=(0, 1, 2))  # (n_visual,)
 
 
-def _open_image(image: Any):
+def open_image(image: Any):
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, Image.Image):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,21 @@ def check_checkpoint_folder(folder: Path) -> None:
                          "copy the whole checkpoint folder")
 
 
+@dataclass(frozen=True)
+class LoadedTarget:
+    """A loaded checkpoint: the model, its processor and tokenizer (None when absent), where
+    it came from, and why the processor could not be loaded (None when it was)."""
+
+    model: Any
+    processor: Any
+    tokenizer: Any
+    source: str
+    processor_error: str | None = None
+
+
 def load_model_and_processor(target: str | Path, *, device: str | torch.device = "cpu",
-                             dtype: torch.dtype | None = None) -> tuple[Any, Any, Any, str]:
-    """(model, processor | None, tokenizer | None, resolved path or hub id)."""
+                             dtype: torch.dtype | None = None) -> LoadedTarget:
+    """The model, processor and tokenizer of a hub id or a local checkpoint folder."""
     from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     path = Path(target).expanduser()
@@ -54,14 +67,14 @@ def load_model_and_processor(target: str | Path, *, device: str | torch.device =
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"cannot load a VLM from {source!r}: {type(exc).__name__}: {exc}") from exc
     model = model.to(device).eval()
-    processor = tokenizer = None
+    processor = tokenizer = processor_error = None
     try:
         processor = AutoProcessor.from_pretrained(source)
         tokenizer = getattr(processor, "tokenizer", None)
     except Exception as exc:  # noqa: BLE001 - a processor needing an absent optional library (torchvision...)
-        model._dreams_processor_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        processor_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except Exception:  # noqa: BLE001
             tokenizer = None
-    return model, processor, tokenizer, source
+    return LoadedTarget(model, processor, tokenizer, source, processor_error)

@@ -19,7 +19,9 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
-from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.draft.store import save_supernet
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.aifd import AifdResult

@@ -14,7 +14,9 @@ import math
 
 import torch
 from dreams_nas.supernet.draft.elastic import apply_rotary, rotary_cos_sin
-from dreams_nas.supernet.draft.model import DecoderLayer, DraftOutput, DreamDraft, Memory
+from dreams_nas.supernet.draft.layers import DecoderLayer
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import DraftOutput, Memory
 from torch import Tensor
 
 

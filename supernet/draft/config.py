@@ -1,0 +1,84 @@
+"""The DREAM draft's configuration: sizes, the layers it may read, the subnet it holds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SubnetSpec
+
+CONFIG_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """Shape of a draft (the supernet's maximal one, or an extracted subnet's)."""
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    inject_layers: tuple[int, ...]  # target hidden-state indices the cross-attention can read
+    num_target_layers: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    cross_attention: bool = True  # False: the text-only ablation (two decoder layers)
+    # Set on an extracted draft only: the subnet it was cut from.
+    spec: SubnetSpec | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inject_layers", tuple(int(x) for x in self.inject_layers))
+        if self.head_dim % 2:
+            raise InputError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if not self.inject_layers:
+            raise InputError("inject_layers is empty; list the target layers the draft may read")
+        bad = [x for x in self.inject_layers if not 0 <= x <= self.num_target_layers]
+        if bad:
+            raise InputError(
+                f"inject_layers {bad} are outside the target's hidden states 0..{self.num_target_layers}"
+            )
+
+    @classmethod
+    def for_target(cls, target_text_config: Any, inject_layers: Sequence[int],
+                   num_heads: int | None = None, **kwargs: Any) -> DraftConfig:
+        """A draft as wide as the target's text model (its hidden size must match the LM head)."""
+        cfg = target_text_config
+        heads = int(num_heads or cfg.num_attention_heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        return cls(hidden_size=int(cfg.hidden_size), num_heads=heads, head_dim=head_dim,
+                   intermediate_size=int(cfg.intermediate_size), vocab_size=int(cfg.vocab_size),
+                   inject_layers=tuple(inject_layers),
+                   num_target_layers=int(cfg.num_hidden_layers),
+                   rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+                   rope_theta=float(_rope_theta(cfg)), **kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["inject_layers"] = list(self.inject_layers)
+        data["spec"] = None if self.spec is None else self.spec.to_dict()
+        return {"schema_version": CONFIG_SCHEMA_VERSION, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DraftConfig:
+        data = dict(data)
+        version = data.pop("schema_version", CONFIG_SCHEMA_VERSION)
+        if version != CONFIG_SCHEMA_VERSION:
+            raise InputError(f"draft config schema_version={version!r} is not supported "
+                             f"(this dreams-nas reads {CONFIG_SCHEMA_VERSION}); retrain or re-extract")
+        spec = data.pop("spec", None)
+        return cls(**data, spec=None if spec is None else SubnetSpec.from_dict(spec))
+
+    def largest(self) -> SubnetSpec:
+        return SubnetSpec(heads=self.num_heads, visual_keep=1.0,
+                          inject_layer=max(self.inject_layers), draft_len=1)
+
+
+def _rope_theta(cfg: Any) -> float:
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None:
+        params = getattr(cfg, "rope_parameters", None) or {}
+        theta = params.get("rope_theta", 10000.0) if isinstance(params, dict) else 10000.0
+    return float(theta)
