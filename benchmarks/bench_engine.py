@@ -1,6 +1,8 @@
-"""Engine overhead benchmark: HF `generate` vs our plain decoding vs replay / prompt-lookup drafting.
+"""Engine overhead benchmark: HF `generate` vs our plain decoding vs replay / prompt-lookup \
+drafting.
 
-    .venv/bin/python benchmarks/bench_engine.py [--layers 8 --hidden 512 --new-tokens 128 --repeats 5]
+    .venv/bin/python benchmarks/bench_engine.py \\
+        [--layers 8 --hidden 512 --new-tokens 128 --repeats 5]
 
 Target: a random LLaVA-architecture model (CLIP vision tower + Llama decoder, `layers` x `hidden`).
 Prints tokens/s (median of `repeats`) side by side and the ratios over HF `generate`, plus the
@@ -92,7 +94,8 @@ def main() -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's choice; 1 is steadier on a busy machine)")
+                        help="torch CPU threads (default: torch's choice; 1 is steadier on a "
+                             "busy machine)")
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
     args = parser.parse_args()
     if args.threads:
@@ -106,15 +109,18 @@ def main() -> dict:
 
     def hf():
         with torch.inference_mode():
-            return model.generate(**inputs, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, prompt_len:]
+            return model.generate(**inputs, max_new_tokens=n, min_new_tokens=n,
+                                  do_sample=False)[0, prompt_len:]
 
     hf(), plain_generate(adapter, inputs, max_new_tokens=n)  # warm-up
     ref = hf()
     timed = _interleaved({
         "hf": hf,
         "plain": lambda: plain_generate(adapter, inputs, max_new_tokens=n),
-        "replay": lambda: generate(adapter, inputs, ReplayDrafter(ref), gamma=gamma, max_new_tokens=n),
-        "lookup": lambda: generate(adapter, inputs, PromptLookupDrafter(), gamma=gamma, max_new_tokens=n),
+        "replay": lambda: generate(adapter, inputs, ReplayDrafter(ref), gamma=gamma,
+                                   max_new_tokens=n),
+        "lookup": lambda: generate(adapter, inputs, PromptLookupDrafter(), gamma=gamma,
+                                   max_new_tokens=n),
     }, reps)
     t_hf = timed["hf"][0]
     t_plain, d_plain, plain = timed["plain"]
@@ -130,7 +136,8 @@ def main() -> dict:
     rows = [("HF generate (greedy)", t_hf, 1.0), ("ours: plain decoding", t_plain, plain.stats.tau),
             (f"ours: replay, gamma={gamma}", t_replay, replay.stats.tau),
             (f"ours: prompt lookup, gamma={gamma}", t_lookup, lookup.stats.tau)]
-    print(f"target: LLaVA arch, {args.layers} layers x {args.hidden} hidden, prompt {prompt_len} tokens "
+    print(f"target: LLaVA arch, {args.layers} layers x {args.hidden} hidden, "
+          f"prompt {prompt_len} tokens "
           f"({(112 // 14) ** 2} visual), {n} new tokens, median of {reps}, torch threads "
           f"{torch.get_num_threads()}")
     print(f"{'method':<34}{'tokens/s':>10}{'x HF':>8}{'x plain':>9}{'tau':>7}")
@@ -139,14 +146,17 @@ def main() -> dict:
     # The ceiling is per decoding step, so compare the phase after the prefill (same n-1 tokens in
     # both runs); the end-to-end ratio above also carries the shared prefill.
     replay_speedup = d_plain / d_replay
-    print(f"T_decode {t_decode * 1e3:.2f} ms, T_verify({gamma + 1}) {t_verify * 1e3:.2f} ms at context "
-          f"{context}; replay ceiling {ceiling:.2f}x plain; after the prefill replay runs "
-          f"{replay_speedup:.2f}x plain = {replay_speedup / ceiling:.0%} of the ceiling (target >= 80%)")
+    print(f"T_decode {t_decode * 1e3:.2f} ms, T_verify({gamma + 1}) {t_verify * 1e3:.2f} ms "
+          f"at context {context}; replay ceiling {ceiling:.2f}x plain; after the prefill replay "
+          f"runs {replay_speedup:.2f}x plain = {replay_speedup / ceiling:.0%} of the ceiling "
+          f"(target >= 80%)")
     print(f"plain / HF generate = {t_hf / t_plain:.3f} (target >= 0.95)")
-    summary = {"replay_over_plain_end_to_end": t_plain / t_replay, "hf_tps": n / t_hf, "plain_tps": n / t_plain, "replay_tps": n / t_replay,
+    summary = {"replay_over_plain_end_to_end": t_plain / t_replay, "hf_tps": n / t_hf,
+               "plain_tps": n / t_plain, "replay_tps": n / t_replay,
                "lookup_tps": n / t_lookup, "plain_over_hf": t_hf / t_plain,
                "replay_over_plain_after_prefill": replay_speedup, "replay_ceiling": ceiling,
-               "replay_fraction_of_ceiling": replay_speedup / ceiling, "lookup_tau": lookup.stats.tau,
+               "replay_fraction_of_ceiling": replay_speedup / ceiling,
+               "lookup_tau": lookup.stats.tau,
                "t_decode_ms": t_decode * 1e3, "t_verify_ms": t_verify * 1e3}
     if args.json:
         print(json.dumps(summary))

@@ -108,7 +108,8 @@ def training_mask(rows: pd.DataFrame, fraction: float, seed: int) -> np.ndarray:
         sub = rows[mask]
         levels = [sorted(set(sub[a])) for a in axes]
         index = {tuple(levels[i].index(v) for i, v in enumerate(vals)): j
-                 for j, vals in zip(sub.index, sub[list(axes)].itertuples(index=False), strict=True)}
+                 for j, vals in zip(sub.index, sub[list(axes)].itertuples(index=False),
+                                    strict=True)}
         top = tuple(len(v) - 1 for v in levels[:-1])
         anchors = [(*(0,) * (len(axes) - 1), c) for c in (0, len(levels[-1]) - 1)]
         anchors += [(*top, c) for c in (0, len(levels[-1]) - 1)]
@@ -128,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="builtin")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=100, help="as `dreams-nas profile --repeats`")
+    parser.add_argument("--repeats", type=int, default=100,
+                        help="as `dreams-nas profile --repeats`")
     parser.add_argument("--passes", type=int, default=10, help="as `dreams-nas profile --passes`")
     parser.add_argument("--chunk", type=int, default=256,
                         help="steps interleaved together over the passes (0: the whole grid)")
@@ -157,14 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     train = training_mask(rows, args.train_fraction, args.seed)
     assert train.mean() <= args.train_fraction + 1e-9
     print(f"hardware {summary['hardware_id']}  clock {args.clock}  threads {args.threads}  "
-          f"repeats<= {args.repeats}  passes {args.passes}  chunk {args.chunk or 'all'}  target {target}")
+          f"repeats<= {args.repeats}  passes {args.passes}  chunk {args.chunk or 'all'}  "
+          f"target {target}")
     print(f"grid: {len(rows)} rows ({(rows.kind == 'draft').sum()} draft, "
           f"{(rows.kind == 'draft_first').sum()} draft_first, "
-          f"{(~rows.kind.isin(['draft', 'draft_first'])).sum()} target), contexts {plan['context_lengths']}, "
+          f"{(~rows.kind.isin(['draft', 'draft_first'])).sum()} target), "
+          f"contexts {plan['context_lengths']}, "
           f"visual tokens {plan['visual_tokens']}")
     spread = (rows.p90_ms / rows.p10_ms).median()
-    print(f"profile: {summary.get('measured', 0)} steps timed ({summary.get('resumed', 0)} resumed) "
-          f"in {profile_s:.1f} s wall; median p90/p10 spread of a row's samples {spread:.3f}")
+    print(f"profile: {summary.get('measured', 0)} steps timed "
+          f"({summary.get('resumed', 0)} resumed) in {profile_s:.1f} s wall; "
+          f"median p90/p10 spread of a row's samples {spread:.3f}")
     halves = []
     for text in rows.samples_ms:
         samples = np.array([float(v) for v in str(text).split()])
@@ -178,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     for stat in ("median_ms", "p10_ms"):
         fit_start = time.perf_counter()
         pred = LatencyPredictor.fit(rows[train], summary["hardware_id"], stat=stat,
-                                    visual_tokens=plan["visual_tokens"], holdout=0.0, seed=args.seed)
+                                    visual_tokens=plan["visual_tokens"], holdout=0.0,
+                                    seed=args.seed)
         fit_s = time.perf_counter() - fit_start
         hold = rows[~train]
         measured = hold[stat].to_numpy()

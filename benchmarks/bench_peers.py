@@ -67,7 +67,8 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
         bar = progress(total=repeats * len(inputs) * len(methods), desc="peer benchmark",
                        unit="call", disable=None if show_progress is None else not show_progress)
         try:
-            rows = measure_methods(methods, len(inputs), repeats=repeats, on_step=lambda: bar.update(1))
+            rows = measure_methods(methods, len(inputs), repeats=repeats,
+                                   on_step=lambda: bar.update(1))
         finally:
             bar.close()
         n_threads = torch.get_num_threads()
@@ -82,17 +83,24 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="dreams-run", help="a run folder after train, profile and search")
-    parser.add_argument("--hardware", default=None, help="hardware id of the search (default: the only one)")
-    parser.add_argument("--prompts", type=int, default=16, help="built-in eval prompts (default 16)")
+    parser.add_argument("--run", default="dreams-run",
+                        help="a run folder after train, profile and search")
+    parser.add_argument("--hardware", default=None,
+                        help="hardware id of the search (default: the only one)")
+    parser.add_argument("--prompts", type=int, default=16,
+                        help="built-in eval prompts (default 16)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5, help="passes over the prompts (median; default 5)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="passes over the prompts (median; default 5)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's)")
     parser.add_argument("--assistant", default="builtin", metavar="builtin|none|DIR",
-                        help="HF assisted generation's assistant (builtin: the demo 'assistant' variant)")
+                        help="HF assisted generation's assistant (builtin: the demo "
+                             "'assistant' variant)")
     parser.add_argument("--hf-lookup-tokens", type=int, default=10,
                         help="HF prompt_lookup_num_tokens (default 10, as in HF's docs)")
-    parser.add_argument("--json", action="store_true", help="also print the result as one JSON line")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the result as one JSON line")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="write the result there")
     args = parser.parse_args(argv)
     result = bench(args.run, hardware=args.hardware, prompts=args.prompts,

@@ -64,7 +64,8 @@ def scored_taus(run, meta):
     for path in sorted((run.root / "acceptance").glob("*.csv")):
         with path.open(newline="") as handle:
             rows = [r for r in csv.DictReader(handle)
-                    if float(r["temperature"]) == 0.0 and (digest is None or r["supernet_hash"] == digest)]
+                    if float(r["temperature"]) == 0.0
+                    and (digest is None or r["supernet_hash"] == digest)]
         if rows:
             out = {r["spec_id"]: {"tau": float(r["tau"]), "tau_lo": float(r["tau_lo"]),
                                   "tau_hi": float(r["tau_hi"]), "draft_len": int(r["draft_len"]),
@@ -161,7 +162,8 @@ def main() -> int:
                          prompts[:10])
     spec_rate = tokens_per_s(lambda p: generate(target, p, drafter, gamma=GAMMA,
                                                 max_new_tokens=args.max_new_tokens), prompts[:10])
-    results["tokens_per_s"] = {"plain": plain, "full_subnet": spec_rate, "speedup": spec_rate / plain}
+    results["tokens_per_s"] = {"plain": plain, "full_subnet": spec_rate,
+                               "speedup": spec_rate / plain}
 
     if not args.skip_ablation:
         train_meta = meta["supernet"]["train"]
@@ -175,16 +177,18 @@ def main() -> int:
                     ("text-only draft (no cross-attention)", "none", False)]
         for name, mode, cross in variants:
             layers = distill_layers_for(mode, data)
-            config = cfg if mode != "none" else replace(cfg, weights=replace(cfg.weights, distill=0.0))
+            config = (cfg if mode != "none"
+                      else replace(cfg, weights=replace(cfg.weights, distill=0.0)))
             model = build_draft(target, data, num_heads=heads, seed=cfg.seed, cross_attention=cross)
             start = time.perf_counter()
             train_supernet(model, data.samples, layers, config,
-                           Path(args.run) / "bench-ablation" / mode / ("cross" if cross else "text"))
+                           Path(args.run) / "bench-ablation" / mode
+                           / ("cross" if cross else "text"))
             spec = SubnetSpec(full_h, full_v, chosen, GAMMA)
             ablation[name] = measure_tau(target, prompts, refs, DreamDrafter(model, spec),
                                          args.max_new_tokens)
-            print(f"{name}: tau {ablation[name]:.3f} (trained in {time.perf_counter() - start:.0f} s)",
-                  flush=True)
+            print(f"{name}: tau {ablation[name]:.3f} "
+                  f"(trained in {time.perf_counter() - start:.0f} s)", flush=True)
         results["ablation"] = ablation
 
     print(json.dumps(results, indent=2, default=str))

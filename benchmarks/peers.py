@@ -146,7 +146,8 @@ def measure_methods(methods: Sequence[Method], n_prompts: int, *, repeats: int =
             name=m.name, tokens_per_s=tps, ratio=tps / ref_tps if ref_tps > 0 else float("nan"),
             tau=t.after_first / t.forwards if t.forwards and not t.error else float("nan"),
             identical=t.identical and not t.error, new_tokens=t.tokens,
-            per_repeat_tokens_per_s=() if t.error else tuple(t.tokens / s for s in t.seconds if s > 0),
+            per_repeat_tokens_per_s=(() if t.error
+                                     else tuple(t.tokens / s for s in t.seconds if s > 0)),
             note=m.note, error=t.error))
     return rows
 
@@ -200,7 +201,8 @@ def engine_method(name: str, target: Any, prompts: Sequence[Mapping[str, Any]],
 
     def decode(i: int) -> Decoded:
         drafter = make_drafter() if make_drafter is not None else None
-        out = generate(target, dict(prompts[i]), drafter, gamma=gamma, max_new_tokens=max_new_tokens)
+        out = generate(target, dict(prompts[i]), drafter, gamma=gamma,
+                       max_new_tokens=max_new_tokens)
         return Decoded(out.tokens.tolist(), out.stats.target_forwards - 1)
 
     return Method(name, decode, note)
@@ -223,7 +225,8 @@ def read_setup(run: Any, hardware_id: str) -> PeerSetup:
 
     best_path = run.best_json(hardware_id)
     if not best_path.is_file():
-        raise MissingArtefactError(f"no {best_path}; run `dreams-nas search` on this run folder first")
+        raise MissingArtefactError(f"no {best_path}; run `dreams-nas search` on this run "
+                                   "folder first")
     best = read_json(best_path)
     best_dir = run.root / best["spec_dir"]
     if not (best_dir / "spec.json").is_file():
@@ -255,18 +258,23 @@ def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence
         methods.append(hf_method(
             "HF assisted (small VLM)", model, prompts, n, assistant_model=assistant,
             note="assistant_model=, HF's default draft-length schedule"))
-    drafts = {"eagle": extract(supernet, setup.eagle_spec), "full": extract(supernet, setup.full_spec)}
-    nas = load_drafter(setup.best_dir, target, max_new_tokens=n)  # as `dreams-nas generate --drafter`
+    drafts = {"eagle": extract(supernet, setup.eagle_spec),
+              "full": extract(supernet, setup.full_spec)}
+    # as `dreams-nas generate --drafter`
+    nas = load_drafter(setup.best_dir, target, max_new_tokens=n)
     methods += [
         engine_method("ours: plain decoding", target, prompts, None, 1, n,
                       note="no drafter: our loop's own cost, for reading the rows below"),
-        engine_method("ours: prompt lookup", target, prompts, lambda: load_drafter("lookup", target),
+        engine_method("ours: prompt lookup", target, prompts,
+                      lambda: load_drafter("lookup", target),
                       lookup_gamma, n, note=f"gamma={lookup_gamma}"),
         engine_method("ours: EAGLE-like draft", target, prompts,
                       lambda: DreamDrafter(drafts["eagle"], setup.eagle_spec), 5, n,
-                      note=f"{setup.eagle_spec.id}: all heads, all visual tokens, last layer, gamma=5"),
+                      note=f"{setup.eagle_spec.id}: all heads, all visual tokens, last layer, "
+                           "gamma=5"),
         engine_method("ours: full supernet", target, prompts,
-                      lambda: DreamDrafter(drafts["full"], setup.full_spec), setup.full_spec.draft_len, n,
+                      lambda: DreamDrafter(drafts["full"], setup.full_spec),
+                      setup.full_spec.draft_len, n,
                       note=f"{setup.full_spec.id}: the largest subnet at its best predicted gamma"),
         engine_method("ours: NAS-chosen subnet", target, prompts, lambda: nas, nas.default_gamma, n,
                       note=f"{setup.best_spec.id}: {setup.best_dir.name}/ from best.json "
@@ -314,8 +322,8 @@ def load_assistant(where: str, target: Any, *, device: str = "cpu") -> Any | Non
     else:
         folder = Path(where).expanduser()
         if not folder.is_dir():
-            raise InputError(f"--assistant {where!r} is not a checkpoint folder; pass builtin, none "
-                             "or the folder of a small model with the target's tokenizer")
+            raise InputError(f"--assistant {where!r} is not a checkpoint folder; pass builtin, "
+                             "none or the folder of a small model with the target's tokenizer")
     from dreams_nas.supernet.target.loading import load_model_and_processor
 
     model = load_model_and_processor(folder, device=device, dtype=None).model

@@ -101,7 +101,8 @@ class StepFeatures(TransformerMixin, BaseEstimator):
     def _check_frame(X: Any) -> pd.DataFrame:
         if not isinstance(X, pd.DataFrame):
             raise TypeError(
-                f"StepFeatures takes a DataFrame with columns {list(_INPUT_COLUMNS)}, got {type(X).__name__}"
+                f"StepFeatures takes a DataFrame with columns {list(_INPUT_COLUMNS)}, "
+                f"got {type(X).__name__}"
             )
         missing = [c for c in _INPUT_COLUMNS if c not in X.columns]
         if missing:
@@ -150,7 +151,8 @@ class CVSelectedRegressor(RegressorMixin, BaseEstimator):
 
     def fit(self, X: Any, y: Any) -> CVSelectedRegressor:
         X, y = validate_data(self, X, y, y_numeric=True)
-        candidates = self.candidates if self.candidates is not None else default_candidates(self.random_state)
+        candidates = (self.candidates if self.candidates is not None
+                      else default_candidates(self.random_state))
         if not candidates:
             raise ValueError("candidates is empty; give at least one (name, regressor) pair")
         if self.cv < 2:

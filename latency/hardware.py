@@ -139,7 +139,8 @@ class NvmlDevice:
         """Bitmask of the current clock-event reasons that slow the chip (0 when none)."""
         import pynvml
 
-        getter = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        getter = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                  or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         mask = _nvml_call(getter, self.handle) or 0
         return int(mask) & sum(THROTTLE_REASONS)
 
@@ -153,7 +154,8 @@ class NvmlDevice:
             "name": _nvml_call(pynvml.nvmlDeviceGetName, h) or f"cuda device {self.cuda_index}",
             "memory_gb": None if memory is None else round(memory.total / 2**30, 1),
             "driver": _nvml_call(pynvml.nvmlSystemGetDriverVersion),
-            "cuda": None if not cuda_version else f"{cuda_version // 1000}.{cuda_version % 1000 // 10}",
+            "cuda": (None if not cuda_version
+                     else f"{cuda_version // 1000}.{cuda_version % 1000 // 10}"),
             "clocks": self.clocks(),
             "throttle_reasons": reasons_from_mask(self.throttle_mask()),
         }
@@ -230,7 +232,8 @@ class CpuFreqProbe:
 
 
 # --- the identity -------------------------------------------------------------------------
-def detect_hardware(device: str = "auto", dtype: str = "float32", threads: int | None = None) -> HardwareInfo:
+def detect_hardware(device: str = "auto", dtype: str = "float32",
+                    threads: int | None = None) -> HardwareInfo:
     """Identity of `device` (resolved first). For the CPU, `threads` is the fixed thread count
     the timings use (default: the physical core count)."""
     resolved = resolve_device(device)

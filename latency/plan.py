@@ -114,7 +114,8 @@ def latin_hypercube_grid(
     grid = [tuple(int(v) for v in p) for p in np.ndindex(*levels)]
     chosen = {tuple(int(v) for v in p) for p in taken}
     if n + len(chosen) > len(grid):
-        raise InputError(f"cannot choose {n} more points from a grid of {len(grid)} ({len(chosen)} taken)")
+        raise InputError(f"cannot choose {n} more points from a grid of {len(grid)} "
+                         f"({len(chosen)} taken)")
     if n == 0:
         return []
     total = n + len(chosen)
@@ -191,12 +192,13 @@ def build_plan(
     grid_size = math.prod(levels)
     n = resolve_budget(budget, grid_size)
     top = (len(heads) - 1, len(keeps) - 1)
-    anchors = sorted({(0, 0, c) for c in range(len(contexts))} | {(*top, c) for c in range(len(contexts))})
+    anchors = sorted({(0, 0, c) for c in range(len(contexts))}
+                     | {(*top, c) for c in range(len(contexts))})
     if n < len(anchors) and n < grid_size:
         raise InputError(
-            f"--budget {budget} gives {n} draft measurements, fewer than the {len(anchors)} that the "
-            f"largest and smallest subnets at {len(contexts)} context lengths need; give at least "
-            f"{len(anchors)}"
+            f"--budget {budget} gives {n} draft measurements, fewer than the {len(anchors)} "
+            f"that the largest and smallest subnets at {len(contexts)} context lengths need; "
+            f"give at least {len(anchors)}"
         )
     if n >= grid_size:
         picks = [tuple(int(v) for v in p) for p in np.ndindex(*levels)]

@@ -152,8 +152,9 @@ class LatencyPredictor:
                 metrics = latency_metrics(measured, predicted)
                 n_holdout = int(hold.sum())
                 held = [
-                    {"kind": r.kind, "spec_id": r.spec_id or None, "context_len": int(r.context_len),
-                     "k": int(r.k), "measured_ms": float(m), "predicted_ms": float(p)}
+                    {"kind": r.kind, "spec_id": r.spec_id or None,
+                     "context_len": int(r.context_len), "k": int(r.k),
+                     "measured_ms": float(m), "predicted_ms": float(p)}
                     for r, m, p in zip(rows[hold].itertuples(index=False), measured, predicted,
                                        strict=True)
                 ]

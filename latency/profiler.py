@@ -108,7 +108,8 @@ def run_profile(
             for start in range(0, len(todo), size):
                 block = todo[start:start + size]
                 key = block[0]
-                bar.set_postfix_str(f"{key.kind} {key.spec_id or ''} ctx={key.context_len} k={key.k}")
+                bar.set_postfix_str(f"{key.kind} {key.spec_id or ''} "
+                                    f"ctx={key.context_len} k={key.k}")
                 rows = _time_block(builder, block, hw, settings, probe)
                 measured += store.append(rows)
                 failed += sum(row["status"] != "ok" for row in rows)

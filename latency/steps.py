@@ -63,7 +63,8 @@ def visual_tokens_of(config: Any) -> int:
     """Visual tokens one image occupies in the target's prompt (0 for a text-only model)."""
     seq = getattr(config, "image_seq_length", None)
     vision = getattr(config, "vision_config", None)
-    if vision is not None and getattr(vision, "image_size", None) and getattr(vision, "patch_size", None):
+    if (vision is not None and getattr(vision, "image_size", None)
+            and getattr(vision, "patch_size", None)):
         patches = (int(vision.image_size) // int(vision.patch_size)) ** 2
         strategy = getattr(config, "vision_feature_select_strategy", "default")
         computed = patches + (1 if strategy == "full" else 0)
@@ -88,11 +89,13 @@ def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
     shared = SharedTargetModules(embed_tokens=target.get_input_embeddings(),
                                  lm_head=target.get_output_embeddings())
     if config is None:
-        config = DraftConfig.for_target(text_config(target.config), inject_layers=space.inject_layer,
+        config = DraftConfig.for_target(text_config(target.config),
+                                        inject_layers=space.inject_layer,
                                         num_heads=max(space.heads))
     missing = [h for h in space.heads if h > config.num_heads]
     if missing:
-        raise InputError(f"the space's heads {missing} exceed the supernet's {config.num_heads} heads")
+        raise InputError(f"the space's heads {missing} exceed the supernet's "
+                         f"{config.num_heads} heads")
     param = next(target.parameters())
     draft = DreamDraft.initialised(config, shared, seed)
     return draft.to(device=param.device, dtype=param.dtype).eval()
@@ -206,7 +209,8 @@ class ModelSteps:
         visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
         visual_mask[0, 1:1 + n_vis] = True
         scores = torch.rand(1, ctx, generator=self.generator).to(dev)
-        layer_hidden = torch.randn(1, ctx, self.hidden, generator=self.generator).to(dev, self.dtype)
+        layer_hidden = torch.randn(1, ctx, self.hidden,
+                                   generator=self.generator).to(dev, self.dtype)
         memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
         expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
         assert memory is None or abs(memory.length - expected) <= 1

@@ -55,7 +55,8 @@ def make_row(
         "median_ms": "", "p10_ms": "", "p90_ms": "", "n_samples": 0, "throttled": 0,
         "status": status, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "device": hw.device, "dtype": hw.dtype, "threads": hw.threads or "",
-        "clock": "cuda-events" if hw.kind == "cuda" else clock, "clock_mhz": "", "torch": hw.torch, "error": " ".join(error.split())[:300],
+        "clock": "cuda-events" if hw.kind == "cuda" else clock, "clock_mhz": "", "torch": hw.torch,
+        "error": " ".join(error.split())[:300],
         "samples_ms": "",
     }
     if timing is not None:
@@ -99,7 +100,8 @@ class ProfileStore:
         header = next(reader, None)
         if header is None:
             return pd.DataFrame(columns=list(PROFILE_COLUMNS))
-        missing = [c for c in ("kind", "spec_id", "context_len", "k", "median_ms", "status") if c not in header]
+        missing = [c for c in ("kind", "spec_id", "context_len", "k", "median_ms", "status")
+                   if c not in header]
         if missing:
             raise InputError(
                 f"{self.path}, line 1: the header lacks column(s) {missing}; this is not a "
@@ -150,7 +152,8 @@ class ProfileStore:
                 record["heads"] = int(record["heads"])
                 record["visual_keep"] = float(record["visual_keep"])
             except (KeyError, ValueError):
-                self._corrupt(line, "a draft row needs whole-number heads and a numeric visual_keep")
+                self._corrupt(line, "a draft row needs whole-number heads and a numeric "
+                                    "visual_keep")
         return record
 
     def done_keys(self) -> set[tuple[str, str, int, int]]:
@@ -168,7 +171,8 @@ class ProfileStore:
             done = self.done_keys()
             fresh = []
             for row in rows:
-                key = (str(row["kind"]), str(row["spec_id"]), int(row["context_len"]), int(row["k"]))
+                key = (str(row["kind"]), str(row["spec_id"]), int(row["context_len"]),
+                       int(row["k"]))
                 if key not in done:
                     done.add(key)
                     fresh.append(row)

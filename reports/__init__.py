@@ -12,8 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dreams_nas.reports.data import (
-    REPORT_HTML,
+from dreams_nas.reports import layout
+from dreams_nas.reports.data import build_report_data
+from dreams_nas.reports.figures import RenderedFigure, render_figures, save_figures
+from dreams_nas.reports.files import write_text_atomic
+from dreams_nas.reports.html import render_html
+from dreams_nas.reports.pareto import pareto_mask
+from dreams_nas.reports.search_results import searched_hardware_ids
+from dreams_nas.reports.values import (
     AcceptanceCurve,
     AifdInfo,
     BestSubnet,
@@ -25,23 +31,18 @@ from dreams_nas.reports.data import (
     ReportError,
     Subnet,
     Verified,
-    build_report_data,
-    pareto_mask,
-    searched_hardware_ids,
 )
-from dreams_nas.reports.figures import RenderedFigure, render_figures, save_figures
-from dreams_nas.reports.html import render_html, write_text_atomic
 
 __all__ = [
     "AcceptanceCurve", "AifdInfo", "BestSubnet", "CrossHardware", "HistoryPoint",
     "MissingResultsError", "PredictorInfo", "RenderedFigure", "ReportData", "ReportError",
     "Subnet", "Verified", "build_report_data", "figure_folder", "pareto_mask", "render_figures",
-    "render_html", "render_report", "searched_hardware_ids", "write_report",
+    "render_html", "render_report", "searched_hardware_ids", "write_report", "write_text_atomic",
 ]
 
 
 def figure_folder(out_path: str | Path) -> Path:
-    """Where the static figure copies of the report at `out_path` go: `<stem>_figures/` beside it."""
+    """Where the figure copies of the report at `out_path` go: `<stem>_figures/` beside it."""
     out_path = Path(out_path)
     return out_path.with_name(f"{out_path.stem}_figures")
 
@@ -62,4 +63,4 @@ def write_report(run_dir: str | Path, out: str | Path | None = None,
                  hardware_id: str | None = None) -> Path:
     """Build and render the report of a run folder (default page: `<run_dir>/report.html`)."""
     data = build_report_data(run_dir, hardware_id=hardware_id)
-    return render_report(data, Path(out) if out is not None else Path(run_dir) / REPORT_HTML)
+    return render_report(data, Path(out) if out is not None else layout.report_html(Path(run_dir)))

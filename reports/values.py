@@ -1,6 +1,7 @@
 """The values of the report: what the figures and the page show, as frozen dataclasses.
 
-`build_report_data` (data.py) fills them from a run folder; figures.py and html.py only draw them.
+`build_report_data` (data.py) fills them from a run folder; the figure modules and html.py only
+draw them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Subnet:
     tau_lo: float | None
     tau_hi: float | None
     draft_ms: float
+    first_draft_ms: float
     verify_ms: float | None
     decode_ms: float | None
     speedup: float
@@ -43,8 +45,9 @@ class Subnet:
 
     @property
     def cycle_draft_ms(self) -> float:
-        """Draft time per speculative cycle: draft_len steps of draft_ms."""
-        return self.draft_len * self.draft_ms
+        """Draft time per speculative cycle: the first step (right after the verify) and
+        draft_len - 1 hot steps, as the expected speedup counts it."""
+        return self.first_draft_ms + (self.draft_len - 1) * self.draft_ms
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,6 @@ class ReportData:
     cross_hardware: CrossHardware | None
     searched_hardware_ids: tuple[str, ...]
     exported_specs: frozenset[str] = field(default_factory=frozenset)
-    front_source: str = "pareto.csv"
 
     @property
     def front(self) -> tuple[Subnet, ...]:

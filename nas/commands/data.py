@@ -11,7 +11,8 @@ HELP = "synthetic multimodal data: `data synth --out DIR --n N --split train|eva
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("synth",),
                         help="synth: render N samples (scene, count, ocr, chart, math) into "
-                             "DIR/<split>.jsonl and DIR/images/; byte-identical for the same --seed")
+                             "DIR/<split>.jsonl and DIR/images/; byte-identical for the same "
+                             "--seed")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.add_argument("--n", type=int, default=None, metavar="N",
                        help="number of samples (default: 200)")

@@ -71,5 +71,6 @@ def format_summary(summary: dict[str, Any]) -> str:
         "vs plain greedy decoding",
         f"tau          predicted {summary['predicted_tau']}, measured {summary['measured_tau']}",
         f"report       {summary['report']}",
-        f"took         {summary['seconds']:.0f} s" + (f" (reused: {', '.join(reused)})" if reused else ""),
+        f"took         {summary['seconds']:.0f} s"
+        + (f" (reused: {', '.join(reused)})" if reused else ""),
     ])

@@ -10,7 +10,8 @@ from typing import Any
 from dreams_nas.nas.commands.options import add_device
 from dreams_nas.supernet.core.errors import InputError
 
-HELP = "generate an answer about an image with a target VLM and a drafter (lossless speculative decoding)"
+HELP = ("generate an answer about an image with a target VLM and a drafter "
+        "(lossless speculative decoding)")
 
 _NAMED_DRAFTERS = ("lookup", "oracle", "none")
 
@@ -19,15 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="ID|PATH",
                         help="hub id, checkpoint folder, or builtin (default: builtin)")
     parser.add_argument("--image", required=True, metavar="FILE", help="PNG/JPEG image")
-    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the question about the image")
+    parser.add_argument("--prompt", required=True, metavar="TEXT",
+                        help="the question about the image")
     parser.add_argument("--drafter", default="lookup", metavar="lookup|oracle|none|SPEC_DIR",
                         help="prompt lookup (default), the oracle (target's greedy continuation), "
-                             "none (plain decoding), or a spec folder written by `dreams-nas search`")
+                             "none (plain decoding), or a spec folder written by "
+                             "`dreams-nas search`")
     parser.add_argument("--draft-len", type=int, default=None, metavar="N",
                         help="tokens drafted per cycle (default: the spec's draft_len, else 5)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0 = off)")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default 0 = off)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling mass (default 1.0 = off)")
+    parser.add_argument("--top-k", type=int, default=0,
+                        help="keep the k most likely tokens (default 0 = off)")
     parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
     add_device(parser, "to decode on")
     parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
@@ -37,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_args(args: argparse.Namespace) -> Any:
     """Everything that can be checked before the (slow) model load; returns the opened image."""
     if args.draft_len is not None and args.draft_len < 1:
-        raise InputError(f"--draft-len {args.draft_len} must be >= 1; use --drafter none for plain decoding")
+        raise InputError(f"--draft-len {args.draft_len} must be >= 1; use --drafter none for "
+                         "plain decoding")
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():

@@ -7,20 +7,24 @@ from typing import Any
 
 from dreams_nas.nas.commands.options import add_device, add_threads
 
-HELP = "time draft subnets and the target's decode/verify steps on this device; fit the latency predictor"
+HELP = ("time draft subnets and the target's decode/verify steps on this device; "
+        "fit the latency predictor")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, metavar="builtin|PATH",
-                        help="target VLM checkpoint folder (default: the run's target, else builtin)")
+                        help="target VLM checkpoint folder (default: the run's target, "
+                             "else builtin)")
     add_device(parser, "to time on")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", default="auto",
+                        choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' dtype (default: float32 on CPU, bfloat16 on GPU)")
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid)")
     parser.add_argument("--context-lengths", type=int, nargs="+", default=None, metavar="N",
-                        help="prompt lengths in tokens, image included (default: image + 16..256 text)")
+                        help="prompt lengths in tokens, image included "
+                             "(default: image + 16..256 text)")
     parser.add_argument("--repeats", type=int, default=100,
                         help="timed repeats per step, at most (default: 100; fewer past 2 s)")
     add_threads(parser, "fixed while timing", default="physical cores")

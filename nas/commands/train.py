@@ -12,17 +12,20 @@ HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="builtin|ID|PATH",
-                        help="the target VLM: builtin (the demo target), a hub id or a checkpoint folder")
+                        help="the target VLM: builtin (the demo target), a hub id or a "
+                             "checkpoint folder")
     add_data(parser, "training prompts")
     parser.add_argument("--n-train", type=int, default=None, metavar="N",
-                        help="use the first N prompts (builtin: how many to synthesise; default 384)")
+                        help="use the first N prompts (builtin: how many to synthesise; "
+                             "default 384)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
                         help="phase 1 steps, full draft (default 300)")
     parser.add_argument("--multires-steps", type=int, default=None, metavar="N",
                         help="phase 2 steps, sandwich rule over subnets (default 300)")
     parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="default 8")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
-    parser.add_argument("--lambda-kl", type=float, default=None, help="weight of KL(target||draft) (1.0)")
+    parser.add_argument("--lambda-kl", type=float, default=None,
+                        help="weight of KL(target||draft) (1.0)")
     parser.add_argument("--lambda-distill", type=float, default=None,
                         help="weight of the AIFD feature distillation (0.2)")
     parser.add_argument("--lambda-feat", type=float, default=None,

@@ -54,7 +54,8 @@ class RecordedLatency:
             return self.decode
         if kind == "verify":
             if k not in self.verify:
-                raise InputError(f"no recorded verify latency for k={k}; recorded: {sorted(self.verify)}")
+                raise InputError(f"no recorded verify latency for k={k}; "
+                                 f"recorded: {sorted(self.verify)}")
             return self.verify[k]
         if kind in ("draft", "draft_first") and spec is not None:
             key = (spec.heads, spec.visual_keep, spec.inject_layer)
@@ -63,4 +64,5 @@ class RecordedLatency:
             if key not in self.draft:
                 raise InputError(f"no recorded draft latency for {spec.id}")
             return self.draft[key]
-        raise InputError(f"latency kind {kind!r} is not one of ['draft', 'draft_first', 'verify', 'decode']")
+        raise InputError(f"latency kind {kind!r} is not one of "
+                         "['draft', 'draft_first', 'verify', 'decode']")

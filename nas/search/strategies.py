@@ -120,7 +120,8 @@ def search(
         raise InputError(f"max_draft_ms={max_draft_ms} must be a positive number of ms")
     if n_trials is not None and n_trials < 1:
         raise InputError(f"n_trials={n_trials} must be at least 1")
-    cached = acceptance if isinstance(acceptance, CachedAcceptance) else CachedAcceptance(acceptance)
+    cached = (acceptance if isinstance(acceptance, CachedAcceptance)
+              else CachedAcceptance(acceptance))
     lat = LatencyCache(latency, context_len)
     if method == "exhaustive" and storage is None:
         return _exhaustive_local(space, cached, lat, draft_params, objective=objective,

@@ -26,8 +26,8 @@ from dreams_nas.supernet.core.versions import library_versions
 
 TRIAL_COLUMNS: tuple[str, ...] = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
-    "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params", "feasible",
-    "state", "method", "objective",
+    "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
+    "feasible", "state", "method", "objective",
 )
 HISTORY_COLUMNS: tuple[str, ...] = ("number", "value", "best_so_far")
 

@@ -157,7 +157,8 @@ class RunModels:
 
             where = self.run.target_source()
             if where is None:
-                raise MissingArtefactError(f"no target in {self.run.run_json}; run `dreams-nas train` first")
+                raise MissingArtefactError(f"no target in {self.run.run_json}; "
+                                           "run `dreams-nas train` first")
             log.info("loading target %s", where)
             self._target = TargetAdapter.load(where, device=self.device)
         return self._target

@@ -153,7 +153,8 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
         steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
                            precede=space.largest())
-        log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
+        log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id,
+                 folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
     predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
                                      holdout=options.holdout, seed=options.seed, stat=options.stat)
@@ -186,8 +187,9 @@ def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
         recorded_clock = read_json(plan).get("clock", "wall")
         if recorded_clock != clock:
             raise InputError(
-                f"the profile in {folder} was timed with --clock {recorded_clock}, this run asks for "
-                f"--clock {clock}; pass --clock {recorded_clock} or use another --run folder"
+                f"the profile in {folder} was timed with --clock {recorded_clock}, "
+                f"this run asks for --clock {clock}; pass --clock {recorded_clock} or use "
+                "another --run folder"
             )
 
 

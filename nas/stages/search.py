@@ -75,8 +75,9 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     if trained_supernet(run) is None:
         from dataclasses import replace
 
-        ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin", device=device,
-                                     seed=options.seed, show_progress=options.show_progress))
+        ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin",
+                                     device=device, seed=options.seed,
+                                     show_progress=options.show_progress))
     digest = supernet_hash(run)
     space = run.space()
     data_id = dataset_id(options.data, options.limit, options.seed)

@@ -10,8 +10,9 @@ Two measured speedups are kept. `speedup` is the decode phase, the quantity the 
 tau * T_decode / ((gamma - 1) * T_draft + T_draft_first + T_verify) predicts: tokens after the
 first over the time after the prefill, for both the speculative run and plain decoding. The
 prefill phase is the prompt's processing: the target's prompt pass, and in the speculative run
-also the drafter's (its KV cache and cross-attention memory over the prompt, once per request). `speedup_end_to_end` is tokens over the whole call, prefill included: the prefill is
-the same work for both, so it dilutes the ratio the more, the shorter the answers.
+also the drafter's (its KV cache and cross-attention memory over the prompt, once per request).
+`speedup_end_to_end` is tokens over the whole call, prefill included: the prefill is the same
+work for both, so it dilutes the ratio the more, the shorter the answers.
 """
 
 from __future__ import annotations

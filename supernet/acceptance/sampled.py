@@ -33,7 +33,8 @@ class SampledScorer:
             raise InputError(f"temperature={temperature}: sampled scoring needs a temperature > 0 "
                              "(temperature 0 is scored teacher-forced)")
         if not prompts:
-            raise InputError("no evaluation prompts to score acceptance on; give a non-empty --data")
+            raise InputError("no evaluation prompts to score acceptance on; "
+                             "give a non-empty --data")
         self.adapter, self.draft, self.prompts = adapter, draft, list(prompts)
         self.supernet_hash, self.dataset_id = supernet_hash, dataset_id
         self.sampling = SamplingConfig(temperature=float(temperature))

@@ -263,7 +263,8 @@ class TeacherForcedScorer:
                  max_new_tokens: int = 64, draft_lens: Sequence[int] = tuple(range(1, 8)),
                  n_boot: int = 1000, seed: int = 0, show_progress: bool | None = None) -> None:
         if not prompts:
-            raise InputError("no evaluation prompts to score acceptance on; give a non-empty --data")
+            raise InputError("no evaluation prompts to score acceptance on; "
+                             "give a non-empty --data")
         if max_new_tokens < 2:
             raise InputError(f"max_new_tokens={max_new_tokens} must be at least 2 to draft at all")
         self.adapter, self.draft, self.prompts = adapter, draft, list(prompts)

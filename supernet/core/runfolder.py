@@ -2,14 +2,17 @@
 
 ```
 dreams-run/
-  run.json                       target, space, supernet config, versions
-  supernet/                      config.json + model.safetensors
-  latency/<hardware-id>/         profile.csv, predictor.joblib, predictor.json
-  acceptance/<dataset-id>.csv    one row per (subnet, dataset)
-  search/<hardware-id>/          study.db, trials.csv, pareto.csv, best.json
-  specs/<name>/                  spec.json + draft.safetensors
-  report.html
+  run.json                       target, space, supernet (training settings, loss), aifd, versions
+  supernet/                      config.json + model.safetensors (+ selfdistill.json, checkpoint/)
+  latency/<hardware-id>/         hardware.json, plan.json, profile.csv (append-only rows),
+                                 predictor.joblib, predictor_train.csv, predictor.json
+  acceptance/<dataset-id>.csv    one row per (supernet, dataset, subnet, temperature)
+  search/<hardware-id>/          study.db (Optuna), trials.csv, pareto.csv, history.csv, best.json
+  specs/<spec-id>/               spec.json (deployable) + config.json + draft.safetensors
+  report.html (+ report_figures/)
 ```
+
+Every file's columns or keys, units and schema version: SCHEMAS.md.
 """
 
 from __future__ import annotations
@@ -128,7 +131,8 @@ class RunFolder:
             return {}
         data = read_json(self.run_json)
         if not isinstance(data, dict):
-            raise InputError(f"{self.run_json} must hold a JSON object; move it aside to start anew")
+            raise InputError(f"{self.run_json} must hold a JSON object; "
+                             "move it aside to start anew")
         return data
 
     def update_run(self, **fields: Any) -> dict[str, Any]:
@@ -157,7 +161,8 @@ class RunFolder:
         data = self.read_run().get("space")
         if data is None:
             raise MissingArtefactError(
-                f"no search space in {self.run_json}; run `dreams-nas train` or `dreams-nas demo` first"
+                f"no search space in {self.run_json}; run `dreams-nas train` or "
+                "`dreams-nas demo` first"
             )
         return SearchSpace.from_dict(data)
 

@@ -170,7 +170,8 @@ class SearchSpace:
     def sample(self, n: int, rng: np.random.Generator | int | None = None) -> list[SubnetSpec]:
         """`n` distinct subnets drawn uniformly without replacement."""
         if n < 0 or n > self.size:
-            raise InputError(f"cannot sample {n} subnets from a space of {self.size}; use 0..{self.size}")
+            raise InputError(f"cannot sample {n} subnets from a space of {self.size}; "
+                             f"use 0..{self.size}")
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         picks = gen.choice(self.size, size=n, replace=False)
         all_specs = list(self.enumerate())
@@ -188,7 +189,8 @@ class SearchSpace:
         )
 
     def validate(self, spec: SubnetSpec) -> SubnetSpec:
-        """Return `spec` if it lies in the space; otherwise name the field, value and allowed values."""
+        """Return `spec` if it lies in the space; otherwise name the field, value and allowed
+        values."""
         for name in SPEC_FIELDS:
             value, allowed = getattr(spec, name), getattr(self, name)
             if value not in allowed:
@@ -252,11 +254,13 @@ class SearchSpace:
             )
         missing = [n for n in SPEC_FIELDS if n not in data]
         if missing:
-            raise InputError(f"search space is missing field(s) {missing}; it needs {list(SPEC_FIELDS)}")
+            raise InputError(f"search space is missing field(s) {missing}; "
+                             f"it needs {list(SPEC_FIELDS)}")
         unknown = sorted(set(data) - set(SPEC_FIELDS) - {"schema_version"})
         if unknown:
             raise InputError(
-                f"search space has unknown field(s) {unknown}; allowed fields are {list(SPEC_FIELDS)}"
+                f"search space has unknown field(s) {unknown}; "
+                f"allowed fields are {list(SPEC_FIELDS)}"
             )
         return cls(**{n: data[n] for n in SPEC_FIELDS})
 
@@ -275,7 +279,8 @@ class SearchSpace:
         elif path.suffix == ".json":
             text = json.dumps(self.to_dict(), indent=2) + "\n"
         else:
-            raise InputError(f"cannot save a search space as {path.name!r}; use a .toml or .json file")
+            raise InputError(f"cannot save a search space as {path.name!r}; "
+                             "use a .toml or .json file")
         atomic_write_text(path, text)
         return path
 
@@ -291,9 +296,11 @@ class SearchSpace:
             elif path.suffix == ".json":
                 data = json.loads(text)
             else:
-                raise InputError(f"cannot read a search space from {path.name!r}; use .toml or .json")
+                raise InputError(f"cannot read a search space from {path.name!r}; "
+                                 "use .toml or .json")
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"search space file {path} is not valid {path.suffix[1:].upper()}: {exc}") from None
+            raise InputError(f"search space file {path} is not valid "
+                             f"{path.suffix[1:].upper()}: {exc}") from None
         if not isinstance(data, dict):
             raise InputError(f"search space file {path} must hold a table of fields")
         return cls.from_dict(data)

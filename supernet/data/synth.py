@@ -83,7 +83,8 @@ _PROMPTS: dict[str, tuple[str, ...]] = {
     "ocr": ("What does the text in the image say?", "Read the code in the image.",
             "What is written in the picture?"),
     "chart": ("Read the values of the bars in the chart.", "Describe the bar chart.",
-              "What is the value of the {ordinal} bar?", "How tall is the {ordinal} bar from the left?"),
+              "What is the value of the {ordinal} bar?",
+              "How tall is the {ordinal} bar from the left?"),
     "math": ("Solve the problem shown in the image.", "What is the result of the expression?",
              "Compute the answer to the problem in the picture."),
 }
@@ -110,7 +111,8 @@ def sample_seed(split: str, seed: int, index: int) -> int:
 
 
 def make_sample(split: str, seed: int, index: int, tasks: tuple[str, ...] = TASKS) -> SynthSample:
-    """Render sample `index` of `split` for dataset seed `seed` (a pure function of its arguments)."""
+    """Render sample `index` of `split` for dataset seed `seed` (a pure function of its
+    arguments)."""
     rng = random.Random(sample_seed(split, seed, index))
     task = tasks[index % len(tasks)]
     image = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), BACKGROUND)

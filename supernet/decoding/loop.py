@@ -32,7 +32,7 @@ from torch import Tensor
 class GenerationStats:
     new_tokens: int
     target_forwards: int  # prefill + one per verify (or decode) step
-    cycle_lengths: tuple[int, ...]  # tokens kept from each verify forward (accepted + 1, cut at EOS)
+    cycle_lengths: tuple[int, ...]  # tokens kept per verify forward (accepted + 1, cut at EOS)
     proposed: tuple[int, ...]  # draft tokens proposed in each cycle
     prefill_s: float  # the target's prompt pass
     draft_s: float  # the drafter's proposals and updates, every cycle
@@ -61,7 +61,8 @@ class GenerationStats:
         """Per draft position i (1-based): accepted / proposed over the cycles that proposed it."""
         rates: list[float | None] = []
         for i in range(1, gamma + 1):
-            offered = [(n, p) for n, p in zip(self.cycle_lengths, self.proposed, strict=True) if p >= i]
+            offered = [(n, p) for n, p in zip(self.cycle_lengths, self.proposed, strict=True)
+                       if p >= i]
             rates.append(sum(n - 1 >= i for n, _ in offered) / len(offered) if offered else None)
         return rates
 
@@ -119,11 +120,13 @@ def draft(drafter: Drafter, last_token: Tensor, gamma: int, sampling: SamplingCo
 
 
 def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampling: SamplingConfig,
-           generator: torch.Generator | None, layers: tuple[int, ...]) -> tuple[int, Tensor, VerifyOutput]:
+           generator: torch.Generator | None,
+           layers: tuple[int, ...]) -> tuple[int, Tensor, VerifyOutput]:
     """One target forward over [last_token, drafts]; returns (n_accepted, next token (1, 1),
     the verify output of the committed positions). Rolls back the rejected positions."""
     k = proposal.tokens.shape[1]
-    out = target.verify(torch.cat([last_token, proposal.tokens.to(last_token.device)], dim=1), layers)
+    out = target.verify(torch.cat([last_token, proposal.tokens.to(last_token.device)], dim=1),
+                        layers)
     drafts = proposal.tokens[0].to(out.logits.device)
     if sampling.greedy:
         n, token = greedy_accept(drafts, out.logits[0])
@@ -133,18 +136,21 @@ def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampli
             draft_probs = torch.nn.functional.one_hot(drafts, target_probs.shape[-1]).float()
         else:
             draft_probs = proposal.draft_probs[0].to(target_probs)
-        n_t, token_t = rejection_accept(drafts[None], draft_probs[None], target_probs[None], generator)
+        n_t, token_t = rejection_accept(drafts[None], draft_probs[None], target_probs[None],
+                                        generator)
         n, token = int(n_t[0]), int(token_t[0])
     target.rollback(k - n)
     return n, torch.tensor([[token]], device=last_token.device), out.head(n + 1)
 
 
 def step(target: TargetAdapter, drafter: Drafter, last_token: Tensor, gamma: int,
-         sampling: SamplingConfig, generator: torch.Generator | None, clock: _Clock) -> tuple[Tensor, int, int]:
+         sampling: SamplingConfig, generator: torch.Generator | None,
+         clock: _Clock) -> tuple[Tensor, int, int]:
     """Draft, verify, accept, update the drafter: (new tokens (1, n+1), n accepted, n proposed)."""
     proposal = draft(drafter, last_token, gamma, sampling, generator)
     clock.lap("draft")
-    n, token, out = verify(target, last_token, proposal, sampling, generator, drafter.required_layers)
+    n, token, out = verify(target, last_token, proposal, sampling, generator,
+                           drafter.required_layers)
     clock.lap("verify")
     accepted = torch.cat([proposal.tokens[:, :n].to(token.device), token], dim=1)
     drafter.update(accepted, n, out)
@@ -209,7 +215,8 @@ def plain_generate(target: TargetAdapter, inputs: dict[str, Tensor], *, max_new_
     return _result(tokens, [1] * (len(tokens) - 1), [0] * (len(tokens) - 1), clock)
 
 
-def _result(tokens: list[int], lengths: list[int], proposed: list[int], clock: _Clock) -> GenerationResult:
+def _result(tokens: list[int], lengths: list[int], proposed: list[int],
+            clock: _Clock) -> GenerationResult:
     t = clock.totals
     stats = GenerationStats(
         new_tokens=len(tokens), target_forwards=1 + len(lengths), cycle_lengths=tuple(lengths),

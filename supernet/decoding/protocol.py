@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Proposal:
     tokens: Tensor  # (1, k) long, k <= gamma (may be 0)
-    draft_probs: Tensor | None = None  # (1, k, vocab) after sampling processing; None = deterministic
+    # (1, k, vocab) after sampling processing; None = deterministic
+    draft_probs: Tensor | None = None
 
 
 @runtime_checkable

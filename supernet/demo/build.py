@@ -229,7 +229,8 @@ def init_projector(model: Any, generator: Any) -> None:
     with torch.no_grad():
         for linear in (projector.linear_1, projector.linear_2):
             weight = linear.weight  # (out, in)
-            weight.copy_(torch.randn(weight.shape, generator=generator) / math.sqrt(weight.shape[1]))
+            weight.copy_(torch.randn(weight.shape, generator=generator)
+                         / math.sqrt(weight.shape[1]))
 
 
 def init_patch_embeddings(model: Any, generator: Any) -> None:

@@ -171,7 +171,8 @@ def lr_at(step: int, cfg: DemoTrainConfig) -> float:
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    scale = cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    scale = (cfg.min_lr_ratio
+             + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
     return cfg.lr * scale
 
 

@@ -38,7 +38,8 @@ class DraftConfig:
         bad = [x for x in self.inject_layers if not 0 <= x <= self.num_target_layers]
         if bad:
             raise InputError(
-                f"inject_layers {bad} are outside the target's hidden states 0..{self.num_target_layers}"
+                f"inject_layers {bad} are outside the target's hidden states "
+                f"0..{self.num_target_layers}"
             )
 
     @classmethod
@@ -67,7 +68,8 @@ class DraftConfig:
         version = data.pop("schema_version", CONFIG_SCHEMA_VERSION)
         if version != CONFIG_SCHEMA_VERSION:
             raise InputError(f"draft config schema_version={version!r} is not supported "
-                             f"(this dreams-nas reads {CONFIG_SCHEMA_VERSION}); retrain or re-extract")
+                             f"(this dreams-nas reads {CONFIG_SCHEMA_VERSION}); "
+                             "retrain or re-extract")
         spec = data.pop("spec", None)
         return cls(**data, spec=None if spec is None else SubnetSpec.from_dict(spec))
 

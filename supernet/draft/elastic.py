@@ -93,7 +93,8 @@ class ElasticAttention(nn.Module):
         """(batch, heads, seq, head_dim) per-head outputs -> (batch, seq, hidden) via o_proj."""
         b, heads, t, _ = heads_out.shape
         inner = self._check(heads)
-        return F.linear(heads_out.transpose(1, 2).reshape(b, t, inner), self.o_proj.weight[:, :inner])
+        return F.linear(heads_out.transpose(1, 2).reshape(b, t, inner),
+                        self.o_proj.weight[:, :inner])
 
     # --- importance sorting ---------------------------------------------------------
     def head_importance(self) -> Tensor:
@@ -133,7 +134,8 @@ class ElasticAttention(nn.Module):
         heads a smaller subnet keeps changes.
         """
         if sorted(order.tolist()) != list(range(self.num_heads)):
-            raise ValueError(f"order={order.tolist()} is not a permutation of 0..{self.num_heads - 1}")
+            raise ValueError(f"order={order.tolist()} is not a permutation of "
+                             f"0..{self.num_heads - 1}")
         index = self.head_permutation_index(order)
         for param, dim in self.permuted_params():
             param.copy_(param.index_select(dim, index))

@@ -42,7 +42,8 @@ class CompactDraft(DreamDraft):
         from dreams_nas.supernet.draft.store import save_weights_and_config
 
         return save_weights_and_config(self, directory, WEIGHTS_NAME, CONFIG_NAME,
-                                       {"kind": "dreams-nas-compact-draft", **self.config.to_dict()})
+                                       {"kind": "dreams-nas-compact-draft",
+                                        **self.config.to_dict()})
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, shared: SharedTargetModules | None = None,

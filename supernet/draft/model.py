@@ -70,11 +70,12 @@ class DreamDraft(nn.Module):
             raise InputError(f"spec {spec.id}: heads={spec.heads} is outside 1..{cfg.num_heads} "
                              "of this draft; pick a subnet of its search space")
         if spec.inject_layer not in cfg.inject_layers:
-            raise InputError(f"spec {spec.id}: inject_layer={spec.inject_layer} is not one this draft "
-                             f"was trained for {list(cfg.inject_layers)}; pick one of those")
+            raise InputError(f"spec {spec.id}: inject_layer={spec.inject_layer} is not one this "
+                             f"draft was trained for {list(cfg.inject_layers)}; pick one of those")
         if cfg.spec is not None and (spec.heads, spec.visual_keep, spec.inject_layer) != (
                 cfg.spec.heads, cfg.spec.visual_keep, cfg.spec.inject_layer):
-            raise InputError(f"this extracted draft is subnet {cfg.spec.id}; it cannot run {spec.id} "
+            raise InputError(f"this extracted draft is subnet {cfg.spec.id}; "
+                             f"it cannot run {spec.id} "
                              "(extract that subnet from the supernet instead)")
         self._active = spec
 
@@ -104,7 +105,8 @@ class DreamDraft(nn.Module):
     @property
     def shared(self) -> SharedTargetModules:
         if self._shared is None:
-            raise RuntimeError("this draft has no target embedding / LM head; call attach(...) first")
+            raise RuntimeError("this draft has no target embedding / LM head; "
+                               "call attach(...) first")
         return self._shared
 
     def attach(self, shared: SharedTargetModules) -> None:

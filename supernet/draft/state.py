@@ -56,7 +56,8 @@ class DraftCache:
 
 @dataclass
 class DraftOutput:
-    feature: Tensor  # (batch, seq, hidden): the draft's final (normed) feature, ~ target last hidden
+    # (batch, seq, hidden): the draft's final (normed) feature, ~ target last hidden
+    feature: Tensor
     cross_out: Tensor | None  # (batch, seq, hidden): the cross-attention block's output
 
 

@@ -66,7 +66,8 @@ class TargetAdapter:
         self.model = model.eval()
         self.processor_error = processor_error  # why the processor could not be loaded
         self.processor = processor
-        self.tokenizer = tokenizer if tokenizer is not None else getattr(processor, "tokenizer", None)
+        self.tokenizer = (tokenizer if tokenizer is not None
+                          else getattr(processor, "tokenizer", None))
         self.info: FamilyInfo = detect_family(model)
         self.family: str = self.info.name
         self.target_id = target_id
@@ -84,7 +85,8 @@ class TargetAdapter:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_model(cls, model: nn.Module, processor: Any = None, tokenizer: Any = None) -> TargetAdapter:
+    def from_model(cls, model: nn.Module, processor: Any = None,
+                   tokenizer: Any = None) -> TargetAdapter:
         return cls(model, processor, tokenizer)
 
     @classmethod
@@ -145,13 +147,16 @@ class TargetAdapter:
             why = self.processor_error
             raise InputError("this target has no processor, so images cannot be encoded"
                              + (f" (loading it failed: {why})" if why else "")
-                             + "; load a checkpoint folder with its processor files and install what "
-                             "the processor needs (e.g. torchvision)")
+                             + "; load a checkpoint folder with its processor files and install "
+                             "what the processor needs (e.g. torchvision)")
         image = open_image(image)
-        template = getattr(self.processor, "chat_template", None) or getattr(self.tokenizer, "chat_template", None)
+        template = (getattr(self.processor, "chat_template", None)
+                    or getattr(self.tokenizer, "chat_template", None))
         if template:
-            messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            messages = [{"role": "user",
+                         "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True,
+                                                      tokenize=False)
         else:
             text = f"{getattr(self.processor, 'image_token', '<image>')}\n{prompt}"
         batch = self.processor(images=[image], text=[text], return_tensors="pt")
@@ -166,7 +171,8 @@ class TargetAdapter:
         for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
             if key in inputs and isinstance(inputs[key], Tensor):
                 fill = 1 if key == "attention_mask" else 0
-                out[key] = torch.cat([inputs[key], torch.full_like(tokens, fill).to(inputs[key].dtype)], dim=1)
+                out[key] = torch.cat([inputs[key],
+                                      torch.full_like(tokens, fill).to(inputs[key].dtype)], dim=1)
         return out
 
     def _to_device(self, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -187,12 +193,14 @@ class TargetAdapter:
         inputs = self._to_device(inputs)
         input_ids = inputs["input_ids"]  # (1, seq)
         if input_ids.shape[0] != 1:
-            raise InputError(f"batch size {input_ids.shape[0]} is not supported; the adapter decodes one sequence")
+            raise InputError(f"batch size {input_ids.shape[0]} is not supported; "
+                             "the adapter decodes one sequence")
         visual_positions = (input_ids[0] == self.info.image_token_id).nonzero().flatten()
         scores: list[Tensor] = []
-        extra = [self._score_hook(input_ids[0], visual_positions, scores)] if len(visual_positions) else []
+        extra = ([self._score_hook(input_ids[0], visual_positions, scores)]
+                 if len(visual_positions) else [])
         if self.info.uses_mrope:
-            self.model.model.rope_deltas = None  # computed afresh from this prompt (stale otherwise)
+            self.model.model.rope_deltas = None  # recomputed from this prompt (stale otherwise)
         hidden, layer_hidden = self._forward(inputs, layers, extra_hooks=extra, fresh=True)
         logits = self.lm_head(hidden if all_logits else hidden[:, -1])
         if not scores:
@@ -222,7 +230,8 @@ class TargetAdapter:
         handles = self._layer_hooks(layers, layer_hidden) + [h() for h in extra_hooks]
         kwargs = dict(inputs)
         if not fresh and self.info.uses_mrope:
-            kwargs.pop("attention_mask", None)  # M-RoPE positions come from cache length + rope_deltas
+            # M-RoPE positions come from cache length + rope_deltas
+            kwargs.pop("attention_mask", None)
         try:
             out = self.model.model(**kwargs, cache=None if fresh else self.cache, use_cache=True)
         finally:
@@ -240,11 +249,13 @@ class TargetAdapter:
         handles = []
         for i in dict.fromkeys(layers):
             if not 0 <= i <= self.num_layers:
-                raise ValueError(f"layer {i} is outside 0..{self.num_layers} (HF hidden_states indexing)")
+                raise ValueError(f"layer {i} is outside 0..{self.num_layers} "
+                                 "(HF hidden_states indexing)")
             if i == 0:
                 def pre(_mod, args, kwargs, _i=i):
                     store[_i] = args[0] if args else kwargs["hidden_states"]
-                handles.append(self.decoder.layers[0].register_forward_pre_hook(pre, with_kwargs=True))
+                handles.append(
+                    self.decoder.layers[0].register_forward_pre_hook(pre, with_kwargs=True))
             elif i < self.num_layers:
                 def post(_mod, _args, output, _i=i):
                     store[_i] = output[0] if isinstance(output, tuple) else output
@@ -261,9 +272,11 @@ class TargetAdapter:
         text_positions = is_text.nonzero().flatten()
 
         def hook(module, args, kwargs):
-            hidden = args[0] if args else kwargs["hidden_states"]  # (1, seq, hidden), after input norm
+            # (1, seq, hidden), after input norm
+            hidden = args[0] if args else kwargs["hidden_states"]
             cos, sin = kwargs["position_embeddings"]  # (1, seq, head_dim)
-            out.append(_received_attention(module, hidden, cos, sin, text_positions, visual_positions))
+            out.append(_received_attention(module, hidden, cos, sin, text_positions,
+                                           visual_positions))
 
         return lambda: attn.register_forward_pre_hook(hook, with_kwargs=True)
 
@@ -298,10 +311,11 @@ def open_image(image: Any):
         return image.convert("RGB")
     path = Path(image)
     if not path.is_file():
-        raise InputError(f"image file {str(path)!r} does not exist; pass the path of a PNG/JPEG file")
+        raise InputError(f"image file {str(path)!r} does not exist; "
+                         "pass the path of a PNG/JPEG file")
     try:
         with Image.open(path) as img:
             return img.convert("RGB")
     except (UnidentifiedImageError, OSError) as exc:
-        raise InputError(f"image file {str(path)!r} cannot be read as an image ({type(exc).__name__}); "
-                         "pass a PNG or JPEG file") from exc
+        raise InputError(f"image file {str(path)!r} cannot be read as an image "
+                         f"({type(exc).__name__}); pass a PNG or JPEG file") from exc

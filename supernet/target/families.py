@@ -68,7 +68,8 @@ def detect_family(model: nn.Module) -> FamilyInfo:
     if image_token_id is None:
         image_token_id = getattr(config, "image_token_index", None)
     if image_token_id is None:
-        raise InputError(f"config of {type(model).__name__} has no image_token_id; is it a VLM checkpoint?")
+        raise InputError(f"config of {type(model).__name__} has no image_token_id; "
+                         "is it a VLM checkpoint?")
     return FamilyInfo(name=name, image_token_id=int(image_token_id),
                       uses_mrope=name in ("qwen2_vl", "qwen2_5_vl"))
 

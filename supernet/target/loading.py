@@ -19,18 +19,20 @@ def check_checkpoint_folder(folder: Path) -> None:
     """InputError unless `folder` holds a config.json of a VLM and weights."""
     config_path = folder / "config.json"
     if not config_path.is_file():
-        raise InputError(f"{str(folder)!r} holds no config.json, so it is not a Hugging Face checkpoint; "
-                         "pass a folder written by save_pretrained or a hub id")
+        raise InputError(f"{str(folder)!r} holds no config.json, so it is not a Hugging Face "
+                         "checkpoint; pass a folder written by save_pretrained or a hub id")
     try:
         config = json.loads(config_path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{str(config_path)!r} is not valid JSON ({exc}); re-save the checkpoint") from exc
+        raise InputError(f"{str(config_path)!r} is not valid JSON ({exc}); "
+                         "re-save the checkpoint") from exc
     if "vision_config" not in config:
-        raise InputError(f"{str(folder)!r} holds a {config.get('model_type', 'unknown')!r} checkpoint without a "
-                         f"vision_config, not a VLM; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+        raise InputError(f"{str(folder)!r} holds a {config.get('model_type', 'unknown')!r} "
+                         "checkpoint without a vision_config, not a VLM; "
+                         f"supported families: {', '.join(SUPPORTED_FAMILIES)}")
     if not any((folder / name).is_file() for name in _WEIGHT_FILES):
-        raise InputError(f"{str(folder)!r} has a config.json but no model weights (model.safetensors); "
-                         "copy the whole checkpoint folder")
+        raise InputError(f"{str(folder)!r} has a config.json but no model weights "
+                         "(model.safetensors); copy the whole checkpoint folder")
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,15 @@ def load_model_and_processor(target: str | Path, *, device: str | torch.device =
     is_local = path.exists()
     if is_local:
         if not path.is_dir():
-            raise InputError(f"target {str(target)!r} is a file; pass a checkpoint folder or a hub id")
+            raise InputError(f"target {str(target)!r} is a file; "
+                             "pass a checkpoint folder or a hub id")
         check_checkpoint_folder(path)
         source = str(path.resolve())
     else:
         if str(target).startswith((".", "/", "~")) or str(target).count("/") > 1:
-            raise InputError(f"target folder {str(target)!r} does not exist; pass an existing checkpoint "
-                             "folder, a hub id such as llava-hf/llava-1.5-7b-hf, or builtin")
+            raise InputError(f"target folder {str(target)!r} does not exist; pass an existing "
+                             "checkpoint folder, a hub id such as llava-hf/llava-1.5-7b-hf, "
+                             "or builtin")
         source = str(target)
     try:
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype or "auto")

@@ -77,7 +77,8 @@ class EntropyMeter:
 
     def mean(self) -> list[float]:
         if not all(self.counts):
-            raise ValueError("no attention rows were measured; give at least one calibration prompt")
+            raise ValueError("no attention rows were measured; "
+                             "give at least one calibration prompt")
         return [s / n for s, n in zip(self.sums, self.counts, strict=True)]
 
 

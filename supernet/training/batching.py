@@ -139,5 +139,6 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
                 [F.smooth_l1_loss(cross, _rms(batch.distill[i][m])) for i in distill_layers]).mean()
     zero = batch.prev_hidden.new_zeros(())
     terms = {key: (val / used if used else zero) + zero for key, val in totals.items()}
-    terms["loss"] = weights.kl * terms["kl"] + weights.distill * terms["distill"] + weights.feat * terms["feat"]
+    terms["loss"] = (weights.kl * terms["kl"] + weights.distill * terms["distill"]
+                     + weights.feat * terms["feat"])
     return terms

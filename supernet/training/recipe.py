@@ -87,8 +87,8 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
                                      show_progress)
     keep = [i for i, a in enumerate(answers) if a.numel() > 0]
     if not keep:
-        raise InputError("the target answered none of the training prompts (every answer is empty); "
-                         "check the target and the prompts")
+        raise InputError("the target answered none of the training prompts "
+                         "(every answer is empty); check the target and the prompts")
     prompts, answers = [prompts[i] for i in keep], [answers[i] for i in keep]
     n = max(1, min(aifd_prompts, len(prompts)))
     aifd = measure_aifd(target.model, prompts[:n], answers[:n])

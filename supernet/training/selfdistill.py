@@ -63,7 +63,8 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
     # A placeholder token in an answer would be read as an image slot when the answer is fed
     # back with the prompt's pixels; such an answer is cut before it.
     image_ids = {int(v) for v in (getattr(model.config, "image_token_id", None),
-                                  getattr(model.config, "image_token_index", None)) if v is not None}
+                                  getattr(model.config, "image_token_index", None))
+                 if v is not None}
     answers: list[Tensor] = []
     bar = progress(total=len(prompts), desc="self-distillation answers", unit="prompt",
                    disable=show_progress is False or None)

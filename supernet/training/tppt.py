@@ -253,7 +253,8 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     optimizer = make_optimizer(model, config)
     fingerprint = fingerprint_of(model, samples, distill_layers, config)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state = (_load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None) or TrainState()
+    state = ((_load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None)
+             or TrainState())
     resumed_from = state.step
     orders: list[list[int]] | None = None
     bar = progress(total=config.total_steps, desc="train supernet", unit="step",

@@ -57,7 +57,8 @@ def chain_attention(q: Tensor, kv: list[tuple[Tensor, Tensor]], key_mask: Tensor
 
 
 def _layer(layer: DecoderLayer, h: Tensor, heads: int, cos: Tensor, sin: Tensor,
-           past: list[tuple[Tensor, Tensor]], key_mask: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+           past: list[tuple[Tensor, Tensor]],
+           key_mask: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     x = layer.input_norm(h)
     q = apply_rotary(layer.attn.project_q(x, heads), cos, sin)
     k, v = layer.attn.project_kv(x, heads)

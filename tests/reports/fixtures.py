@@ -1,9 +1,11 @@
 """Hand-made run folders in exactly the documented formats (SCHEMAS.md), with realistic numbers.
 
-The numbers follow the paper's cost model so the figures look like a real run: per-position
+The numbers follow the search's cost model so the figures look like a real run: per-position
 acceptance decays with the draft position and grows with heads, visual tokens kept and a deep
-injected layer; the draft step costs more with more heads and more visual tokens, and the target
-verify step grows slowly with the positions verified. `speedup = τ·T_decode / (γ·T_draft + T_verify)`.
+injected layer; the draft step costs more with more heads and more visual tokens, the cycle's
+first draft step (right after the verify) a little more than the others, and the target verify
+step grows slowly with the positions verified.
+`speedup = τ·T_decode / (T_first_draft + (γ−1)·T_draft + T_verify)`.
 Hardware models differ in how much heads cost relative to the target step, so each machine has
 its own best subnet (the cross-hardware table).
 
@@ -25,8 +27,8 @@ import numpy as np
 
 TRIAL_COLUMNS = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
-    "tau_hi", "draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params", "feasible", "state",
-    "method", "objective",
+    "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
+    "feasible", "state", "method", "objective",
 )
 ACCEPT_COLUMNS = (
     "supernet_hash", "dataset_id", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
@@ -51,6 +53,7 @@ class Hardware:
     per_head_ms: float          # added per kept head
     per_keep_ms: float          # added at visual_keep = 1.0 (linear in the fraction)
     verify_slope: float         # T_verify(γ) = decode_ms * (1 + verify_slope * γ)
+    first_draft_extra: float = 0.15  # first draft step of a cycle = (1 + this) * draft step
     created: str = "2026-11-30T14:00:00+00:00"
 
 
@@ -109,15 +112,17 @@ def trial_row(number: int, hw: Hardware, spec: tuple[int, float, int, int], meth
     rates = accept_rates(h, v, lyr, g)
     tau = tau_of(rates)
     draft_ms = hw.draft_base_ms + hw.per_head_ms * h + hw.per_keep_ms * v
+    first_draft_ms = (1 + hw.first_draft_extra) * draft_ms
     verify_ms = hw.decode_ms * (1 + hw.verify_slope * g)
-    speedup = tau * hw.decode_ms / (g * draft_ms + verify_ms)
+    speedup = tau * hw.decode_ms / (first_draft_ms + (g - 1) * draft_ms + verify_ms)
     half = 0.04 * tau
     feasible = max_draft_ms is None or draft_ms <= max_draft_ms
     return {
         "number": number, "spec_id": spec_id(h, v, lyr, g), "heads": h, "visual_keep": v,
         "inject_layer": lyr, "draft_len": g, "tau": round(tau, 6), "tau_lo": round(tau - half, 6),
         "tau_hi": round(tau + half, 6), "draft_ms": round(draft_ms, 6),
-        "verify_ms": round(verify_ms, 6), "decode_ms": hw.decode_ms, "speedup": round(speedup, 6),
+        "first_draft_ms": round(first_draft_ms, 6), "verify_ms": round(verify_ms, 6),
+        "decode_ms": hw.decode_ms, "speedup": round(speedup, 6),
         "draft_params": draft_params(h), "feasible": int(feasible), "state": "complete",
         "method": method, "objective": objective,
     }
@@ -125,7 +130,7 @@ def trial_row(number: int, hw: Hardware, spec: tuple[int, float, int, int], meth
 
 def front_ids(rows: Sequence[dict[str, Any]]) -> set[str]:
     """The search's front for objective 'pareto': max speedup, min draft params (feasible only)."""
-    ok = [r for r in rows if r["feasible"] and r["state"] == "complete"]
+    ok = [r for r in rows if r["feasible"] and r["speedup"] != ""]
     out = set()
     for r in ok:
         dominated = any(
@@ -175,8 +180,11 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
         order = [max(specs), min(specs)] + [order[i] for i in picks if order[i] not in
                                             (max(specs), min(specs))]
     rows = [trial_row(i, hw, s, method, "pareto", max_draft_ms) for i, s in enumerate(order)]
-    if optuna and len(rows) > 3:
-        rows.append({**rows[2], "number": len(rows), "state": "pruned", "tau": "", "speedup": ""})
+    unvisited = [s for s in specs if s not in order]
+    if optuna and unvisited:
+        # A trial without a score: the writer leaves the NaN cells empty.
+        rows.append({**trial_row(len(rows), hw, unvisited[0], method, "pareto", max_draft_ms),
+                     "tau": "", "speedup": ""})
     if extra_columns:
         for r in rows:
             r["user_attrs_note"] = "extra column a newer writer may add"
@@ -185,17 +193,17 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
     columns = TRIAL_COLUMNS + (("user_attrs_note",) if extra_columns else ())
     _write_csv(d / "trials.csv", columns, rows)
     _write_csv(d / "pareto.csv", columns, [r for r in rows if r["spec_id"] in ids])
-    complete = [r for r in rows if r["state"] == "complete"]
-    best = max((r for r in complete if r["feasible"]), key=lambda r: r["speedup"])
+    scored = [r for r in rows if r["speedup"] != ""]
+    best = max((r for r in scored if r["feasible"]), key=lambda r: r["speedup"])
     if optuna:
         hist, best_so_far = [], -math.inf
         for r in rows:
-            value = r["speedup"] if r["state"] == "complete" else ""
+            value = r["speedup"]
             if value != "":
                 best_so_far = max(best_so_far, value)
             hist.append({"number": r["number"], "value": value, "best_so_far": best_so_far})
         _write_csv(d / "history.csv", ("number", "value", "best_so_far"), hist)
-    top = sorted((r for r in complete if r["spec_id"] in ids), key=lambda r: -r["speedup"])
+    top = sorted((r for r in scored if r["spec_id"] in ids), key=lambda r: -r["speedup"])
     top = top[:verified_top] if best in top[:verified_top] else [best] + top[: verified_top - 1]
     # Measured end to end: a little below the prediction (Python overheads), never identical.
     verified = [{"spec_id": r["spec_id"], "predicted_speedup": r["speedup"],
@@ -207,7 +215,8 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
             "inject_layer": best["inject_layer"], "draft_len": best["draft_len"]}
     predicted = {"speedup": best["speedup"], "tau": best["tau"],
                  "tau_ci": [best["tau_lo"], best["tau_hi"]], "draft_ms": best["draft_ms"],
-                 "verify_ms": best["verify_ms"], "decode_ms": best["decode_ms"]}
+                 "first_draft_ms": best["first_draft_ms"], "verify_ms": best["verify_ms"],
+                 "decode_ms": best["decode_ms"]}
     base_tps = round(1000.0 / hw.decode_ms, 3)
     measured_obj = {"speedup": best_verified["measured_speedup"],
                     "tau": best_verified["measured_tau"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 
@@ -42,7 +43,6 @@ def test_front_and_best_match_the_search_files(cpu_run) -> None:
     assert data.best.tau_ci == pytest.approx(tuple(best["predicted"]["tau_ci"]))
     assert data.best.verify_ms == pytest.approx(best["predicted"]["verify_ms"])
     assert data.best.exported
-    assert data.front_source == "pareto.csv"
 
 
 def test_subnet_metrics_are_read_as_written(cpu_run) -> None:
@@ -53,11 +53,12 @@ def test_subnet_metrics_are_read_as_written(cpu_run) -> None:
         int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]), int(row["draft_len"]))
     assert sub.speedup == pytest.approx(float(row["speedup"]))
     assert sub.tau_lo < sub.tau < sub.tau_hi
-    assert sub.cycle_draft_ms == pytest.approx(sub.draft_len * float(row["draft_ms"]))
+    assert sub.cycle_draft_ms == pytest.approx(
+        float(row["first_draft_ms"]) + (sub.draft_len - 1) * float(row["draft_ms"]))
     assert sub.draft_params == int(row["draft_params"])
-    # speedup = τ·T_decode / (γ·T_draft + T_verify), as the search computed it.
-    assert sub.speedup == pytest.approx(
-        sub.tau * sub.decode_ms / (sub.draft_len * sub.draft_ms + sub.verify_ms), rel=1e-4)
+    # speedup = τ·T_decode / (T_first_draft + (γ−1)·T_draft + T_verify), as the search has it.
+    cycle_ms = float(row["first_draft_ms"]) + (sub.draft_len - 1) * sub.draft_ms + sub.verify_ms
+    assert sub.speedup == pytest.approx(sub.tau * sub.decode_ms / cycle_ms, rel=1e-4)
 
 
 def test_predictor_aifd_acceptance_and_verified(cpu_run) -> None:
@@ -82,7 +83,7 @@ def test_predictor_aifd_acceptance_and_verified(cpu_run) -> None:
     assert data.target["id"] == "builtin"
 
 
-def test_optuna_history_and_pruned_trials(tmp_path) -> None:
+def test_optuna_history_and_unscored_trials(tmp_path) -> None:
     run = make_run(tmp_path / "run", optuna=True)
     data = build_report_data(run)
     rows = read_rows(run / "search" / CPU.hardware_id / "history.csv")
@@ -90,10 +91,10 @@ def test_optuna_history_and_pruned_trials(tmp_path) -> None:
     best_so_far = [p.best_so_far for p in data.history]
     assert best_so_far == sorted(best_so_far)
     assert best_so_far[-1] == pytest.approx(data.best.predicted_speedup)
-    # The pruned trial has no speedup and is not a subnet of the report.
+    # A trial without a score (NaN, written as empty cells) is not a subnet of the report.
     trials = read_rows(run / "search" / CPU.hardware_id / "trials.csv")
-    assert any(r["state"] == "pruned" for r in trials)
-    assert len(data.subnets) == len({r["spec_id"] for r in trials if r["state"] == "complete"})
+    assert any(r["speedup"] == "" for r in trials)
+    assert len(data.subnets) == len({r["spec_id"] for r in trials if r["speedup"] != ""})
 
 
 def test_single_subnet_run(tmp_path) -> None:
@@ -134,21 +135,8 @@ def test_cross_hardware_marks_subnets_not_evaluated(tmp_path) -> None:
     for i, sid in enumerate(cross.best_spec_ids):
         for j, hw in enumerate(cross.hardware_ids):
             ids = {r["spec_id"] for r in read_rows(run / "search" / hw / "trials.csv")
-                   if r["state"] == "complete"}
+                   if r["speedup"] != ""}
             assert (cross.speedup[i][j] is None) == (sid not in ids)
-
-
-def test_front_computed_when_pareto_csv_is_missing(cpu_run) -> None:
-    (cpu_run / "search" / CPU.hardware_id / "pareto.csv").unlink()
-    data = build_report_data(cpu_run)
-    assert data.front_source.startswith("computed")
-    front = {s.spec_id for s in data.front}
-    for s in data.subnets:
-        dominated = any(o.speedup >= s.speedup and o.draft_ms <= s.draft_ms
-                        and (o.speedup > s.speedup or o.draft_ms < s.draft_ms)
-                        for o in data.subnets)
-        assert (s.spec_id in front) == (not dominated)
-    assert data.best.spec_id in front
 
 
 def test_pareto_mask_ties_and_duplicates() -> None:
@@ -205,6 +193,30 @@ def test_bad_files_say_which_and_what_to_do(cpu_run) -> None:
         build_report_data(cpu_run)
 
 
+def test_missing_pareto_csv_names_the_file_and_the_command(cpu_run) -> None:
+    (cpu_run / "search" / CPU.hardware_id / "pareto.csv").unlink()
+    with pytest.raises(MissingResultsError, match=r"pareto\.csv; run `dreams-nas search`"):
+        build_report_data(cpu_run)
+
+
+def test_missing_fields_are_named_not_filled_in(cpu_run) -> None:
+    search = cpu_run / "search" / CPU.hardware_id
+    best = json.loads((search / "best.json").read_text())
+    del best["spec"]["heads"], best["predicted"]["speedup"]
+    (search / "best.json").write_text(json.dumps(best))
+    lacks = r"best\.json lacks \['spec\.heads', 'predicted\.speedup'\]; rerun `dreams-nas search`"
+    with pytest.raises(ReportError, match=lacks):
+        build_report_data(cpu_run)
+    rows = read_rows(search / "trials.csv")
+    columns = [c for c in rows[0] if c != "feasible"]
+    with (search / "trials.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(ReportError, match=r"trials\.csv lacks the column\(s\) \['feasible'\]"):
+        build_report_data(cpu_run)
+
+
 def test_pareto_mask_matches_brute_force_with_infinities() -> None:
     import numpy as np
 
@@ -231,7 +243,3 @@ def test_infeasible_subnets_are_kept_but_never_front_or_best(tmp_path) -> None:
     assert all(s.draft_ms > 11.0 for s in data.subnets if not s.feasible)
     assert not infeasible & {s.spec_id for s in data.front}
     assert data.best.spec_id not in infeasible
-    (run / "search" / CPU.hardware_id / "pareto.csv").unlink()
-    computed = build_report_data(run)
-    assert not infeasible & {s.spec_id for s in computed.front}
-    assert computed.best.spec_id in {s.spec_id for s in computed.front}

@@ -1,7 +1,7 @@
 """The rendered page and figure files, checked without a browser (see test_browser.py for one).
 
-Rendering costs a few seconds on a busy 2-core machine, so each kind of run is rendered once per
-module and the tests read the result.
+Rendering is the slow part, so each kind of run is rendered once per module and the tests read
+the result.
 """
 
 from __future__ import annotations

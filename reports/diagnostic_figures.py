@@ -1,0 +1,157 @@
+"""The figures that say how far to trust the search: measured against predicted speedup, the
+latency predictor's parity, the AIFD entropy curve, the Optuna history and the best subnets
+across hardware. Each returns None when the run lacks what it shows."""
+
+from __future__ import annotations
+
+import matplotlib
+from dreams_nas.reports.plotting import BEST_COLOR, new_axes
+from dreams_nas.reports.values import ReportData
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+
+def parity_figure(data: ReportData) -> Figure | None:
+    pred = data.predictor
+    if pred is None or not pred.holdout:
+        return None
+    fig, ax = new_axes()
+    lo = min(min(p.measured_ms, p.predicted_ms) for p in pred.holdout)
+    hi = max(max(p.measured_ms, p.predicted_ms) for p in pred.holdout)
+    span = [lo * 0.85, hi * 1.15]
+    ax.plot(span, span, color="#444", lw=1.0, zorder=2)
+    ax.fill_between(span, [v * 0.9 for v in span], [v * 1.1 for v in span], color="#999",
+                    alpha=0.15, lw=0, zorder=1, label="±10%")
+    cmap = matplotlib.colormaps["tab10"]
+    for i, kind in enumerate(sorted({p.kind for p in pred.holdout})):
+        pts = [p for p in pred.holdout if p.kind == kind]
+        ax.scatter([p.measured_ms for p in pts], [p.predicted_ms for p in pts], s=22,
+                   color=cmap(i), label=kind, zorder=3, alpha=0.85)
+    if hi / max(lo, 1e-9) > 5:  # draft steps and target steps differ by an order of magnitude
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(span)
+    ax.set_ylim(span)
+    ax.set_xlabel("measured (ms)")
+    ax.set_ylabel("predicted (ms)")
+    lines = [f"{pred.regressor}"]
+    if pred.mape is not None:
+        lines.append(f"MAPE {100 * pred.mape:.1f}%")
+    if pred.kendall_tau is not None:
+        lines.append(f"Kendall τ {pred.kendall_tau:.3f}")
+    if pred.within_10pct is not None:
+        lines.append(f"within 10%: {100 * pred.within_10pct:.0f}%")
+    lines.append(f"{pred.n_holdout or len(pred.holdout)} held-out rows")
+    ax.text(0.03, 0.97, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=8.5,
+            bbox={"boxstyle": "round,pad=0.4", "fc": "white", "ec": "#ccc"})
+    ax.set_title(f"Latency predictor on held-out rows — {data.hardware_id}", loc="left")
+    ax.legend(loc="lower right")
+    return fig
+
+
+def aifd_figure(data: ReportData) -> Figure | None:
+    aifd = data.aifd
+    if aifd is None:
+        return None
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1.2])
+    ax.plot(aifd.layers, aifd.ae, marker="o", ms=3.5, color="#1f77b4")
+    ax.set_ylabel("attention entropy AE")
+    ax2.bar(aifd.layers, aifd.delta_ae, color=["#1f77b4" if v >= 0 else "#ff7f0e"
+                                               for v in aifd.delta_ae], width=0.7)
+    ax2.axhline(0, color="#666", lw=0.7)
+    ax2.set_ylabel("ΔAE")
+    ax2.set_xlabel("target layer")
+    for layer in aifd.chosen:
+        for a in (ax, ax2):
+            a.axvline(layer, color=BEST_COLOR, lw=1.4, ls="--", zorder=0)
+        if layer in aifd.layers:
+            ax.annotate(f"chosen: layer {layer}", xy=(layer, aifd.ae[aifd.layers.index(layer)]),
+                        xytext=(8, 12), textcoords="offset points", color=BEST_COLOR,
+                        fontweight="bold", fontsize=9)
+    ax.set_title("AIFD: attention entropy per target layer", loc="left")
+    return fig
+
+
+def history_figure(data: ReportData) -> Figure | None:
+    pts = [p for p in data.history if p.value is not None or p.best_so_far is not None]
+    if not pts:
+        return None
+    fig, ax = new_axes()
+    vals = [p for p in pts if p.value is not None]
+    ax.scatter([p.number for p in vals], [p.value for p in vals], s=12, color="#1f77b4",
+               alpha=0.45, label="trial", zorder=2)
+    best = [p for p in pts if p.best_so_far is not None]
+    ax.step([p.number for p in best], [p.best_so_far for p in best], where="post",
+            color=BEST_COLOR, lw=1.8, label="best so far", zorder=3)
+    ax.set_xlabel("trial")
+    ax.set_ylabel("objective (expected speedup ×)")
+    ax.set_title(f"Optuna search history ({len(pts)} trials)", loc="left")
+    ax.legend(loc="lower right")
+    return fig
+
+
+def verified_figure(data: ReportData) -> Figure | None:
+    if not data.verified:
+        return None
+    fig, ax = new_axes()
+    pred = [v.predicted_speedup for v in data.verified]
+    meas = [v.measured_speedup for v in data.verified]
+    lo, hi = min(pred + meas), max(pred + meas)
+    pad = 0.12 * (hi - lo) + 0.05
+    span = [lo - pad, hi + pad]
+    ax.plot(span, span, color="#444", lw=1.0, label="measured = predicted")
+    ax.fill_between(span, [v * 0.85 for v in span], [v * 1.15 for v in span], color="#999",
+                    alpha=0.15, lw=0, label="±15%")
+    ordered = sorted(data.verified, key=lambda v: v.predicted_speedup)
+    for k, v in enumerate(ordered):
+        is_best = v.spec_id == data.best.spec_id
+        ax.scatter([v.predicted_speedup], [v.measured_speedup], s=160 if is_best else 36,
+                   marker="*" if is_best else "o", color=BEST_COLOR if is_best else "#1f77b4",
+                   zorder=4, edgecolors="white" if is_best else "none")
+        # Alternate above/below so neighbouring labels do not overprint each other.
+        ax.annotate(v.spec_id, (v.predicted_speedup, v.measured_speedup),
+                    xytext=(-6, 7 if k % 2 == 0 else -12), textcoords="offset points",
+                    fontsize=8, ha="right", color=BEST_COLOR if is_best else "#333")
+    ax.set_xlim(span)
+    ax.set_ylim(span)
+    ax.set_xlabel("predicted speedup (×)")
+    ax.set_ylabel("measured speedup, decode phase (×)")
+    ax.set_title("Verified subnets: measured vs predicted", loc="left")
+    ax.legend(loc="upper left")
+    return fig
+
+
+def cross_hardware_figure(data: ReportData) -> Figure | None:
+    cross = data.cross_hardware
+    if cross is None:
+        return None
+    n = len(cross.hardware_ids)
+    fig, ax = new_axes(max(5.6, 1.7 * n + 2.8), max(3.0, 0.85 * n + 1.6))
+    # Colour: share of that column's own best, so machines with different speedup scales compare.
+    rel = [[cross.relative(i, j) for j in range(n)] for i in range(n)]
+    known = [v for row in rel for v in row if v is not None]
+    low = min(known + [0.9])
+    im = ax.imshow([[float("nan") if v is None else v for v in row] for row in rel],
+                   cmap="Blues", vmin=low - 0.02, vmax=1.0)
+    for i in range(n):
+        for j in range(n):
+            v, r = cross.speedup[i][j], rel[i][j]
+            text = "not\nevaluated" if v is None else f"{v:.2f}×\n{100 * r:.1f}%"
+            dark = r is not None and r > low + 0.6 * (1.0 - low)
+            ax.text(j, i, text, ha="center", va="center", fontsize=8.5,
+                    fontweight="bold" if i == j else "normal",
+                    color="#777" if v is None else ("white" if dark else "#111"))
+    ax.set_xticks(range(n), cross.hardware_ids, rotation=15, ha="right")
+    ax.set_yticks(range(n), [f"{hw}\nbest {sid}" for hw, sid in
+                             zip(cross.hardware_ids, cross.best_spec_ids, strict=True)])
+    ax.set_xlabel("evaluated on")
+    ax.set_ylabel("best subnet of")
+    ax.grid(False)
+    fig.colorbar(im, ax=ax, shrink=0.8, label="share of that hardware's best speedup")
+    ax.set_title("The best draft depends on the hardware", loc="left")
+    return fig

@@ -1,0 +1,90 @@
+"""What the other stages measured, as report values: per-position acceptance
+(acceptance/<dataset-id>.csv), the latency predictor's held-out quality
+(latency/<hardware-id>/predictor.json) and the AIFD entropy curve (run.json `aifd`).
+
+Each is optional: a run without it gets None (or no curves) and the report leaves its figure out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.reports import layout
+from dreams_nas.reports.reading import integer, num, read_csv, read_json_object
+from dreams_nas.reports.values import AcceptanceCurve, AifdInfo, HoldoutPoint, PredictorInfo
+
+
+def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str | None,
+                    trials_tau: Mapping[str, float]
+                    ) -> tuple[str | None, tuple[AcceptanceCurve, ...]]:
+    """Per-position acceptance curves of `spec_ids` from the acceptance CSV that covers them best.
+
+    Among several datasets, the one whose τ matches the search's τ for the most front subnets
+    wins (the search scored on it), then the one covering most of them.
+    """
+    base = layout.acceptance_dir(run_dir)
+    if not base.is_dir() or not spec_ids:
+        return None, ()
+    wanted = set(spec_ids)
+    best_key, best_choice = None, (None, ())
+    for path in sorted(base.glob("*.csv")):
+        curves: dict[str, AcceptanceCurve] = {}
+        for row in read_csv(path):
+            sid = (row.get("spec_id") or "").strip()
+            if sid not in wanted:
+                continue
+            if supernet_hash and row.get("supernet_hash") != supernet_hash:
+                continue
+            gamma = integer(row.get("draft_len")) or 0
+            rates = [num(row.get(f"accept_rate_{i}")) for i in range(1, gamma + 1)]
+            rates = [r for r in rates if r is not None]
+            if rates:
+                curves[sid] = AcceptanceCurve(sid, tuple(rates), num(row.get("tau")))
+        matched = sum(1 for sid, c in curves.items()
+                      if c.tau is not None and sid in trials_tau
+                      and abs(c.tau - trials_tau[sid]) <= 1e-6 * max(1.0, abs(c.tau)))
+        key = (matched, len(curves))
+        if curves and (best_key is None or key > best_key):
+            best_key = key
+            # The file's stem is its dataset id (layout.acceptance_csv).
+            best_choice = (path.stem, tuple(curves[s] for s in spec_ids if s in curves))
+    return best_choice
+
+
+def load_predictor(run_dir: Path, hardware_id: str) -> PredictorInfo | None:
+    raw = read_json_object(layout.predictor_json(run_dir, hardware_id))
+    if raw is None:
+        return None
+    metrics = raw.get("metrics") or {}
+    points = []
+    for item in raw.get("holdout") or []:
+        m, p = num(item.get("measured_ms")), num(item.get("predicted_ms"))
+        if m is not None and p is not None:
+            points.append(HoldoutPoint(str(item.get("kind") or "?"), item.get("spec_id"), m, p))
+    return PredictorInfo(
+        regressor=str(raw.get("regressor") or "?"),
+        mape=num(metrics.get("mape")), rmse=num(metrics.get("rmse")),
+        within_10pct=num(metrics.get("within_10pct")),
+        kendall_tau=num(metrics.get("kendall_tau")),
+        n_train=integer(raw.get("n_train")), n_holdout=integer(raw.get("n_holdout")),
+        holdout=tuple(points),
+    )
+
+
+def load_aifd(run: Mapping[str, Any]) -> AifdInfo | None:
+    """run.json's `aifd` block; None without one, or when its lists do not line up."""
+    raw = run.get("aifd")
+    if not isinstance(raw, Mapping):
+        return None
+    layers = [integer(v) for v in raw.get("layers") or []]
+    ae = [num(v) for v in raw.get("ae") or []]
+    delta = [num(v) for v in raw.get("delta_ae") or []]
+    chosen = [integer(v) for v in raw.get("chosen") or []]
+    if not ae or len(layers) != len(ae) or len(delta) != len(ae):
+        return None
+    if any(v is None for v in (*layers, *ae, *delta, *chosen)):
+        return None
+    return AifdInfo(tuple(layers), tuple(ae), tuple(delta), tuple(chosen),
+                    str(raw.get("rule") or ""))
