@@ -15,6 +15,8 @@ from dreams_nas.reports import layout
 from dreams_nas.reports.figures import RenderedFigure
 from dreams_nas.reports.values import ReportData
 
+# In this file's templates a backslash at a line's end joins the next line to it (no line break
+# in the page): long rules and tags stay within 100 columns without changing the output.
 CSS = """
 :root { --ink:#1d2330; --muted:#5f6878; --line:#e2e5ea; --bg:#f6f7f9; --accent:#d62728;
         --card:#ffffff; --front:#eef3fb; }
@@ -30,10 +32,14 @@ header .meta { color:#c9cfda; font-size:12.5px; display:flex; flex-wrap:wrap; ga
 header .meta b { color:#fff; font-weight:600; }
 section { margin:16px 0; }
 h2 { font-size:16px; margin:0 0 8px; }
-.top { display:grid; grid-template-columns:minmax(290px, 350px) 1fr; gap:16px; align-items:start; }
-.panel { background:var(--card); border:1px solid var(--line); border-radius:8px; padding:12px 14px; }
-.card h2 { font-size:12px; text-transform:uppercase; letter-spacing:.8px; color:var(--muted); margin:0; }
-.card .spec { font:600 21px/1.3 ui-monospace, "DejaVu Sans Mono", Menlo, monospace; margin:2px 0 4px; }
+.top { display:grid; grid-template-columns:minmax(290px, 350px) 1fr; gap:16px; \
+align-items:start; }
+.panel { background:var(--card); border:1px solid var(--line); border-radius:8px; \
+padding:12px 14px; }
+.card h2 { font-size:12px; text-transform:uppercase; letter-spacing:.8px; color:var(--muted); \
+margin:0; }
+.card .spec { font:600 21px/1.3 ui-monospace, "DejaVu Sans Mono", Menlo, monospace; \
+margin:2px 0 4px; }
 .card .fields { color:var(--muted); font-size:12.5px; margin-bottom:10px; }
 .big { display:grid; grid-template-columns:1fr 1fr; gap:8px; margin-bottom:10px; }
 .big div { background:var(--bg); border-radius:6px; padding:6px 10px; }
@@ -53,13 +59,15 @@ figure svg.fig { width:100%; height:auto; display:block; }
 figcaption { font-size:12px; color:var(--muted); margin-top:4px; }
 .grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(520px, 1fr)); gap:16px; }
 table.front { width:100%; border-collapse:collapse; font-size:13px; background:var(--card); }
-table.front th, table.front td { padding:5px 8px; border-bottom:1px solid var(--line); text-align:right;
+table.front th, table.front td { padding:5px 8px; border-bottom:1px solid var(--line); \
+text-align:right;
           white-space:nowrap; font-variant-numeric:tabular-nums; }
 table.front th { position:sticky; top:0; background:#eceff3; cursor:pointer; user-select:none; }
 table.front th:hover { background:#e1e6ee; }
 table.front th[aria-sort=ascending]::after { content:" \\25B2"; font-size:10px; }
 table.front th[aria-sort=descending]::after { content:" \\25BC"; font-size:10px; }
-table.front td.id, table.front th.id { text-align:left; font-family:ui-monospace, "DejaVu Sans Mono", monospace; }
+table.front td.id, table.front th.id { text-align:left; \
+font-family:ui-monospace, "DejaVu Sans Mono", monospace; }
 table.front td.cmd { text-align:left; }
 table.front td.cmd code { font-size:11.5px; color:#333; }
 table.front tr.best td { background:#fdecec; font-weight:600; }
@@ -68,7 +76,8 @@ table.front tr.best td { background:#fdecec; font-weight:600; }
        color:#333; font-weight:500; }
 .tag.best { background:var(--accent); color:#fff; }
 footer { color:var(--muted); font-size:12px; margin-top:24px; }
-@media (max-width: 980px) { .top { grid-template-columns:1fr; } .grid { grid-template-columns:1fr; } }
+@media (max-width: 980px) { .top { grid-template-columns:1fr; } \
+.grid { grid-template-columns:1fr; } }
 """
 
 # Click a header to sort by it (again to reverse); numbers sort numerically, blanks last.
@@ -79,7 +88,8 @@ document.querySelectorAll("table.sortable th").forEach(function (th) {
     var asc = th.getAttribute("aria-sort") !== "ascending";
     th.parentNode.querySelectorAll("th").forEach(function (h) { h.removeAttribute("aria-sort"); });
     th.setAttribute("aria-sort", asc ? "ascending" : "descending");
-    var key = function (r) { var v = r.cells[i].dataset.v; return num ? (v === "" ? NaN : +v) : v; };
+    var key = function (r) { var v = r.cells[i].dataset.v; \
+return num ? (v === "" ? NaN : +v) : v; };
     Array.from(body.rows).sort(function (a, b) {
       var x = key(a), y = key(b);
       if (num && isNaN(x) !== isNaN(y)) { return isNaN(x) ? 1 : -1; }
@@ -134,7 +144,8 @@ def _header(data: ReportData) -> str:
         t.get("family"), f"{t['num_layers']} layers" if t.get("num_layers") else None,
         f"hidden {t['hidden_size']}" if t.get("hidden_size") else None) if x)
     hw_bits = ", ".join(_e(x) for x in (
-        hw.get("kind"), f"{hw['memory_gb']:g} GB" if isinstance(hw.get("memory_gb"), int | float) else None,
+        hw.get("kind"),
+        f"{hw['memory_gb']:g} GB" if isinstance(hw.get("memory_gb"), int | float) else None,
         f"CUDA {hw['cuda']}" if hw.get("cuda") else None,
         f"driver {hw['driver']}" if hw.get("driver") else None,
         f"{hw['threads']} threads" if hw.get("threads") else None, hw.get("dtype")) if x)
@@ -142,15 +153,18 @@ def _header(data: ReportData) -> str:
     if data.supernet_params:
         supernet += f" ({data.supernet_params / 1e6:.2f} M params)"
     versions = ", ".join(f"{_e(k)} {_e(v)}" for k, v in data.versions.items()
-                         if k in {"dreams-nas", "torch", "transformers", "optuna", "scikit-learn", "python"})
+                         if k in {"dreams-nas", "torch", "transformers", "optuna", "scikit-learn",
+                                  "python"})
     searched = len(data.subnets)
     return f"""<header><div class="inner">
-<h1>dreams-nas report · {target} on <span class="hw">{_e(hw.get("name") or data.hardware_id)}</span></h1>
+<h1>dreams-nas report · {target} on \
+<span class="hw">{_e(hw.get("name") or data.hardware_id)}</span></h1>
 <div class="meta">
 <span>target <b>{target}</b>{f" ({target_bits})" if target_bits else ""}</span>
 <span>supernet <b>{supernet}</b></span>
 <span>hardware <b>{_e(data.hardware_id)}</b>{f" ({hw_bits})" if hw_bits else ""}</span>
-<span>search <b>{_e(data.best.method)}</b>, objective {_e(data.best.objective)}, {_n(searched, "subnet")}, front {len(data.front)}</span>
+<span>search <b>{_e(data.best.method)}</b>, objective {_e(data.best.objective)}, \
+{_n(searched, "subnet")}, front {len(data.front)}</span>
 <span>searched {_e(_when(data.best.created))} · report {_e(data.generated)}</span>
 <span>{versions}</span>
 </div></div></header>"""
@@ -186,10 +200,13 @@ def _best_card(data: ReportData) -> str:
     return f"""<div class="panel card" id="best">
 <h2>Best subnet · {_e(data.hardware_id)}</h2>
 <div class="spec">{_e(b.spec_id)}</div>
-<div class="fields">heads {b.heads} · visual_keep {b.visual_keep:.2f} · inject_layer {b.inject_layer} · draft_len γ={b.draft_len}</div>
+<div class="fields">heads {b.heads} · visual_keep {b.visual_keep:.2f} · \
+inject_layer {b.inject_layer} · draft_len γ={b.draft_len}</div>
 <div class="big">
-<div class="pred"><div class="v" id="best-predicted">{b.predicted_speedup:.2f}×</div><div class="l">predicted speedup</div></div>
-<div class="meas"><div class="v" id="best-measured">{measured}</div><div class="l">measured (decode phase)</div></div>
+<div class="pred"><div class="v" id="best-predicted">{b.predicted_speedup:.2f}×</div>\
+<div class="l">predicted speedup</div></div>
+<div class="meas"><div class="v" id="best-measured">{measured}</div>\
+<div class="l">measured (decode phase)</div></div>
 </div>
 <table class="kv">{kv}</table>{gap_text}
 <pre class="cmd">{_e(generate_command(data, b.spec_id))}</pre>{exported}
@@ -222,25 +239,31 @@ def _front_table(data: ReportData) -> str:
         is_best = s.spec_id == data.best.spec_id
         tag = ' <span class="tag best">best</span>' if is_best else ""
         m = measured.get(s.spec_id)
-        ci = f"{s.tau_lo:.2f}–{s.tau_hi:.2f}" if s.tau_lo is not None and s.tau_hi is not None else "–"
+        ci = (f"{s.tau_lo:.2f}–{s.tau_hi:.2f}"
+              if s.tau_lo is not None and s.tau_hi is not None else "–")
         cmd = _e(generate_command(data, s.spec_id))
         if s.spec_id not in data.exported_specs:
-            cmd += ' <span class="tag" title="no specs/&lt;id&gt;/spec.json in the run">not exported</span>'
+            cmd += (' <span class="tag" title="no specs/&lt;id&gt;/spec.json in the run">'
+                    'not exported</span>')
         rows.append(
             f'<tr{" class=best" if is_best else ""} data-spec="{_e(s.spec_id)}">'
             + cell(s.spec_id, _e(s.spec_id) + tag, "id") + cell(s.heads, str(s.heads))
-            + cell(s.visual_keep, f"{s.visual_keep:.2f}") + cell(s.inject_layer, str(s.inject_layer))
+            + cell(s.visual_keep, f"{s.visual_keep:.2f}")
+            + cell(s.inject_layer, str(s.inject_layer))
             + cell(s.draft_len, str(s.draft_len)) + cell(s.speedup, f"{s.speedup:.3f}")
             + cell(m, _f(m, ".3f")) + cell(s.tau, f"{s.tau:.2f}") + cell(s.tau_lo, ci)
             + cell(s.draft_ms, f"{s.draft_ms:.2f}") + cell(s.verify_ms, _f(s.verify_ms))
             + cell(s.draft_params / 1e6 if s.draft_params else None,
                    _f(s.draft_params / 1e6 if s.draft_params else None, ".2f"))
             + cell(s.spec_id, f"<code>{cmd}</code>", "cmd") + "</tr>")
-    return f"""<section id="front"><h2>Pareto front ({len(data.front)} of {_n(len(data.subnets), "subnet")})</h2>
+    return f"""<section id="front">\
+<h2>Pareto front ({len(data.front)} of {_n(len(data.subnets), "subnet")})</h2>
 <div class="scroll"><table class="front sortable" id="front-table"><thead><tr>{head}</tr></thead>
 <tbody>{"".join(rows)}</tbody></table></div>
-<p class="note">Click a column to sort. Speedup is predicted: τ · T_decode / ((γ − 1) · T_draft + T_draft_first + T_verify);
-measured where the subnet was verified end to end. All trials: search/{_e(data.hardware_id)}/trials.csv.</p>
+<p class="note">Click a column to sort. Speedup is predicted: \
+τ · T_decode / ((γ − 1) · T_draft + T_draft_first + T_verify);
+measured where the subnet was verified end to end. \
+All trials: search/{_e(data.hardware_id)}/trials.csv.</p>
 </section>"""
 
 
@@ -249,18 +272,26 @@ def _cross_table(data: ReportData) -> str:
     if cross is None:
         return ""
     head = "".join(f'<th data-type="num">on {_e(hw)}</th>' for hw in cross.hardware_ids)
+
+    def share(i: int, j: int, v: float | None) -> str:
+        # Off the diagonal, in brackets: the share of hardware j's own best.
+        if v is None or i == j:
+            return ""
+        return f" <span class=note>({100 * cross.relative(i, j):.1f}%)</span>"
+
     rows = []
     for i, (hw, sid) in enumerate(zip(cross.hardware_ids, cross.best_spec_ids, strict=True)):
         cells = "".join(
             f'<td data-v="{"" if v is None else v}">'
-            f'{"<b>" if i == j else ""}{"–" if v is None else f"{v:.2f}×"}{"</b>" if i == j else ""}'
-            f'{"" if v is None or i == j else f" <span class=note>({100 * cross.relative(i, j):.1f}%)</span>"}</td>'
+            f'{"<b>" if i == j else ""}{"–" if v is None else f"{v:.2f}×"}'
+            f'{"</b>" if i == j else ""}{share(i, j, v)}</td>'
             for j, v in enumerate(cross.speedup[i]))
         rows.append(f'<tr><td class="id" data-v="{_e(hw)}">{_e(hw)}</td>'
                     f'<td class="id" data-v="{_e(sid)}">{_e(sid)}</td>{cells}</tr>')
     return f"""<section id="cross"><h2>Best subnet per hardware</h2>
 <div class="scroll"><table class="front sortable" id="cross-table"><thead><tr>
-<th data-type="str" class="id">hardware</th><th data-type="str" class="id">its best subnet</th>{head}
+<th data-type="str" class="id">hardware</th>\
+<th data-type="str" class="id">its best subnet</th>{head}
 </tr></thead><tbody>{"".join(rows)}</tbody></table></div>
 <p class="note">Expected speedup of each hardware's best subnet on every searched hardware,
 looked up in that hardware's trials.csv (– where it was not evaluated there); in brackets, the

@@ -1,7 +1,10 @@
-"""dreams_nas.supernet: what a subnet is, the target adapter, the elastic draft and decoding.
+"""dreams_nas.supernet: what a subnet is, the target adapter, the elastic draft, decoding,
+training, acceptance scoring, prompt data and the built-in demo target.
 
-Names are imported lazily so that light uses (specs, the run folder, the CLI's --help)
-never pay for importing torch.
+Rooms, bottom to top (a room imports only those below it; `lint-imports` holds this):
+`core` (no torch), `data`, `demo`, `target`, `draft`, `decoding`, `training`, `acceptance`.
+The names below are imported lazily so that light uses (specs, the run folder, the CLI's
+--help) never pay for importing torch.
 """
 
 from __future__ import annotations

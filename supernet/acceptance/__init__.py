@@ -1,0 +1,2 @@
+"""Acceptance length tau of subnets: teacher-forced (temperature 0), sampled, and the
+append-only table that caches the rows."""

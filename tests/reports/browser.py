@@ -124,7 +124,8 @@ class Browser:
             self.errors.append(f"uncaught: {text}")
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             entry = params["entry"]
-            self.errors.append(f"log {entry.get('source')}: {entry.get('text')} {entry.get('url', '')}")
+            self.errors.append(
+                f"log {entry.get('source')}: {entry.get('text')} {entry.get('url', '')}")
 
     def _wait_event(self, method: str) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout

@@ -78,8 +78,9 @@ class Space:
         return list(product(self.heads, self.visual_keep, self.inject_layer, self.draft_len))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": 1, "heads": list(self.heads), "visual_keep": list(self.visual_keep),
-                "inject_layer": list(self.inject_layer), "draft_len": list(self.draft_len)}
+        return {"schema_version": 1, "heads": list(self.heads),
+                "visual_keep": list(self.visual_keep), "inject_layer": list(self.inject_layer),
+                "draft_len": list(self.draft_len)}
 
 
 def spec_id(h: int, v: float, lyr: int, g: int) -> str:
@@ -245,7 +246,8 @@ def write_latency(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, in
     rows = []
     for h, v, lyr, _ in {(h, v, lyr, 1) for h, v, lyr, _ in specs}:
         ms = hw.draft_base_ms + hw.per_head_ms * h + hw.per_keep_ms * v
-        rows.append({"hardware_id": hw.hardware_id, "kind": "draft", "spec_id": spec_id(h, v, lyr, 1),
+        rows.append({"hardware_id": hw.hardware_id, "kind": "draft",
+                     "spec_id": spec_id(h, v, lyr, 1),
                      "heads": h, "visual_keep": v, "inject_layer": lyr, "context_len": 640, "k": 1,
                      "median_ms": round(ms, 4), "p10_ms": round(ms * 0.97, 4),
                      "p90_ms": round(ms * 1.05, 4), "n_samples": 30, "throttled": 0,
@@ -307,7 +309,8 @@ def write_run_json(root: Path, space: Space, aifd: bool = True) -> None:
         "target": {"id": "builtin", "path": "/root/.cache/dreams-nas/demo-target",
                    "family": "llava", "num_layers": 16, "hidden_size": 192},
         "space": space.to_dict(),
-        "supernet": {"hash": SUPERNET_HASH, "config": {"hidden_size": 192, "num_attention_heads": 8},
+        "supernet": {"hash": SUPERNET_HASH,
+                     "config": {"hidden_size": 192, "num_attention_heads": 8},
                      "num_params": draft_params(8),
                      "train": {"warmup_steps": 300, "multires_steps": 900, "loss_curve": []}},
         "versions": VERSIONS, "schema_version": 1, "a_key_from_a_newer_writer": {"x": 1},

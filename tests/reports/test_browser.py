@@ -66,7 +66,8 @@ def test_report_in_headless_chromium(browser, report, tmp_path) -> None:
     for selector in ("#best", "#fig-pareto_latency"):
         rect = json.loads(browser.evaluate(
             f"JSON.stringify(document.querySelector('{selector}').getBoundingClientRect())"))
-        assert rect["top"] >= 0 and rect["bottom"] <= HEIGHT and rect["right"] <= WIDTH, (selector, rect)
+        assert rect["top"] >= 0 and rect["bottom"] <= HEIGHT and rect["right"] <= WIDTH, (
+            selector, rect)
     browser.screenshot(tmp_path / "report-first-screen.png")
 
     # Sorting: a real click on the "draft ms" header sorts ascending, a second click descending.

@@ -36,7 +36,8 @@ def test_front_and_best_match_the_search_files(cpu_run) -> None:
     # The front is listed best first.
     speedups = [s.speedup for s in data.front]
     assert speedups == sorted(speedups, reverse=True)
-    assert data.best.spec_id == best["spec_id"] == max(trials, key=lambda r: float(r["speedup"]))["spec_id"]
+    assert data.best.spec_id == best["spec_id"] == max(
+        trials, key=lambda r: float(r["speedup"]))["spec_id"]
     assert data.best_subnet is not None and data.best_subnet.on_front
     assert data.best.predicted_speedup == pytest.approx(best["predicted"]["speedup"])
     assert data.best.measured_speedup == pytest.approx(best["measured"]["speedup"])
@@ -50,7 +51,8 @@ def test_subnet_metrics_are_read_as_written(cpu_run) -> None:
     row = read_rows(cpu_run / "search" / CPU.hardware_id / "trials.csv")[7]
     sub = next(s for s in data.subnets if s.spec_id == row["spec_id"])
     assert (sub.heads, sub.visual_keep, sub.inject_layer, sub.draft_len) == (
-        int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]), int(row["draft_len"]))
+        int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]),
+        int(row["draft_len"]))
     assert sub.speedup == pytest.approx(float(row["speedup"]))
     assert sub.tau_lo < sub.tau < sub.tau_hi
     assert sub.cycle_draft_ms == pytest.approx(
@@ -171,7 +173,8 @@ def test_torn_last_line_is_skipped(cpu_run) -> None:
 def test_missing_search_results_name_the_file_and_the_command(tmp_path) -> None:
     run = tmp_path / "run"
     run.mkdir()
-    with pytest.raises(MissingResultsError, match=r"search/<hardware-id>/trials\.csv; run `dreams-nas search`"):
+    with pytest.raises(MissingResultsError,
+                       match=r"search/<hardware-id>/trials\.csv; run `dreams-nas search`"):
         build_report_data(run)
     with pytest.raises(MissingResultsError, match="does not exist"):
         build_report_data(tmp_path / "nowhere")

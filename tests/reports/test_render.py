@@ -29,7 +29,8 @@ ALWAYS = {"pareto_latency", "pareto_params", "tau_cost"}
 KINDS = {
     "exhaustive": ({}, ALWAYS | {"acceptance", "verified", "parity", "aifd"}),
     "optuna-3hw": ({"optuna": True, "hardware": (CPU, H100, A10G)},
-                   ALWAYS | {"acceptance", "verified", "parity", "aifd", "history", "cross_hardware"}),
+                   ALWAYS | {"acceptance", "verified", "parity", "aifd", "history",
+                             "cross_hardware"}),
     "bare": ({"aifd": False, "predictor": False, "measured": False, "acceptance": False}, ALWAYS),
 }
 
@@ -88,7 +89,8 @@ def test_best_card_and_front_table(rendered) -> None:
     lo, hi = data.best.tau_ci
     assert f"[{lo:.2f}, {hi:.2f}]" in card
     assert f"{data.best.draft_ms:.2f} ms" in card and f"{data.best.verify_ms:.2f} ms" in card
-    table = page[page.index('id="front-table"'):page.index("</table>", page.index('id="front-table"'))]
+    start = page.index('id="front-table"')
+    table = page[start:page.index("</table>", start)]
     rows = re.findall(r'<tr[^>]*data-spec="([^"]+)"', table)
     assert rows == [s.spec_id for s in data.front]
     assert re.search(rf'<tr class=best data-spec="{re.escape(data.best.spec_id)}"', table)
@@ -99,11 +101,13 @@ def test_best_card_and_front_table(rendered) -> None:
 
 def test_cross_hardware_table(rendered) -> None:
     _, page, data = rendered["optuna-3hw"]
-    table = page[page.index('id="cross-table"'):page.index("</table>", page.index('id="cross-table"'))]
+    start = page.index('id="cross-table"')
+    table = page[start:page.index("</table>", start)]
     for hw, sid in zip(data.cross_hardware.hardware_ids, data.cross_hardware.best_spec_ids,
                        strict=True):
         assert f">{hw}</td>" in table and f">{sid}</td>" in table
-    assert "cross_table" not in rendered["exhaustive"][1] and 'id="cross-table"' not in rendered["exhaustive"][1]
+    exhaustive_page = rendered["exhaustive"][1]
+    assert "cross_table" not in exhaustive_page and 'id="cross-table"' not in exhaustive_page
 
 
 def test_single_subnet_run_renders_and_is_deterministic(tmp_path) -> None:
