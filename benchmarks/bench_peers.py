@@ -39,8 +39,8 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
         RunModels,
         load_eval_examples,
         resolve_hardware,
-        torch_threads,
     )
+    from dreams_nas.supernet.core.device import torch_threads
     from dreams_nas.supernet.core.progress import progress
     from dreams_nas.supernet.core.runfolder import RunFolder
     from peers import (

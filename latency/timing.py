@@ -22,13 +22,12 @@ flag when the clock dropped or the driver reported a slowdown reason during the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.device import torch_threads
 
 
 class ClockProbe(Protocol):
@@ -63,24 +62,6 @@ class Timing:
     @property
     def p90_ms(self) -> float:
         return float(np.percentile(self.samples_ms, 90))
-
-
-@contextmanager
-def fixed_threads(threads: int | None) -> Iterator[None]:
-    """Run with exactly `threads` torch intra-op threads, restoring the previous count."""
-    import torch
-
-    if threads is None:
-        yield
-        return
-    if threads < 1:
-        raise InputError(f"--threads {threads} must be at least 1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(int(threads))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def measure(
@@ -119,7 +100,7 @@ def measure(
             f"threads={threads}; use clock='wall'"
         )
     timer = _time_thread if clock == "cpu" else _time_cpu
-    with fixed_threads(None if on_cuda else threads):
+    with torch_threads(None if on_cuda else threads):
         for _ in range(warmup):
             _prepare(prepare, on_cuda, device)
             step()

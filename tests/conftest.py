@@ -1,4 +1,6 @@
-"""Shared fixtures. Tests build tiny models from configs and never touch the network."""
+"""Shared fixtures. Tests build tiny models from configs and never touch the network; the
+builders live in the package `_support` (tests/_support), imported where they are used so that
+collecting torch-free tests stays quick."""
 
 from __future__ import annotations
 
@@ -36,31 +38,19 @@ def run_dir(tmp_path):
     return RunFolder(tmp_path / "dreams-run")
 
 
-def _tiny_models():
-    """tests/supernet/tiny_models.py as the module `tiny_models` (tiny VLMs of every family)."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    if "tiny_models" not in sys.modules:
-        path = Path(__file__).parent / "supernet" / "tiny_models.py"
-        spec = importlib.util.spec_from_file_location("tiny_models", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["tiny_models"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["tiny_models"]
-
-
 @pytest.fixture(scope="session")
 def tiny_vlm():
-    """tiny_vlm(family) -> (model, processor): a random tiny VLM, built once per session.
+    """tiny_vlm(family) -> (model, processor): a random tiny VLM (`_support.models`), built once
+    per session.
 
-    Families: llava, llava_next, pixtral, idefics3, smolvlm, qwen2_vl, qwen2_5_vl."""
+    Families: llava, llava_next, pixtral, mistral3, idefics3, smolvlm, qwen2_vl, qwen2_5_vl."""
+    from _support.models import build_tiny_vlm
+
     built: dict = {}
 
     def get(family: str = "llava"):
         if family not in built:
-            built[family] = _tiny_models().build_tiny_vlm(family)
+            built[family] = build_tiny_vlm(family)
         return built[family]
 
     return get
@@ -83,5 +73,17 @@ def tiny_target(tiny_vlm):
 
 @pytest.fixture(scope="session")
 def tiny_models():
-    """The tests/supernet/tiny_models.py module (build_tiny_vlm, save_tiny_vlm, tiny_image, PROMPTS)."""
-    return _tiny_models()
+    """The `_support.models` module (build_tiny_vlm, save_tiny_vlm, tiny_image, PROMPTS)."""
+    from _support import models
+
+    return models
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for the whole module, module-scoped fixtures included (use it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`); the thread count is restored after."""
+    from _support.threads import one_torch_thread
+
+    with one_torch_thread():
+        yield

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,16 +129,6 @@ def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
     from dreams_nas.supernet.data.prompts import load_examples
 
     return load_examples(data, "eval", limit, DEFAULT_EVAL_PROMPTS, seed, "--limit")
-
-
-def torch_threads(n: int | None) -> AbstractContextManager[None]:
-    """Run with `n` torch CPU threads (None: leave as is), restored afterwards.
-
-    Small drafts on a busy CPU run many times faster on one thread: OpenMP workers spin
-    waiting for each other when other processes hold the cores."""
-    from dreams_nas.latency.timing import fixed_threads
-
-    return fixed_threads(n)
 
 
 class RunModels:

@@ -32,10 +32,9 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
         dataset_id,
         read_specs,
         supernet_hash,
-        torch_threads,
     )
     from dreams_nas.supernet.acceptance.table import AcceptanceTable
-    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.core.device import resolve_device, torch_threads
 
     start = time.perf_counter()
     if options.temperature < 0:

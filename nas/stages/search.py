@@ -59,11 +59,10 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         load_latency,
         resolve_hardware,
         supernet_hash,
-        torch_threads,
     )
     from dreams_nas.nas.stages.train import ensure_supernet, trained_supernet
     from dreams_nas.supernet.acceptance.table import AcceptanceTable
-    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.core.device import resolve_device, torch_threads
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it all
     if options.trials is not None and options.trials < 1:
@@ -145,8 +144,8 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
                 hardware: dict[str, Any]
                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
     """Measure the best subnet and the top of the front end to end against plain decoding."""
-    from dreams_nas.nas.stages.inputs import torch_threads
     from dreams_nas.nas.stages.verify import gap_warning, measure_end_to_end
+    from dreams_nas.supernet.core.device import torch_threads
 
     if options.verify == 0:
         return None, [], []

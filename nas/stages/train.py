@@ -114,10 +114,11 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import train_run
 
+    config = options.config()  # bad settings fail here, before the (slow) target load
     device = resolve_device(options.device)
     if examples is None:
         examples = load_examples(options.data, options.n_train, options.seed)
     target = TargetAdapter.load(options.target, device=device)
-    return train_run(run, target, examples, options.config(), num_heads=options.heads,
+    return train_run(run, target, examples, config, num_heads=options.heads,
                      max_new_tokens=options.max_new_tokens, distill=options.distill,
                      device=device, show_progress=options.show_progress)

@@ -6,6 +6,8 @@ torch is imported only when a device is resolved, so that `supernet.core` stays 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dreams_nas.supernet.core.errors import InputError
 
@@ -43,3 +45,25 @@ def resolve_device(text: str | None) -> str:
             f"{', '.join(existing)} ({seen}); pick one of them (or --device auto)"
         )
     return value
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with exactly `threads` torch intra-op CPU threads (None: leave as is), restoring the
+    previous count afterwards.
+
+    Small models on a busy CPU often run faster on one thread: OpenMP workers spin waiting for
+    each other when other processes hold the cores."""
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise InputError(f"--threads {threads} must be at least 1")
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

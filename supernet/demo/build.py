@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dreams_nas.supernet.core.device import torch_threads
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json
 from dreams_nas.supernet.core.progress import progress as progress_bar
@@ -89,12 +90,15 @@ def build_demo_target(
     match (greedy, on the eval split), parameter count, decode-step times of the target and of
     one- and three-layer draft-sized models, build time.
     """
+    with torch_threads(threads):
+        return _build(Path(out_dir), get_variant(variant), seed, progress)
+
+
+def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str, Any]:
     import torch
     from transformers import LlavaForConditionalGeneration
 
-    spec = get_variant(variant)
-    if threads is not None:
-        torch.set_num_threads(threads)
+    variant = spec.name
     start = time.perf_counter()
     processor = build_processor()
     grow = spec.grow_from_layers > 0 and spec.finetune is not None
@@ -145,7 +149,6 @@ def build_demo_target(
     generate_check = _generate_check(model, processor, eval_samples[: len(TASKS)])
     timing = measure_decode_steps(model, processor, repeats=spec.timing_repeats)
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.pad_token_id = processor.tokenizer.pad_token_id
     model.save_pretrained(out)

@@ -5,29 +5,11 @@ from __future__ import annotations
 import pytest
 
 
-def save_tiny_llava(folder) -> str:
-    """A real LlavaForConditionalGeneration (hidden 32, 2 layers, 16x16 images, 4 visual tokens)."""
-    import torch
-    from transformers import (
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
-
-    torch.manual_seed(0)
-    text = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=4, vocab_size=96, max_position_embeddings=512)
-    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                              num_attention_heads=2, image_size=16, patch_size=8)
-    model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision,
-                                                      image_token_index=95))
-    model.save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.fixture(scope="session")
 def tiny_llava(tmp_path_factory) -> str:
+    """The folder of a saved tiny LLaVA (2 layers, 4 visual tokens, no processor)."""
+    from _support.models import save_tiny_llava
+
     return save_tiny_llava(tmp_path_factory.mktemp("tiny-llava"))
 
 

@@ -41,7 +41,8 @@ def test_without_nvml_the_identity_is_the_cpu(no_nvml) -> None:
 
 
 def test_thread_count_is_part_of_the_cpu_id() -> None:
-    assert detect_hardware("cpu", threads=1).hardware_id != detect_hardware("cpu", threads=2).hardware_id
+    one, two = detect_hardware("cpu", threads=1), detect_hardware("cpu", threads=2)
+    assert one.hardware_id != two.hardware_id
 
 
 def test_cpu_identity_counts_physical_cores(tmp_path) -> None:

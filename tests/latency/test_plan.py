@@ -55,14 +55,18 @@ def test_every_draft_point_is_also_timed_after_a_verify(budget) -> None:
     assert first == draft  # the same points (same budget, same Latin hypercube), k = 1
     assert len(draft) == resolve_budget(budget, 80)  # the budget counts draft points
     assert len({k.ident for k in keys}) == len(keys)
-    assert StepKey("draft_first", 64, 1, draft[0][0]).ident == ("draft_first", draft[0][0].id, 64, 1)
+    spec = draft[0][0]
+    assert StepKey("draft_first", 64, 1, spec).ident == ("draft_first", spec.id, 64, 1)
     with pytest.raises(InputError, match="a draft_first step needs subnet spec"):
         StepKey("draft_first", 64)
 
 
 def test_plan_is_deterministic_per_seed() -> None:
-    assert build_plan(SPACE, CONTEXTS, budget=25, seed=1) == build_plan(SPACE, CONTEXTS, budget=25, seed=1)
-    assert build_plan(SPACE, CONTEXTS, budget=25, seed=1) != build_plan(SPACE, CONTEXTS, budget=25, seed=2)
+    def plan(seed):
+        return build_plan(SPACE, CONTEXTS, budget=25, seed=seed)
+
+    assert plan(1) == plan(1)
+    assert plan(1) != plan(2)
 
 
 def test_latin_hypercube_never_repeats_a_point() -> None:
@@ -76,7 +80,8 @@ def test_bad_budgets_and_contexts() -> None:
         build_plan(SPACE, CONTEXTS, budget="lots")
     with pytest.raises(InputError, match=r"--budget -3 must be a positive count"):
         build_plan(SPACE, CONTEXTS, budget=-3)
-    with pytest.raises(InputError, match=r"fewer than the 10 that the largest and smallest subnets"):
+    with pytest.raises(InputError,
+                       match=r"fewer than the 10 that the largest and smallest subnets"):
         build_plan(SPACE, CONTEXTS, budget=4)
     with pytest.raises(InputError, match=r"--context-lengths \[0, 64\] must be positive"):
         build_plan(SPACE, [0, 64])

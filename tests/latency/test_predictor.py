@@ -22,7 +22,8 @@ from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import Ridge
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-SMALL = [("ridge", Ridge(alpha=1.0)), ("forest", RandomForestRegressor(n_estimators=5, random_state=0))]
+SMALL = [("ridge", Ridge(alpha=1.0)),
+         ("forest", RandomForestRegressor(n_estimators=5, random_state=0))]
 
 
 @parametrize_with_checks([CVSelectedRegressor(candidates=SMALL, cv=3)])
@@ -38,8 +39,9 @@ def synthetic_rows(visual_tokens: int = 32, noise: float = 0.0, seed: int = 0) -
         for heads in (1, 2, 3, 4):
             for keep in (0.25, 0.5, 0.75, 1.0):
                 att = ctx - visual_tokens * (1 - keep)
-                rows.append({"kind": "draft", "heads": heads, "visual_keep": keep, "context_len": ctx,
-                             "k": 1, "median_ms": 0.4 + 0.05 * heads + 0.0004 * heads * att})
+                rows.append({"kind": "draft", "heads": heads, "visual_keep": keep,
+                             "context_len": ctx, "k": 1,
+                             "median_ms": 0.4 + 0.05 * heads + 0.0004 * heads * att})
         for k in range(1, 9):
             rows.append({"kind": "decode" if k == 1 else "verify", "heads": np.nan,
                          "visual_keep": np.nan, "context_len": ctx, "k": k,
@@ -77,7 +79,8 @@ def test_pipeline_fits_log_latency_and_is_accurate_on_held_out_rows() -> None:
     train, hold = holdout_split(rows, 0.7, seed=0)
     model = make_latency_model(visual_tokens=32).fit(rows[train], rows.median_ms[train])
     metrics = latency_metrics(rows.median_ms[hold], model.predict(rows[hold]))
-    assert metrics["mape"] < 0.03 and metrics["within_10pct"] > 0.97 and metrics["kendall_tau"] > 0.9
+    assert (metrics["mape"] < 0.03 and metrics["within_10pct"] > 0.97
+            and metrics["kendall_tau"] > 0.9)
     selector = model.named_steps["regressor"].regressor_
     assert set(selector.cv_scores_) == {"ridge", "ridge_poly2", "ridge_poly3", "gradient_boosting",
                                         "random_forest"}
@@ -157,7 +160,8 @@ def test_predict_ms_answers_every_kind_the_search_asks_for() -> None:
         pred.predict_ms("prefill", None, 144, 1)
 
 
-def test_a_different_sklearn_version_refits_from_the_saved_rows(tmp_path, monkeypatch, caplog) -> None:
+def test_a_different_sklearn_version_refits_from_the_saved_rows(tmp_path, monkeypatch,
+                                                                 caplog) -> None:
     rows = synthetic_rows(noise=0.01)
     LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
     doc = json.loads((tmp_path / "predictor.json").read_text())

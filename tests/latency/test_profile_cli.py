@@ -15,7 +15,8 @@ from dreams_nas.latency.store import ProfileStore, make_row
 from dreams_nas.latency.timing import Timing
 from dreams_nas.nas import cli
 
-FAST = ["--device", "cpu", "--threads", "1", "--repeats", "3", "--context-lengths", "12", "20", "36"]
+FAST = ["--device", "cpu", "--threads", "1", "--repeats", "3",
+        "--context-lengths", "12", "20", "36"]
 
 
 def _profile_dir(run):
@@ -24,7 +25,8 @@ def _profile_dir(run):
 
 
 def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> None:
-    code = cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST])
+    profile = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]
+    code = cli.main(profile)
     summary = json.loads(capsys.readouterr().out)
     assert code == 0
     assert {"mape", "rmse", "within_10pct", "kendall_tau"} <= set(summary)
@@ -35,7 +37,8 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     assert set(rows.status) == {"ok"} and (rows.median_ms > 0).all()
     assert sorted(set(rows.heads[rows.kind == "draft"])) == [1, 4]
     first = rows[rows.kind == "draft_first"]
-    assert sorted(first.spec_id) == sorted(rows.spec_id[rows.kind == "draft"]) and (first.k == 1).all()
+    assert sorted(first.spec_id) == sorted(rows.spec_id[rows.kind == "draft"])
+    assert (first.k == 1).all()
     hw = json.loads((folder / "hardware.json").read_text())
     assert hw["kind"] == "cpu" and hw["threads"] == 1 and hw["hardware_id"].endswith("-1t")
     doc = json.loads((folder / "predictor.json").read_text())
@@ -44,14 +47,14 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     run_json = small_run.read_run()
     assert run_json["target"]["family"] == "llava" and run_json["target"]["num_layers"] == 2
     # A rerun times nothing new; --fit-only refits from the profile alone.
-    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--json", *FAST]) == 0
+    assert cli.main(profile) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["measured"] == 0 and again["resumed"] == 48 and again["rows"] == 48
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--json", *FAST]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 48
     # the same profile cannot grow rows timed with another clock
-    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava, "--clock", "cpu",
-                     *FAST]) == 2
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava,
+                     "--clock", "cpu", *FAST]) == 2
     assert "was timed with --clock wall, this run asks for --clock cpu" in capsys.readouterr().err
     # --fit-only with another thread count names what is profiled
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
@@ -114,7 +117,8 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     partial = len(store.read())
     total = 2 * (2 * 2 * 3) + 3 + 3 * 7  # drafts hot and after a verify, decode, verify
     assert 5 <= partial < total
-    done = subprocess.run(argv + ["--json", "--holdout", "0"], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv + ["--json", "--holdout", "0"], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     rows = store.read()
@@ -131,7 +135,8 @@ def test_profile_on_the_gpu(small_run, tiny_llava, capsys) -> None:
     summary = json.loads(capsys.readouterr().out)
     folder, store = _profile_dir(small_run)
     hw = json.loads((folder / "hardware.json").read_text())
-    assert hw["kind"] == "cuda" and hw["dtype"] == "bfloat16" and summary["hardware_id"] == hw["hardware_id"]
+    assert hw["kind"] == "cuda" and hw["dtype"] == "bfloat16"
+    assert summary["hardware_id"] == hw["hardware_id"]
     rows = store.read()
     assert len(rows) == 2 * 2 * 2 + 2 + 2 * 7 and set(rows.status) == {"ok"}
     assert set(rows.clock) == {"cuda-events"}

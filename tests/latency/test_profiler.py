@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import pytest
+from _support.latency import ToyBuilder
 from dreams_nas.latency.hardware import detect_hardware
 from dreams_nas.latency.plan import build_plan
 from dreams_nas.latency.profiler import TimingSettings, run_profile
 from dreams_nas.latency.store import ProfileStore
 from dreams_nas.supernet.core.space import SearchSpace
-from toy import ToyBuilder
 
 SPACE = SearchSpace(heads=(2, 8), visual_keep=(0.5, 1.0), inject_layer=(1,), draft_len=(1, 3))
 FAST = TimingSettings(warmup=1, min_repeats=2, repeats=3, budget_s=0.05, threads=1)

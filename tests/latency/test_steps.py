@@ -13,7 +13,8 @@ def _steps(tiny_llava: str, precede) -> ModelSteps:
     adapter = load_target(tiny_llava, "cpu", resolve_dtype("auto", "cpu"))
     space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
     supernet = build_supernet(adapter.model, space)
-    return ModelSteps(adapter, supernet, visual_tokens=4, precede=space.largest() if precede else None)
+    return ModelSteps(adapter, supernet, visual_tokens=4,
+                      precede=space.largest() if precede else None)
 
 
 def test_verify_is_prepared_by_the_draft_steps_of_the_preceding_subnet(tiny_llava) -> None:
@@ -32,16 +33,16 @@ def test_verify_is_prepared_by_the_draft_steps_of_the_preceding_subnet(tiny_llav
 
     steps._draft_step = counting
     verify = steps.build(StepKey("verify", 20, 4))
-    assert hasattr(verify, "prepare")
+    assert verify.prepare is not None
     verify.prepare()
     assert calls == ["h4-v1.00-l2-g3"] * 3  # the largest subnet, its draft_len steps
     before = steps.adapter.cache_len
-    verify()
+    verify.run()
     assert steps.adapter.cache_len == before == 20  # the verify rolls itself back
     # decode is timed back to back, as plain decoding runs it
-    assert not hasattr(steps.build(StepKey("decode", 20, 1)), "prepare")
+    assert steps.build(StepKey("decode", 20, 1)).prepare is None
 
 
 def test_without_a_preceding_subnet_the_verify_is_timed_hot(tiny_llava) -> None:
     steps = _steps(tiny_llava, precede=False)
-    assert not hasattr(steps.build(StepKey("verify", 20, 4)), "prepare")
+    assert steps.build(StepKey("verify", 20, 4)).prepare is None

@@ -4,7 +4,8 @@ import time
 
 import pytest
 import torch
-from dreams_nas.latency.timing import fixed_threads, measure
+from dreams_nas.latency.timing import measure
+from dreams_nas.supernet.core.device import torch_threads
 from dreams_nas.supernet.core.errors import InputError
 
 
@@ -26,11 +27,12 @@ def test_max_repeats_caps_the_samples() -> None:
 def test_cpu_timing_uses_the_fixed_thread_count_and_restores_it() -> None:
     before = torch.get_num_threads()
     seen = []
-    measure(lambda: seen.append(torch.get_num_threads()), threads=1, warmup=1, min_repeats=3, max_repeats=3)
+    measure(lambda: seen.append(torch.get_num_threads()), threads=1, warmup=1, min_repeats=3,
+            max_repeats=3)
     assert set(seen) == {1}
     assert torch.get_num_threads() == before
     with pytest.raises(InputError, match="--threads 0 must be at least 1"):
-        with fixed_threads(0):
+        with torch_threads(0):
             pass
 
 

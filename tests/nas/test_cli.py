@@ -107,7 +107,8 @@ def test_help_does_not_import_torch() -> None:
         "        cli.main([name, '--help'])\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "heavy = [m for m in ('torch', 'transformers', 'optuna', 'sklearn', 'pandas') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'optuna', 'sklearn', 'pandas')\n"
+        "         if m in sys.modules]\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

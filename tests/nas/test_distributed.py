@@ -12,11 +12,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from _support.postgres import PostgresServer, unavailable_reason
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 from dreams_nas.nas.search.strategies import search
-from pg_server import PostgresServer, unavailable_reason
-from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 
-WORKER = Path(__file__).with_name("search_worker.py")
+TESTS = Path(__file__).resolve().parents[1]  # holds the package `_support`
 pytestmark = pytest.mark.slow  # worker processes import optuna: seconds each
 
 
@@ -39,8 +39,10 @@ def _start_worker(tmp_path: Path, name: str, **cfg) -> tuple[subprocess.Popen, P
     log = tmp_path / f"{name}.log"
     config = tmp_path / f"{name}.json"
     config.write_text(json.dumps({"log": str(log), **cfg}))
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(config)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    proc = subprocess.Popen([sys.executable, "-m", "_support.search_worker", str(config)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": path})
     return proc, log
 
 

@@ -4,10 +4,10 @@ import csv
 import json
 
 import pytest
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 from dreams_nas.nas.search.strategies import search
 from dreams_nas.nas.stages.export import TRIAL_COLUMNS, export_result
 from dreams_nas.supernet.core.space import SubnetSpec
-from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 
 HW = {"hardware_id": "cpu-test-2t", "kind": "cpu", "name": "test cpu"}
 TARGET = {"id": "builtin", "path": "/tmp/x", "family": "llava"}

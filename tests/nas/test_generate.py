@@ -27,8 +27,9 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_generate_json_matches_plain_decoding(checkpoint, capsys) -> None:
     folder, image = checkpoint
-    base = ["generate", "--target", str(folder), "--image", str(image), "--prompt", "what is in the image ?",
-            "--max-new-tokens", "8", "--device", "cpu", "--json"]
+    base = ["generate", "--target", str(folder), "--image", str(image),
+            "--prompt", "what is in the image ?", "--max-new-tokens", "8", "--device", "cpu",
+            "--json"]
     code, out, err = _run(capsys, *base, "--drafter", "none")
     assert code == 0, err
     plain = json.loads(out)

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from _support.search import fit_synthetic_latency
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 from peers import REFERENCE, Decoded, Method, markdown_table, measure_methods
-from search_fakes import fit_synthetic_latency
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
-from _draft_fixtures import one_torch_thread  # noqa: E402
 
 HW = "cpu-test-box-1t"
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 2))
@@ -33,7 +27,8 @@ def _raises(i: int) -> Decoded:
 
 
 def test_differing_and_failing_methods_are_flagged() -> None:
-    methods = [_fixed(REFERENCE, [5, 6, 7, 8, 2], 4), _fixed("same, fewer forwards", [5, 6, 7, 8, 2], 2),
+    methods = [_fixed(REFERENCE, [5, 6, 7, 8, 2], 4),
+               _fixed("same, fewer forwards", [5, 6, 7, 8, 2], 2),
                _fixed("differs", [5, 6, 9, 8, 2], 2), Method("raises", _raises)]
     rows = {r.name: r for r in measure_methods(methods, 3, repeats=2)}
     assert rows[REFERENCE].identical and rows[REFERENCE].ratio == 1.0
@@ -48,12 +43,14 @@ def test_differing_and_failing_methods_are_flagged() -> None:
 
 
 def test_unknown_reference_is_refused() -> None:
-    with pytest.raises(ValueError, match="reference method 'HF generate \\(greedy\\)' is not among"):
+    with pytest.raises(ValueError,
+                       match="reference method 'HF generate \\(greedy\\)' is not among"):
         measure_methods([_fixed("other", [1], 0)], 1)
 
 
 @pytest.mark.slow  # builds the tiny demo target and trains a tiny supernet (~20 s)
-def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys) -> None:
+def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_thread) -> None:
+    import bench_peers
     from dreams_nas.supernet.data.prompts import builtin_dataset
     from dreams_nas.supernet.demo.cache import ensure_demo_target
     from dreams_nas.supernet.target.adapter import TargetAdapter
@@ -62,23 +59,21 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys) -> No
 
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path / "cache"))
     run = RunFolder(tmp_path / "dreams-run")
-    with one_torch_thread():
-        folder = ensure_demo_target(variant="tiny", progress=False, threads=1)
-        target = TargetAdapter.load(folder)
-        train_run(run, target, builtin_dataset("train", 4), TrainConfig(
-            warmup_steps=4, multires_steps=4, batch_size=2, checkpoint_every=1000),
-            max_new_tokens=8, aifd_prompts=1, show_progress=False)
-        run.save_space(SPACE)
-        fit_synthetic_latency(run, SPACE, HW)
-        assert cli.main(["search", "--run", str(run.root), "--limit", "2", "--max-new-tokens", "8",
-                         "--verify", "0", "--device", "cpu", "--json", "-q"]) == 0
-        capsys.readouterr()
-        bench = _load_bench()
-        # the tiny target is its own assistant here: the "assistant" variant takes a minute
-        out_file = tmp_path / "peers.json"
-        assert bench.main(["--run", str(run.root), "--prompts", "2", "--max-new-tokens", "8",
-                           "--repeats", "2", "--assistant", str(folder), "--threads", "1",
-                           "--json", "--out", str(out_file)]) == 0
+    folder = ensure_demo_target(variant="tiny", progress=False, threads=1)
+    target = TargetAdapter.load(folder)
+    train_run(run, target, builtin_dataset("train", 4), TrainConfig(
+        warmup_steps=4, multires_steps=4, batch_size=2, checkpoint_every=1000),
+        max_new_tokens=8, aifd_prompts=1, show_progress=False)
+    run.save_space(SPACE)
+    fit_synthetic_latency(run, SPACE, HW)
+    assert cli.main(["search", "--run", str(run.root), "--limit", "2", "--max-new-tokens", "8",
+                     "--verify", "0", "--device", "cpu", "--json", "-q"]) == 0
+    capsys.readouterr()
+    # the tiny target is its own assistant here: the "assistant" variant takes a minute
+    out_file = tmp_path / "peers.json"
+    assert bench_peers.main(["--run", str(run.root), "--prompts", "2", "--max-new-tokens", "8",
+                             "--repeats", "2", "--assistant", str(folder), "--threads", "1",
+                             "--json", "--out", str(out_file)]) == 0
     stdout, stderr = capsys.readouterr()
     assert stdout.count("\n") == 1  # --json: one line on stdout, the table on stderr
     result = json.loads(stdout)
@@ -96,14 +91,6 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys) -> No
     assert result["nas_spec"] == best["spec_id"] and best["spec_id"] in result["table"]
     assert result["eagle_spec"] == "h2-v1.00-l2-g5"
     assert result["table"].count("\n") == len(METHODS) + 1
-
-
-def _load_bench():
-    path = Path(__file__).parents[2] / "benchmarks" / "bench_peers.py"
-    spec = importlib.util.spec_from_file_location("bench_peers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_full_and_eagle_specs() -> None:

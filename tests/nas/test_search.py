@@ -3,12 +3,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, tau_of
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.nas.search.strategies import best_candidate, pareto_front, search
 from dreams_nas.supernet.acceptance.table import AcceptanceTable
 from dreams_nas.supernet.core.errors import InputError
-from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, tau_of
 
 
 def _run(**kwargs):

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import json
-import sys
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
+from _support.models import PROMPTS, save_tiny_vlm, tiny_image
+from _support.search import fit_synthetic_latency
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "supernet"))
-from _draft_fixtures import one_torch_thread  # noqa: E402
-from search_fakes import fit_synthetic_latency  # noqa: E402
-from tiny_models import PROMPTS, save_tiny_vlm, tiny_image  # noqa: E402
-
-pytestmark = pytest.mark.slow  # trains a tiny supernet once for the module (~10 s)
+# slow: trains a tiny supernet once for the module (~10 s)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 HW = "cpu-test-box-1t"
 SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3, 5))
 
@@ -37,23 +35,31 @@ def _fit_latency(run: RunFolder) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def trained_run(tmp_path_factory):
+    """A tiny supernet trained once for the module, with a space and a synthetic latency fit."""
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import train_run
     from dreams_nas.supernet.training.tppt import TrainConfig
 
     root = tmp_path_factory.mktemp("search-cmd")
-    with one_torch_thread():
-        target_dir = save_tiny_vlm("llava", root / "target")
-        run = RunFolder(root / "dreams-run")
-        target = TargetAdapter.load(target_dir)
-        examples = _examples(root, 6)
-        train_run(run, target, examples, TrainConfig(warmup_steps=15, multires_steps=15,
-                  batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=16,
-                  aifd_prompts=2, show_progress=False)
+    target_dir = save_tiny_vlm("llava", root / "target")
+    run = RunFolder(root / "dreams-run")
+    target = TargetAdapter.load(target_dir)
+    examples = _examples(root, 6)
+    train_run(run, target, examples, TrainConfig(warmup_steps=15, multires_steps=15,
+              batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=16,
+              aifd_prompts=2, show_progress=False)
     run.save_space(SPACE)
     _fit_latency(run)
     return run, examples
+
+
+@pytest.fixture
+def tiny_run(trained_run, tmp_path):
+    """(run, examples): a fresh copy of the trained run folder for each test, so that no test
+    sees the acceptance tables, studies or specs another test wrote."""
+    run, examples = trained_run
+    return RunFolder(shutil.copytree(run.root, tmp_path / "dreams-run")), examples
 
 
 @pytest.fixture
@@ -63,8 +69,7 @@ def cmd(tiny_run, monkeypatch, capsys):
                         lambda data, limit, seed: examples[: limit or len(examples)])
 
     def call(*argv):
-        with one_torch_thread():
-            code = cli.main([*argv, "--run", str(run.root), "--json", "-q"])
+        code = cli.main([*argv, "--run", str(run.root), "--json", "-q"])
         out, err = capsys.readouterr()
         return code, (json.loads(out) if code == 0 else None), err
 

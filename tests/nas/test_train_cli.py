@@ -2,39 +2,47 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from _support.models import save_tiny_vlm
 from dreams_nas.nas.cli import main
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "supernet"))
-from tiny_models import save_tiny_vlm  # noqa: E402
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    import torch
     from dreams_nas.supernet.data.prompts import write_synthetic
 
     root = tmp_path_factory.mktemp("train-cli")
     target = save_tiny_vlm("llava", root / "target")
     jsonl = write_synthetic(root / "data", 4, "train", seed=0)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield root, target, jsonl
-    torch.set_num_threads(before)
+    return root, target, jsonl
 
 
-def test_train_writes_the_run_and_prints_a_summary(setup, capsys):
+@pytest.fixture(scope="module")
+def trained(setup):
+    """(run folder, exit code, stdout) of one `dreams-nas train` into root/run, shared by the
+    tests that read that run, so each of them can run alone."""
     root, target, jsonl = setup
     run = root / "run"
     argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
             "--warmup-steps", "2", "--multires-steps", "2", "--batch-size", "2",
             "--max-new-tokens", "4", "--device", "cpu", "--json", "-q"]
-    assert main(argv) == 0
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return run, code, out.getvalue()
+
+
+def test_train_writes_the_run_and_prints_a_summary(setup, trained):
+    _, target, _ = setup
+    run, code, out = trained
+    assert code == 0
+    summary = json.loads(out.strip().splitlines()[-1])
     assert summary["steps"] == 4 and len(summary["hash"]) == 16
     assert (run / "supernet" / "model.safetensors").is_file()
     data = json.loads((run / "run.json").read_text())
@@ -56,16 +64,15 @@ def test_bad_input_is_a_one_line_error(setup, capsys, argv, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_generate_with_an_extracted_spec_folder(setup, capsys):
+def test_generate_with_an_extracted_spec_folder(setup, trained, capsys):
     from dreams_nas.supernet.core.io import atomic_write_json
     from dreams_nas.supernet.core.space import SubnetSpec
     from dreams_nas.supernet.draft.extract import extract
     from dreams_nas.supernet.draft.store import load_supernet
 
-    root, target, jsonl = setup
-    run = root / "run"
-    if not (run / "supernet" / "model.safetensors").is_file():
-        pytest.skip("needs the run of test_train_writes_the_run_and_prints_a_summary")
+    _, target, jsonl = setup
+    run, code, _ = trained
+    assert code == 0
     spec = SubnetSpec(2, 0.5, 2, 3)
     folder = run / "specs" / spec.id
     extract(load_supernet(run / "supernet"), spec).save_pretrained(folder)

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
+from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.acceptance.teacher_forced import (
     TeacherForcedScorer,
     accept_rates,
@@ -15,7 +15,9 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate
-from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
 from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
@@ -24,23 +26,21 @@ MAX_NEW = 24
 LAYERS = (2, 4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def trained():
     """A tiny LLaVA target and a DREAM draft trained briefly on its own answers, so that
     acceptance is far from trivial (tau between 2 and 3 rather than 1)."""
-    model = tiny_llava(0, layers=4)
+    model = build_tiny_llava(0, layers=4)
     adapter = TargetAdapter(model)
     prompts = tiny_prompts(8)
     answers = regenerate_answers(model, prompts, max_new_tokens=MAX_NEW, show_progress=False)
     samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
     cfg = DraftConfig.for_target(model.config.text_config, inject_layers=LAYERS)
-    draft = DreamDraft.initialised(cfg, SharedTargetModules(adapter.embed_tokens, adapter.lm_head), 0)
+    shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
+    draft = DreamDraft.initialised(cfg, shared, 0)
     train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=40,
                    batch_size=4, lr=5e-3, checkpoint_every=1000), show_progress=False)
     return adapter, draft, prompts

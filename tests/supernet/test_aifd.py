@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from _draft_fixtures import one_torch_thread
 from dreams_nas.supernet.training.aifd import (
     EntropyMeter,
     aifd_from_entropy,
@@ -12,12 +11,7 @@ from dreams_nas.supernet.training.aifd import (
     measure_target_entropy,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _uniform_map(width: int, queries: int = 6, keys: int = 8, heads: int = 2) -> torch.Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _support.models import PROMPTS, tiny_image
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.decoding.drafters import (
     OracleDrafter,
@@ -15,15 +16,8 @@ from dreams_nas.supernet.decoding.protocol import Drafter, Proposal
 from dreams_nas.supernet.decoding.registry import load_drafter
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_probs
 from scipy.stats import chisquare
-from tiny_models import PROMPTS, tiny_image
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class FixedDistributionDrafter:
@@ -69,8 +63,8 @@ def test_first_sampled_tokens_follow_the_target(tiny_target) -> None:
     counts: dict = {}
     accepted = 0
     for _ in range(draws):
-        result = generate(adapter, inputs, FixedDistributionDrafter(draft), gamma=1, max_new_tokens=3,
-                          sampling=sampling, generator=gen)
+        result = generate(adapter, inputs, FixedDistributionDrafter(draft), gamma=1,
+                          max_new_tokens=3, sampling=sampling, generator=gen)
         pair = tuple(result.tokens[:2].tolist())
         counts[pair] = counts.get(pair, 0) + 1
         accepted += result.stats.cycle_lengths[0] == 2
@@ -152,14 +146,15 @@ def test_bad_arguments(tiny_target, tmp_path) -> None:
 
 @pytest.mark.parametrize("name", ["oracle", "lookup", "fixed-distribution"])
 def test_shipped_drafters_meet_the_contract(name, tiny_target) -> None:
-    from drafter_contract import assert_drafter_contract
+    from _support.drafter_contract import assert_drafter_contract
 
     adapter = tiny_target("qwen2_vl")
     cases = []
     for i in range(2):
         inputs = adapter.build_inputs(tiny_image(i), PROMPTS[i])
         cases.append((inputs, plain_generate(adapter, inputs, max_new_tokens=10).tokens))
-    probs = torch.softmax(torch.randn(adapter.vocab_size, generator=torch.Generator().manual_seed(0)), -1)
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(adapter.vocab_size, generator=gen), -1)
     make = {"oracle": lambda: OracleDrafter(10), "lookup": PromptLookupDrafter,
             "fixed-distribution": lambda: FixedDistributionDrafter(probs)}[name]
     assert_drafter_contract(adapter, make, cases)
@@ -175,7 +170,8 @@ def test_lossless_and_sampling_on_cuda(tiny_models) -> None:
     for i in range(3):
         inputs = adapter.build_inputs(tiny_image(i), PROMPTS[i])
         with torch.inference_mode():
-            ref = model.generate(**inputs, max_new_tokens=12, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            hf_out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+            ref = hf_out[0, inputs["input_ids"].shape[1]:]
         for drafter in (OracleDrafter(12), PromptLookupDrafter()):
             out = generate(adapter, inputs, drafter, gamma=3, max_new_tokens=12)
             assert out.tokens.tolist() == ref.cpu().tolist()

@@ -1,12 +1,13 @@
-"""Lossless greedy speculative decoding on every family: output == model.generate(do_sample=False)."""
+"""Lossless greedy speculative decoding on every family: the output equals
+model.generate(do_sample=False)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from _support.models import FAMILIES, PROMPTS, tiny_image
 from dreams_nas.supernet.decoding.drafters import OracleDrafter, PromptLookupDrafter, ReplayDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate
-from tiny_models import FAMILIES, PROMPTS, tiny_image
 
 MAX_NEW = 12
 GAMMAS = (1, 3, 5)
@@ -22,13 +23,7 @@ class WrongDrafter(OracleDrafter):
         self.continuation = (self.continuation + 1) % target.vocab_size
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread, and the CI machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -50,7 +45,8 @@ def _run_all(family_case, make_drafter):
     mismatches, results = [], []
     for i, (inputs, ref) in enumerate(cases):
         for gamma in GAMMAS:
-            result = generate(adapter, inputs, make_drafter(ref), gamma=gamma, max_new_tokens=MAX_NEW)
+            result = generate(adapter, inputs, make_drafter(ref), gamma=gamma,
+                              max_new_tokens=MAX_NEW)
             results.append((gamma, result))
             if result.tokens.tolist() != ref.tolist():
                 mismatches.append((i, gamma, result.tokens.tolist(), ref.tolist()))

@@ -10,7 +10,8 @@ from dreams_nas.supernet.core.errors import InputError
 
 def test_unknown_device_names_the_devices_that_exist(monkeypatch) -> None:
     monkeypatch.setattr(device, "available_devices", lambda: ["cpu"])
-    with pytest.raises(InputError, match=r"--device cuda:3 does not exist on this machine; the devices here are: cpu"):
+    with pytest.raises(InputError, match=r"--device cuda:3 does not exist on this machine; "
+                                         r"the devices here are: cpu"):
         resolve_device("cuda:3")
     with pytest.raises(InputError, match=r"'tpu' is not a device; use auto, cpu or cuda:N"):
         resolve_device("tpu")

@@ -2,22 +2,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
+from _support.drafts import HIDDEN, tiny_draft, tiny_prompt
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
-from dreams_nas.supernet.draft.model import (
+from dreams_nas.supernet.draft.state import (
     DraftCache,
     gather_rows,
     keep_count,
     select_memory_positions,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_visual_tokens_ranked_by_attention_received_in_original_order():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
+from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.core.io import atomic_write_json
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
@@ -12,8 +12,10 @@ from dreams_nas.supernet.decoding.loop import generate, plain_generate
 from dreams_nas.supernet.decoding.protocol import Drafter
 from dreams_nas.supernet.decoding.registry import load_drafter
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_probs
+from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.extract import extract
-from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
 from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
@@ -21,15 +23,12 @@ from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 LAYERS = (1, 2, 4)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def trained():
-    model = tiny_llava(seed=1)
+    model = build_tiny_llava(seed=1)
     adapter = TargetAdapter.from_model(model)
     prompts = tiny_prompts(16, seed=5)
     answers = regenerate_answers(model, prompts, max_new_tokens=12, show_progress=False)

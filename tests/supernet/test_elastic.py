@@ -2,15 +2,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _draft_fixtures import one_torch_thread
 from dreams_nas.supernet.draft.elastic import ElasticAttention, importance_order
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
-
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(attn: ElasticAttention, x: torch.Tensor, heads: int) -> torch.Tensor:

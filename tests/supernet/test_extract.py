@@ -4,18 +4,16 @@ import math
 
 import pytest
 import torch
-from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt, tiny_shared
+from _support.drafts import HIDDEN, tiny_draft, tiny_prompt, tiny_shared
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.extract import CompactDraft, extract
-from dreams_nas.supernet.draft.model import DraftCache, DraftConfig, DreamDraft
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import DraftCache
 from dreams_nas.supernet.draft.store import load_supernet, read_supernet_config, save_supernet
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 SPECS = [SubnetSpec(1, 0.25, 1, 1), SubnetSpec(2, 0.5, 2, 3), SubnetSpec(3, 0.75, 1, 5),
@@ -106,7 +104,7 @@ def test_parameter_count_and_step_time_shrink():
 
 
 def _wide_shared():
-    from dreams_nas.supernet.draft.model import SharedTargetModules
+    from dreams_nas.supernet.draft.state import SharedTargetModules
     from torch import nn
 
     return SharedTargetModules(nn.Embedding(50, 64), nn.Linear(64, 50, bias=False))

@@ -82,7 +82,8 @@ def test_append_repairs_a_torn_last_line(tmp_path) -> None:
 
 def _append_many(path: str, worker: int) -> None:
     for i in range(50):
-        append_csv_rows(path, [{"worker": worker, "i": i, "pad": "x" * 200}], ["worker", "i", "pad"])
+        append_csv_rows(path, [{"worker": worker, "i": i, "pad": "x" * 200}],
+                        ["worker", "i", "pad"])
 
 
 def test_concurrent_appends_do_not_interleave(tmp_path) -> None:
@@ -97,4 +98,5 @@ def test_concurrent_appends_do_not_interleave(tmp_path) -> None:
     with path.open() as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 150
-    assert {(r["worker"], r["i"]) for r in rows} == {(str(w), str(i)) for w in range(3) for i in range(50)}
+    expected = {(str(w), str(i)) for w in range(3) for i in range(50)}
+    assert {(r["worker"], r["i"]) for r in rows} == expected

@@ -16,7 +16,8 @@ from scipy.stats import chisquare
 DRAWS = 200_000
 
 
-def _first_token_counts(draft: torch.Tensor, target: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+def _first_token_counts(draft: torch.Tensor, target: torch.Tensor, k: int,
+                        seed: int) -> torch.Tensor:
     """Counts of the first emitted token over DRAWS runs of the rule with k drafts per run.
 
     draft (vocab,) is the draft distribution at every position; target (k+1, vocab)."""
@@ -63,7 +64,8 @@ def test_bonus_token_is_drawn_from_the_last_target_row() -> None:
     bonus = torch.tensor([0.4, 0.0, 0.1, 0.2, 0.3])
     gen = torch.Generator().manual_seed(3)
     tokens = torch.multinomial(row0.expand(DRAWS, 5), 1, generator=gen)
-    n, nxt = rejection_accept(tokens, row0.expand(DRAWS, 1, 5), torch.stack([row0, bonus]).expand(DRAWS, 2, 5), gen)
+    target = torch.stack([row0, bonus]).expand(DRAWS, 2, 5)
+    n, nxt = rejection_accept(tokens, row0.expand(DRAWS, 1, 5), target, gen)
     assert bool((n == 1).all())
     _assert_matches(torch.bincount(nxt, minlength=5), bonus)
 

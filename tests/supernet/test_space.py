@@ -102,7 +102,8 @@ def test_validate_names_field_value_and_allowed(space: SearchSpace) -> None:
     assert space.validate(ok) is ok
     bad = SubnetSpec(6, 0.5, 8, 3)
     with pytest.raises(InputError, match=r"The value 6 of field 'heads' in subnet h6-v0.50-l8-g3 "
-                                         r"isn't contained in the search space \(allowed: \[2, 4, 8\]\)"):
+                                         r"isn't contained in the search space "
+                                         r"\(allowed: \[2, 4, 8\]\)"):
         space.validate(bad)
     with pytest.raises(InputError, match=r"field 'visual_keep'.*allowed: \[0.25, 0.5, 1.0\]"):
         space.validate(SubnetSpec(4, 0.75, 8, 3))
@@ -115,7 +116,8 @@ def test_validate_names_field_value_and_allowed(space: SearchSpace) -> None:
         ({"heads": ()}, r"field 'heads' is empty"),
         ({"heads": (2, 2)}, r"field 'heads' repeats a value"),
         ({"heads": (0, 2)}, r"field 'heads' holds \[0\]; values must be at least 1"),
-        ({"visual_keep": (0.5, 1.2)}, r"field 'visual_keep' holds \[1.2\]; values must be in \(0, 1\]"),
+        ({"visual_keep": (0.5, 1.2)},
+         r"field 'visual_keep' holds \[1.2\]; values must be in \(0, 1\]"),
         ({"draft_len": (0, 1)}, r"field 'draft_len' holds \[0\]"),
         ({"inject_layer": (1.5,)}, r"field 'inject_layer' holds 1.5; it needs whole numbers"),
         ({"heads": "248"}, r"field 'heads' must be a list of values"),

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
+from _support.models import PROMPTS, save_tiny_vlm, tiny_image
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.target.adapter import TargetAdapter
-from tiny_models import PROMPTS, save_tiny_vlm, tiny_image
 
 HOOK_FAMILIES = ("llava", "pixtral", "mistral3", "qwen2_vl", "idefics3")
 
@@ -91,7 +91,8 @@ def test_pixtral_family_detected_and_break_tokens_are_not_text(tiny_target) -> N
     assert {vocab["[IMG_BREAK]"], vocab["[IMG_END]"]} <= adapter._structural
 
 
-@pytest.mark.parametrize(("family", "n_visual"), [("llava", 16), ("llava_next", 36), ("idefics3", 4)])
+@pytest.mark.parametrize(("family", "n_visual"),
+                         [("llava", 16), ("llava_next", 36), ("idefics3", 4)])
 def test_load_from_folder(family, n_visual, tmp_path, tiny_target) -> None:
     """Families whose HF processor needs no optional library round-trip through save_pretrained."""
     folder = save_tiny_vlm(family, tmp_path / "ckpt")

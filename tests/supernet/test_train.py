@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _draft_fixtures import one_torch_thread, tiny_llava, tiny_prompts
+from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
-from dreams_nas.supernet.draft.model import DraftConfig, DreamDraft, SharedTargetModules
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.batching import collate
 from dreams_nas.supernet.training.features import TargetSample
@@ -21,11 +23,7 @@ from dreams_nas.supernet.training.tppt import (
     train_supernet,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 LAYERS = (1, 2, 4)
@@ -33,7 +31,7 @@ LAYERS = (1, 2, 4)
 
 @pytest.fixture(scope="module")
 def target_data():
-    target = tiny_llava()
+    target = build_tiny_llava()
     prompts = tiny_prompts(12)
     answers = regenerate_answers(target, prompts, max_new_tokens=8, show_progress=False)
     aifd = measure_aifd(target, prompts[:4], answers[:4])
@@ -57,8 +55,8 @@ def test_self_distillation_data_are_the_targets_greedy_answers(target_data):
     assert torch.equal(ref[0, prompt["input_ids"].shape[1]:][: answer.numel()], answer)
     assert s.visual_mask.sum() == 16 and s.visual_scores[~s.visual_mask].abs().sum() == 0
     assert (s.visual_scores[s.visual_mask] > 0).all()
-    logits = target(**{**prompt, "input_ids": s.input_ids[None],
-                       "attention_mask": torch.ones(1, s.input_ids.numel(), dtype=torch.long)}).logits
+    mask = torch.ones(1, s.input_ids.numel(), dtype=torch.long)
+    logits = target(**{**prompt, "input_ids": s.input_ids[None], "attention_mask": mask}).logits
     torch.testing.assert_close(target.lm_head(s.last_hidden), logits[0], atol=1e-4, rtol=1e-4)
     assert len(aifd.ae) == 4 and aifd.chosen[0] in (2, 3)
 
@@ -105,7 +103,8 @@ def test_resume_after_kill_equals_uninterrupted(target_data, tmp_path):
     for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(),
                                  strict=True):
         assert torch.equal(a, b), name
-    again = train_supernet(resumed, samples, aifd.chosen, config, tmp_path / "b", show_progress=False)
+    again = train_supernet(resumed, samples, aifd.chosen, config, tmp_path / "b",
+                           show_progress=False)
     assert again.steps_run == 0
     other = TrainConfig(warmup_steps=5, multires_steps=6, batch_size=4, checkpoint_every=3)
     with pytest.raises(InputError, match="belongs to another training set-up"):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _draft_fixtures import one_torch_thread
+from _support.models import build_tiny_vlm, tiny_image
 from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace
@@ -14,13 +14,8 @@ from dreams_nas.supernet.draft.store import file_hash
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.recipe import draft_for_run, train_run
 from dreams_nas.supernet.training.tppt import TrainConfig
-from tiny_models import build_tiny_vlm, tiny_image
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @dataclass(frozen=True)
@@ -65,5 +60,6 @@ def test_device_errors_name_the_devices():
     assert resolve_device("cpu") == "cpu"
     with pytest.raises(InputError, match="does not exist on this machine"):
         resolve_device("cuda:7")
-    with pytest.raises(InputError, match=r"--device .gpu0. is not a device; use auto, cpu or cuda:N"):
+    with pytest.raises(InputError,
+                       match=r"--device .gpu0. is not a device; use auto, cpu or cuda:N"):
         resolve_device("gpu0")

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _draft_fixtures import HIDDEN, one_torch_thread, tiny_draft, tiny_prompt
+from _support.drafts import HIDDEN, tiny_draft, tiny_prompt
 from dreams_nas.supernet.core.space import SubnetSpec
-from dreams_nas.supernet.draft.model import DraftCache
+from dreams_nas.supernet.draft.state import DraftCache
 from dreams_nas.supernet.training.unroll import unrolled_forward
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with one_torch_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("heads", [2, 4])
@@ -37,4 +33,5 @@ def test_pass_k_equals_the_kth_drafting_step(heads):
             for k in range(1, 4):
                 p = c + k
                 feat = model(ids[:, p:p + 1], feat, pos[:, p:p + 1], memory, cache=cache).feature
-                torch.testing.assert_close(feat[0, 0], passes[k].feature[0, p], atol=1e-5, rtol=1e-4)
+                torch.testing.assert_close(feat[0, 0], passes[k].feature[0, p], atol=1e-5,
+                                           rtol=1e-4)

@@ -1,12 +1,12 @@
 """The contract every drafter meets (shipped ones, the DREAM-S draft, extracted subnets).
 
-    from drafter_contract import assert_drafter_contract
+    from _support.drafter_contract import assert_drafter_contract
     assert_drafter_contract(adapter, lambda: MyDrafter(...), cases)
 
 `cases` is a list of (inputs, plain greedy tokens). The suite wraps the drafter in a proxy that
-checks every call against the protocol in `dreams_nas.supernet.decoding.drafters`, then checks that greedy
-speculative decoding reproduces plain decoding for several γ and that sampling runs and is
-reproducible with a seeded generator.
+checks every call against the protocol in `dreams_nas.supernet.decoding.protocol`, then checks
+that greedy speculative decoding reproduces plain decoding for several γ and that sampling runs
+and is reproducible with a seeded generator.
 """
 
 from __future__ import annotations
@@ -43,12 +43,14 @@ class CheckingDrafter:
         proposal = self.inner.propose(last_token, gamma, sampling, generator)
         assert self.target.cache_len == cache, "propose() must not touch the target's cache"
         k = proposal.tokens.shape[1]
-        assert proposal.tokens.shape == (1, k) and k <= gamma and proposal.tokens.dtype == torch.long
+        assert proposal.tokens.shape == (1, k) and k <= gamma
+        assert proposal.tokens.dtype == torch.long
         if proposal.draft_probs is not None:
             probs = proposal.draft_probs
             assert probs.shape == (1, k, self.target.vocab_size)
             assert bool((probs >= 0).all())
-            torch.testing.assert_close(probs.sum(-1), torch.ones(1, k, device=probs.device, dtype=probs.dtype))
+            ones = torch.ones(1, k, device=probs.device, dtype=probs.dtype)
+            torch.testing.assert_close(probs.sum(-1), ones)
             if k and not sampling.greedy:
                 picked = probs[0, torch.arange(k), proposal.tokens[0]]
                 assert bool((picked > 0).all()), "a proposed token has zero draft probability"
@@ -72,7 +74,8 @@ def assert_drafter_contract(adapter, make_drafter: Callable[[], Drafter],
             checking = CheckingDrafter(make_drafter(), adapter)
             out = generate(adapter, inputs, checking, gamma=gamma, max_new_tokens=max_new)
             assert out.tokens.tolist() == ref.tolist(), f"gamma={gamma}: not lossless"
-            assert checking.calls["start"] == 1 and checking.calls["update"] == len(out.stats.cycle_lengths)
+            assert checking.calls["start"] == 1
+            assert checking.calls["update"] == len(out.stats.cycle_lengths)
     sampling = SamplingConfig(temperature=1.0, top_p=0.95)
     inputs = cases[0][0]
     runs = [generate(adapter, inputs, CheckingDrafter(make_drafter(), adapter), gamma=3,

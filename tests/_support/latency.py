@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.profiler import Step
 
 
 class ToyBuilder:
@@ -15,8 +16,9 @@ class ToyBuilder:
         from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(seed)
-        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=heads, num_key_value_heads=heads, vocab_size=128,
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=layers, num_attention_heads=heads,
+                          num_key_value_heads=heads, vocab_size=128,
                           max_position_embeddings=4096)
         self.target = LlamaForCausalLM(cfg).eval()
         self.hidden, self.heads, self.visual_tokens = hidden, heads, visual_tokens
@@ -25,15 +27,13 @@ class ToyBuilder:
         self.out = torch.nn.Linear(hidden, hidden, bias=False)
         self.fail_heads = fail_heads  # raise an OOM for this head count (tests the oom path)
 
-    def build(self, key: StepKey) -> Callable[[], object]:
+    def build(self, key: StepKey) -> Step:
         if key.kind == "draft":
-            return self._draft(key)
+            return Step(self._draft(key))
         if key.kind == "draft_first":  # the draft step after an untimed target verify
-            step = self._draft(key)
-            first = lambda: step()  # noqa: E731 - a callable that can carry an attribute
-            first.prepare = self._target(StepKey("verify", key.context_len, 2))
-            return first
-        return self._target(key)
+            draft = self._draft(key)
+            return Step(draft, prepare=self._target(StepKey("verify", key.context_len, 2)))
+        return Step(self._target(key))
 
     @torch.no_grad()
     def _target(self, key: StepKey) -> Callable[[], object]:

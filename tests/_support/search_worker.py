@@ -1,4 +1,5 @@
-"""A search worker process for the distributed tests: `python search_worker.py CONFIG.json`.
+"""A search worker process for the distributed tests, with `tests` on PYTHONPATH:
+`python -m _support.search_worker CONFIG.json`.
 
 It scores with the deterministic fake scorer (slowed a little so workers interleave), logs
 every subnet it scores to its own file and prints its result as one JSON line.
@@ -11,10 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+from dreams_nas.nas.search.strategies import search
 
-from dreams_nas.nas.search.strategies import search  # noqa: E402
-from search_fakes import SMALL_SPACE, FakeLatency, FakeScorer, fake_params  # noqa: E402
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 
 
 class LoggingScorer(FakeScorer):

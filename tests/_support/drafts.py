@@ -1,0 +1,51 @@
+"""Tiny DREAM drafts for the supernet tests (hidden 32, 4 heads, vocab 50) and the target-side
+tensors of a prompt they draft for."""
+
+from __future__ import annotations
+
+import torch
+from dreams_nas.supernet.draft.config import DraftConfig
+from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import SharedTargetModules
+from torch import nn
+
+VOCAB, HIDDEN, HEADS, HEAD_DIM = 50, 32, 4, 8
+
+
+def tiny_config(**changes) -> DraftConfig:
+    base = dict(hidden_size=HIDDEN, num_heads=HEADS, head_dim=HEAD_DIM, intermediate_size=64,
+                vocab_size=VOCAB, inject_layers=(1, 2), num_target_layers=2)
+    return DraftConfig(**{**base, **changes})
+
+
+def tiny_shared(seed: int = 0) -> SharedTargetModules:
+    gen = torch.Generator().manual_seed(seed)
+    embed = nn.Embedding(VOCAB, HIDDEN)
+    head = nn.Linear(HIDDEN, VOCAB, bias=False)
+    with torch.no_grad():
+        embed.weight.copy_(torch.randn(VOCAB, HIDDEN, generator=gen))
+        head.weight.copy_(torch.randn(VOCAB, HIDDEN, generator=gen) * 0.3)
+    for p in (*embed.parameters(), *head.parameters()):
+        p.requires_grad_(False)
+    return SharedTargetModules(embed_tokens=embed, lm_head=head)
+
+
+def tiny_draft(seed: int = 0, open_gates: bool = True, **changes) -> DreamDraft:
+    """A draft with random weights; gates opened so the cross-attention really matters."""
+    torch.manual_seed(seed)
+    model = DreamDraft(tiny_config(**changes), tiny_shared(seed))
+    if open_gates and model.cross is not None:
+        with torch.no_grad():
+            model.cross.attn_gate.fill_(0.7)
+            model.cross.mlp_gate.fill_(-0.4)
+    return model.eval()
+
+
+def tiny_prompt(batch: int = 1, prompt_len: int = 12, num_visual: int = 6, seed: int = 0):
+    """A prompt whose positions 2..2+num_visual are visual; returns target-side tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    visual_mask = torch.zeros(batch, prompt_len, dtype=torch.bool)
+    visual_mask[:, 2:2 + num_visual] = True
+    scores = torch.rand(batch, prompt_len, generator=gen)
+    layer_hidden = torch.randn(batch, prompt_len, HIDDEN, generator=gen)
+    return layer_hidden, visual_mask, scores
