@@ -5,7 +5,7 @@ across hardware. Each returns None when the run lacks what it shows."""
 from __future__ import annotations
 
 import matplotlib
-from dreams_nas.reports.plotting import BEST_COLOR, new_axes
+from dreams_nas.reports.plotting import BEST_COLOR, make_axes
 from dreams_nas.reports.values import ReportData
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -15,7 +15,7 @@ def parity_figure(data: ReportData) -> Figure | None:
     pred = data.predictor
     if pred is None or not pred.holdout:
         return None
-    fig, ax = new_axes()
+    fig, ax = make_axes()
     lo = min(min(p.measured_ms, p.predicted_ms) for p in pred.holdout)
     hi = max(max(p.measured_ms, p.predicted_ms) for p in pred.holdout)
     span = [lo * 0.85, hi * 1.15]
@@ -81,7 +81,7 @@ def history_figure(data: ReportData) -> Figure | None:
     pts = [p for p in data.history if p.value is not None or p.best_so_far is not None]
     if not pts:
         return None
-    fig, ax = new_axes()
+    fig, ax = make_axes()
     vals = [p for p in pts if p.value is not None]
     ax.scatter([p.number for p in vals], [p.value for p in vals], s=12, color="#1f77b4",
                alpha=0.45, label="trial", zorder=2)
@@ -98,7 +98,7 @@ def history_figure(data: ReportData) -> Figure | None:
 def verified_figure(data: ReportData) -> Figure | None:
     if not data.verified:
         return None
-    fig, ax = new_axes()
+    fig, ax = make_axes()
     pred = [v.predicted_speedup for v in data.verified]
     meas = [v.measured_speedup for v in data.verified]
     lo, hi = min(pred + meas), max(pred + meas)
@@ -131,7 +131,7 @@ def cross_hardware_figure(data: ReportData) -> Figure | None:
     if cross is None:
         return None
     n = len(cross.hardware_ids)
-    fig, ax = new_axes(max(5.6, 1.7 * n + 2.8), max(3.0, 0.85 * n + 1.6))
+    fig, ax = make_axes(max(5.6, 1.7 * n + 2.8), max(3.0, 0.85 * n + 1.6))
     # Colour: share of that column's own best, so machines with different speedup scales compare.
     rel = [[cross.relative(i, j) for j in range(n)] for i in range(n)]
     known = [v for row in rel for v in row if v is not None]

@@ -7,6 +7,7 @@ tests/test_copies_agree.py checks each one against RunFolder's.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 RUN_JSON = "run.json"
@@ -22,12 +23,13 @@ def latency_dir(run_dir: Path, hardware_id: str) -> Path:
     return run_dir / "latency" / hardware_id
 
 
-def hardware_json(run_dir: Path, hardware_id: str) -> Path:
-    return latency_dir(run_dir, hardware_id) / "hardware.json"
+def _latency_file(name: str, run_dir: Path, hardware_id: str) -> Path:
+    return latency_dir(run_dir, hardware_id) / name
 
 
-def predictor_json(run_dir: Path, hardware_id: str) -> Path:
-    return latency_dir(run_dir, hardware_id) / "predictor.json"
+# The files of one hardware id's latency folder: function(run_dir, hardware_id) -> Path.
+hardware_json = partial(_latency_file, "hardware.json")
+predictor_json = partial(_latency_file, "predictor.json")
 
 
 def acceptance_dir(run_dir: Path) -> Path:
@@ -48,20 +50,15 @@ def search_dir(run_dir: Path, hardware_id: str) -> Path:
     return search_root(run_dir) / hardware_id
 
 
-def trials_csv(run_dir: Path, hardware_id: str) -> Path:
-    return search_dir(run_dir, hardware_id) / "trials.csv"
+def _search_file(name: str, run_dir: Path, hardware_id: str) -> Path:
+    return search_dir(run_dir, hardware_id) / name
 
 
-def pareto_csv(run_dir: Path, hardware_id: str) -> Path:
-    return search_dir(run_dir, hardware_id) / "pareto.csv"
-
-
-def history_csv(run_dir: Path, hardware_id: str) -> Path:
-    return search_dir(run_dir, hardware_id) / "history.csv"
-
-
-def best_json(run_dir: Path, hardware_id: str) -> Path:
-    return search_dir(run_dir, hardware_id) / "best.json"
+# The files of one hardware id's search folder: function(run_dir, hardware_id) -> Path.
+trials_csv = partial(_search_file, "trials.csv")
+pareto_csv = partial(_search_file, "pareto.csv")
+history_csv = partial(_search_file, "history.csv")
+best_json = partial(_search_file, "best.json")
 
 
 def specs_root(run_dir: Path) -> Path:

@@ -161,7 +161,7 @@ def mark_best(ax, data: ReportData, x: float | None, y: float | None,
                 arrowprops={"arrowstyle": "-", "color": BEST_COLOR, "lw": 0.8})
 
 
-def new_axes(width: float = 6.4, height: float = 4.0) -> tuple[Figure, object]:
+def make_axes(width: float = 6.4, height: float = 4.0) -> tuple[Figure, object]:
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
 

@@ -10,7 +10,7 @@ from dreams_nas.reports.plotting import (
     encoding_legend,
     frontier,
     mark_best,
-    new_axes,
+    make_axes,
     scatter_subnets,
 )
 from dreams_nas.reports.values import ReportData
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 
 def pareto_latency_figure(data: ReportData) -> Figure:
-    fig, ax = new_axes(7.4, 4.6)
+    fig, ax = make_axes(7.4, 4.6)
     baseline(ax, data)
     frontier(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
     scatter_subnets(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
@@ -36,7 +36,7 @@ def pareto_latency_figure(data: ReportData) -> Figure:
 def pareto_params_figure(data: ReportData) -> Figure | None:
     if not any(s.draft_params for s in data.subnets):
         return None
-    fig, ax = new_axes()
+    fig, ax = make_axes()
     baseline(ax, data)
     frontier(ax, data, lambda s: s.draft_params / 1e6 if s.draft_params else None,
              lambda s: s.speedup)
@@ -49,7 +49,7 @@ def pareto_params_figure(data: ReportData) -> Figure | None:
 
 
 def tau_cost_figure(data: ReportData) -> Figure:
-    fig, ax = new_axes()
+    fig, ax = make_axes()
     front = [s for s in data.front if s.tau_lo is not None and s.tau_hi is not None]
     if front:
         ax.errorbar([s.cycle_draft_ms for s in front], [s.tau for s in front],
@@ -65,7 +65,7 @@ def tau_cost_figure(data: ReportData) -> Figure:
 def acceptance_figure(data: ReportData) -> Figure | None:
     if not data.acceptance:
         return None
-    fig, ax = new_axes()
+    fig, ax = make_axes()
     cmap = matplotlib.colormaps["tab10"]
     palette = [cmap(k) for k in (0, 1, 2, 4, 5, 6, 7, 8, 9)]  # no red: red is the best
     for i, curve in enumerate(data.acceptance[:10]):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +62,13 @@ class RunFolder:
     def latency_dir(self, hardware_id: str) -> Path:
         return self.root / "latency" / _check_slug("hardware id", hardware_id)
 
-    def profile_csv(self, hardware_id: str) -> Path:
-        return self.latency_dir(hardware_id) / "profile.csv"
+    def _latency_file(self, name: str, hardware_id: str) -> Path:
+        return self.latency_dir(hardware_id) / name
 
-    def predictor_joblib(self, hardware_id: str) -> Path:
-        return self.latency_dir(hardware_id) / "predictor.joblib"
-
-    def predictor_json(self, hardware_id: str) -> Path:
-        return self.latency_dir(hardware_id) / "predictor.json"
+    # The files of one hardware id's latency folder: method(hardware_id) -> Path.
+    profile_csv = partialmethod(_latency_file, "profile.csv")
+    predictor_joblib = partialmethod(_latency_file, "predictor.joblib")
+    predictor_json = partialmethod(_latency_file, "predictor.json")
 
     def acceptance_csv(self, dataset_id: str) -> Path:
         return self.root / "acceptance" / f"{_check_slug('dataset id', dataset_id)}.csv"
@@ -76,17 +76,14 @@ class RunFolder:
     def search_dir(self, hardware_id: str) -> Path:
         return self.root / "search" / _check_slug("hardware id", hardware_id)
 
-    def study_db(self, hardware_id: str) -> Path:
-        return self.search_dir(hardware_id) / "study.db"
+    def _search_file(self, name: str, hardware_id: str) -> Path:
+        return self.search_dir(hardware_id) / name
 
-    def trials_csv(self, hardware_id: str) -> Path:
-        return self.search_dir(hardware_id) / "trials.csv"
-
-    def pareto_csv(self, hardware_id: str) -> Path:
-        return self.search_dir(hardware_id) / "pareto.csv"
-
-    def best_json(self, hardware_id: str) -> Path:
-        return self.search_dir(hardware_id) / "best.json"
+    # The files of one hardware id's search folder: method(hardware_id) -> Path.
+    study_db = partialmethod(_search_file, "study.db")
+    trials_csv = partialmethod(_search_file, "trials.csv")
+    pareto_csv = partialmethod(_search_file, "pareto.csv")
+    best_json = partialmethod(_search_file, "best.json")
 
     @property
     def specs_root(self) -> Path:
