@@ -9,8 +9,8 @@ from dreams_nas.reports.plotting import (
     baseline,
     encoding_legend,
     frontier,
-    mark_best,
     make_axes,
+    mark_best,
     scatter_subnets,
 )
 from dreams_nas.reports.values import ReportData
