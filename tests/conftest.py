@@ -82,8 +82,9 @@ def tiny_models():
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for the whole module, module-scoped fixtures included (use it with
-    `pytestmark = pytest.mark.usefixtures("one_thread")`); the thread count is restored after."""
-    from _support.threads import one_torch_thread
+    `pytestmark = pytest.mark.usefixtures("one_thread")`); the thread count is restored after.
+    Tiny models on a shared 2-core machine: one intra-op thread avoids OpenMP oversubscription."""
+    from dreams_nas.supernet.core.device import torch_threads
 
-    with one_torch_thread():
+    with torch_threads(1):
         yield

@@ -14,7 +14,7 @@ import importlib.util
 import json
 import sqlite3
 import sys
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -193,30 +193,19 @@ def test_report_reads_list_covers_the_reports_code() -> None:
 
 
 # --- a tiny real run ----------------------------------------------------------------------
-@contextmanager
-def _one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on 2 shared cores: threads only add overhead
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> dict[str, Any]:
     """The demo on the tiny demo target (train, profile, score, exhaustive search with
     verification, report), then an Optuna search (study.db, history.csv, best.json unmeasured).
     Returns the run folder and the demo's best.json (overwritten by the Optuna search)."""
     from dreams_nas.nas import cli
+    from dreams_nas.supernet.core.device import torch_threads
     from dreams_nas.supernet.demo.cache import ensure_demo_target
 
     cache = tmp_path_factory.mktemp("cache")
     run = tmp_path_factory.mktemp("schemas") / "dreams-run"
     small = ["--device", "cpu", "--limit", "2", "--max-new-tokens", "5", "--json", "-q"]
-    with pytest.MonkeyPatch.context() as mp, _one_torch_thread():
+    with pytest.MonkeyPatch.context() as mp, torch_threads(1):
         mp.setenv("DREAMS_NAS_CACHE", str(cache))
         mp.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
         ensure_demo_target(cache, variant="tiny", progress=False, threads=1)

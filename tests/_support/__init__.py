@@ -10,6 +10,5 @@
 - `search`: the deterministic fake scorer and latency model of the search tests, and a latency
   predictor fitted on synthetic timings;
 - `search_worker`: a search worker process (`python -m _support.search_worker CONFIG.json`);
-- `postgres`: a throw-away PostgreSQL server;
-- `threads`: `one_torch_thread`, behind the `one_thread` fixture of `tests/conftest.py`.
+- `postgres`: a throw-away PostgreSQL server.
 """
