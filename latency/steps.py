@@ -33,8 +33,6 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from torch import nn
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def first_positions(gamma: int) -> int:
     """Positions the first draft step of a cycle is timed over.
@@ -44,15 +42,6 @@ def first_positions(gamma: int) -> int:
     is timed over the middle of the range, (gamma + 1) // 2 (at least 1).
     """
     return max(1, (gamma + 1) // 2)
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """``auto`` is float32 on the CPU and bfloat16 on a GPU (what each is run in)."""
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if name not in DTYPES:
-        raise InputError(f"--dtype {name!r} is not supported; use auto or one of {list(DTYPES)}")
-    return DTYPES[name]
 
 
 def text_config(config: Any) -> Any:

@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device(parser, "to time on")
     parser.add_argument("--dtype", default="auto",
                         choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weights' dtype (default: float32 on CPU, bfloat16 on GPU)")
+                        help="weights' dtype (default auto: float32 on CPU; on a GPU "
+                             "bfloat16 where it runs natively, compute capability 8.0+, "
+                             "else float16)")
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid)")

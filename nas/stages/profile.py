@@ -93,14 +93,15 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
 
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
-    from dreams_nas.latency.steps import ModelSteps, default_context_lengths, resolve_dtype
+    from dreams_nas.latency.steps import ModelSteps, default_context_lengths
+    from dreams_nas.supernet.core.device import resolve_dtype, torch_dtype
 
     started = time.perf_counter()
     device = resolve_device(options.device)
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
-    dtype = resolve_dtype(options.dtype, device)
-    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_name = resolve_dtype(options.dtype, device)
+    dtype = torch_dtype(dtype_name)
     if options.clock not in ("wall", "cpu"):
         raise InputError(f"--clock {options.clock!r} must be wall or cpu")
     if options.clock == "cpu" and (device != "cpu" or options.threads != 1):
@@ -198,10 +199,10 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     settings, predictor fitted after the last row), or None when `profile` has work to do.
 
     Loads no model: the demo and `search` use it to skip a profile that is already done."""
-    from dreams_nas.latency.steps import resolve_dtype
+    from dreams_nas.supernet.core.device import resolve_dtype
 
     device = resolve_device(options.device)
-    dtype_name = str(resolve_dtype(options.dtype, device)).removeprefix("torch.")
+    dtype_name = resolve_dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
     folder = run.latency_dir(hw.hardware_id)
     store = ProfileStore(run.profile_csv(hw.hardware_id))

@@ -1,4 +1,5 @@
-"""Which device a command runs on: ``--device auto|cpu|cuda|cuda:N`` resolved against this machine.
+"""Which device and dtype a command runs in: ``--device auto|cpu|cuda|cuda:N`` and
+``--dtype auto|float32|float16|bfloat16`` resolved against this machine.
 
 torch is imported only when a device is resolved, so that `supernet.core` stays light.
 """
@@ -8,10 +9,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from dreams_nas.supernet.core.errors import InputError
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(?::(\d+))?)$")
+DTYPES = ("float32", "float16", "bfloat16")
+# bfloat16 runs natively (tensor cores, no emulation) from compute capability 8.0 on: A100,
+# H100, L4, RTX 30xx/40xx; V100 (7.0), T4 and the RTX8000 (Turing, 7.5) have fp16 only.
+BF16_MIN_CAPABILITY = (8, 0)
 
 
 def available_devices() -> list[str]:
@@ -67,3 +73,33 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def native_bf16(device: str) -> bool:
+    """Whether `device` (``cuda:N``) runs bfloat16 natively (compute capability 8.0+)."""
+    import torch
+
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    return tuple(torch.cuda.get_device_capability(index)) >= BF16_MIN_CAPABILITY
+
+
+def resolve_dtype(name: str | None, device: str) -> str:
+    """``--dtype`` (None or ``auto``: float32 on the CPU; on a GPU bfloat16 where it runs
+    natively, else float16) -> one of `DTYPES`; a one-line error for anything else."""
+    value = "auto" if name is None else str(name).strip().lower().removeprefix("torch.")
+    if value == "auto":
+        if not device.startswith("cuda"):
+            return "float32"
+        return "bfloat16" if native_bf16(device) else "float16"
+    if value not in DTYPES:
+        raise InputError(f"--dtype {name!r} is not supported; use auto or one of {list(DTYPES)}")
+    return value
+
+
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of one of `DTYPES` (``"bfloat16"`` -> ``torch.bfloat16``)."""
+    import torch
+
+    if name not in DTYPES:
+        raise InputError(f"dtype {name!r} is not one of {list(DTYPES)}")
+    return getattr(torch, name)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from dreams_nas.latency.plan import StepKey
-from dreams_nas.latency.steps import ModelSteps, build_supernet, resolve_dtype
+from dreams_nas.latency.steps import ModelSteps, build_supernet
+from dreams_nas.supernet.core.device import resolve_dtype, torch_dtype
 from dreams_nas.supernet.core.space import SearchSpace
 
 
 def _steps(tiny_llava: str, precede) -> ModelSteps:
     from dreams_nas.nas.stages.profile import load_target
 
-    adapter = load_target(tiny_llava, "cpu", resolve_dtype("auto", "cpu"))
+    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
     space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
     supernet = build_supernet(adapter.model, space)
     return ModelSteps(adapter, supernet, visual_tokens=4,
