@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-from dreams_nas.latency.hardware import CpuFreqProbe, HardwareInfo, NvmlDevice, cpu_throttle_probe
+from dreams_nas.latency.hardware import CpuFreqProbe, HardwareInfo, cpu_throttle_probe
+from dreams_nas.latency.nvml import NvmlDevice
 from dreams_nas.latency.plan import StepKey
 from dreams_nas.latency.store import ProfileStore, make_row
 from dreams_nas.latency.timing import Timing, measure

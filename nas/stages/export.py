@@ -135,10 +135,20 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
                 write_spec_dir(run.spec_dir(c.spec.id), c, target=target,
                                supernet_hash=supernet_hash, hardware=hardware,
                                write_draft=write_draft)
-        paths["best"] = atomic_write_json(
-            run.best_json(hardware_id),
-            best_payload(result, hardware_id=hardware_id, hardware=hardware,
-                         supernet_hash=supernet_hash, measured=measured, verified=verified),
-        )
+        paths["best"] = write_best(run, result, hardware_id=hardware_id, hardware=hardware,
+                                   supernet_hash=supernet_hash, measured=measured,
+                                   verified=verified)
         paths["spec_dir"] = run.spec_dir(result.best.spec.id)
     return paths
+
+
+def write_best(run: RunFolder, result: SearchResult, *, hardware_id: str,
+               hardware: Mapping[str, Any], supernet_hash: str,
+               measured: Mapping[str, Any] | None = None,
+               verified: Sequence[Mapping[str, Any]] = ()) -> Path:
+    """search/<hw>/best.json, atomically: first with the prediction alone, then again once
+    the end-to-end measurement is in."""
+    return atomic_write_json(
+        run.best_json(hardware_id),
+        best_payload(result, hardware_id=hardware_id, hardware=hardware,
+                     supernet_hash=supernet_hash, measured=measured, verified=verified))

@@ -48,7 +48,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     import optuna
     from dreams_nas.nas.search.scoring import CachedAcceptance
     from dreams_nas.nas.search.strategies import search as _search
-    from dreams_nas.nas.stages.export import export_result
+    from dreams_nas.nas.stages.export import export_result, write_best
     from dreams_nas.nas.stages.inputs import (
         LazyScorer,
         RunModels,
@@ -106,7 +106,6 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
                          f"draft step is {min(c.draft_ms for c in result.candidates):.3f} ms: "
                          "raise it")
     hardware = hardware_identity(run, hardware_id)
-    measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
     info = run.read_run().get("target") or {}
 
     def write_draft(spec, folder):
@@ -114,9 +113,13 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
 
         extract(models.draft, spec).save_pretrained(folder)
 
+    # Everything the search found is on disk before the (long, fallible) measurement.
     paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
-                          target=info, supernet_hash=digest, write_draft=write_draft,
-                          measured=measured, verified=verified)
+                          target=info, supernet_hash=digest, write_draft=write_draft)
+    measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
+    if measured is not None:
+        write_best(run, result, hardware_id=hardware_id, hardware=hardware,
+                   supernet_hash=digest, measured=measured, verified=verified)
     report = write_run_report(run, hardware_id) if options.write_report else None
     best = result.best
     summary: dict[str, Any] = {

@@ -24,10 +24,10 @@ def _left_pad(prompts: Sequence[Mapping[str, Tensor]], pad_id: int) -> dict[str,
     ids, mask = [], []
     for p in prompts:
         n = int(p["input_ids"].shape[1])
-        pad = torch.full((1, width - n), pad_id, dtype=p["input_ids"].dtype)
+        pad = torch.full((1, width - n), pad_id, dtype=p["input_ids"].dtype, device="cpu")
         ids.append(torch.cat((pad, p["input_ids"].cpu()), 1))
-        mask.append(torch.cat((torch.zeros(1, width - n, dtype=torch.long),
-                               torch.ones(1, n, dtype=torch.long)), 1))
+        mask.append(torch.cat((torch.zeros(1, width - n, dtype=torch.long, device="cpu"),
+                               torch.ones(1, n, dtype=torch.long, device="cpu")), 1))
     out = {"input_ids": torch.cat(ids), "attention_mask": torch.cat(mask)}
     if "pixel_values" in prompts[0]:
         out["pixel_values"] = torch.cat([p["pixel_values"].cpu() for p in prompts])
@@ -81,7 +81,7 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
             ids = ids[: stop + 1] if stop is not None else ids
             cut = next((i for i, t in enumerate(ids) if t in image_ids), None)
             ids = ids[:cut] if cut is not None else ids
-            answers.append(torch.tensor(ids, dtype=torch.long))
+            answers.append(torch.tensor(ids, dtype=torch.long, device="cpu"))
         bar.update(len(chunk))
     bar.close()
     return answers
@@ -89,14 +89,17 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
 
 def measure_aifd(model: Any, prompts: Sequence[Mapping[str, Tensor]], answers: Sequence[Tensor],
                  k: int = 1) -> AifdResult:
-    """AE / dAE per target layer over prompt + answer sequences, and the AIFD choice."""
+    """AE / dAE per target layer over prompt + answer sequences, and the AIFD choice.
+
+    The answer is appended by the adapter's `extend_inputs`, so every per-token input grows with
+    `input_ids` (Qwen-VL's `mm_token_type_ids` too, which M-RoPE reads at full length).
+    """
     device = next(model.parameters()).device
+    extend = TargetAdapter.from_model(model).extend_inputs
     batches = []
     for prompt, answer in zip(prompts, answers, strict=True):
-        batch = {key: v.to(device) for key, v in prompt.items()}
-        ids = torch.cat((batch["input_ids"][0], answer.to(device)))[None]
-        batch.update(input_ids=ids, attention_mask=torch.ones_like(ids))
-        batches.append(batch)
+        batch = {key: v.to(device) if isinstance(v, Tensor) else v for key, v in prompt.items()}
+        batches.append(extend(batch, answer.view(1, -1)))
     return aifd_from_entropy(measure_target_entropy(model, batches), k)
 
 

@@ -10,5 +10,9 @@
 - `search`: the deterministic fake scorer and latency model of the search tests, and a latency
   predictor fitted on synthetic timings;
 - `search_worker`: a search worker process (`python -m _support.search_worker CONFIG.json`);
-- `postgres`: a throw-away PostgreSQL server.
+- `postgres`: a throw-away PostgreSQL server;
+- `nvml`: a fake `pynvml` and a fake CUDA view (GPUs, MIG slices, power caps) for the
+  hardware-identity tests;
+- `checkpoints`: tiny checkpoints of every family saved to disk, with the processor
+  substituted where the real one needs torchvision.
 """
