@@ -116,11 +116,11 @@ def main() -> dict:
     ref = hf()
     timed = _interleaved({
         "hf": hf,
-        "plain": lambda: plain_generate(adapter, inputs, max_new_tokens=n),
+        "plain": lambda: plain_generate(adapter, inputs, max_new_tokens=n, timed=True),
         "replay": lambda: generate(adapter, inputs, ReplayDrafter(ref), gamma=gamma,
-                                   max_new_tokens=n),
+                                   max_new_tokens=n, timed=True),
         "lookup": lambda: generate(adapter, inputs, PromptLookupDrafter(), gamma=gamma,
-                                   max_new_tokens=n),
+                                   max_new_tokens=n, timed=True),
     }, reps)
     t_hf = timed["hf"][0]
     t_plain, d_plain, plain = timed["plain"]

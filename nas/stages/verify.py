@@ -77,7 +77,7 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     parts = {s: {"draft": 0.0, "verify": 0.0, "other": 0.0, "steps": 0} for s in specs}
     cycles: dict[SubnetSpec, list[int]] = {s: [] for s in specs}
     for prompt in prompts:
-        plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens)
+        plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens, timed=True)
         base_tokens += plain.stats.new_tokens
         base_s += plain.stats.total_s
         base_prefill_s += plain.stats.prefill_s
@@ -85,7 +85,7 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
         decode_steps += max(0, plain.stats.new_tokens - 1)
         for spec, draft in drafts.items():
             out = generate(target, dict(prompt), DreamDrafter(draft, spec), gamma=spec.draft_len,
-                           max_new_tokens=max_new_tokens)
+                           max_new_tokens=max_new_tokens, timed=True)
             if out.tokens.tolist() != plain.tokens.tolist():
                 raise RuntimeError(f"speculative output of {spec.id} differs from plain greedy "
                                    "decoding: the loop is not lossless here; please report it")

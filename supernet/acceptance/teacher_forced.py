@@ -83,14 +83,14 @@ def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: S
         if eos_index is None and tokens[-1] in eos:
             eos_index = len(tokens) - 1
             limit = min(max_new_tokens, eos_index + gamma_max + 1)
-    visual_mask = torch.zeros(prompt_len, dtype=torch.bool)
-    visual_scores = torch.zeros(prompt_len)
+    visual_mask = torch.zeros(prompt_len, dtype=torch.bool, device="cpu")  # a trace is on the CPU
+    visual_scores = torch.zeros(prompt_len, device="cpu")
     positions = pre.visual_positions.cpu()
     visual_mask[positions] = True
     visual_scores[positions] = pre.visual_scores.float().cpu()
     return TargetTrace(
         prompt_len=prompt_len,
-        tokens=torch.cat((prompt_ids, torch.tensor(tokens, dtype=torch.long))),
+        tokens=torch.cat((prompt_ids, torch.tensor(tokens, dtype=torch.long, device="cpu"))),
         last_hidden=torch.cat(hidden),
         layer_hidden={int(i): pre.layer_hidden[i][0].float().cpu() for i in layers},
         visual_mask=visual_mask, visual_scores=visual_scores, eos_index=eos_index,
@@ -114,7 +114,9 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
     device = next(draft.parameters()).device
     dtype = next(draft.parameters()).dtype
     seq = int(trace.tokens.shape[0])
-    is_text = torch.ones(seq, dtype=torch.bool)
+    # host-side bookkeeping (which starts are alive, what they drafted) stays on the CPU with
+    # the trace; the draft's inputs and features live on its device
+    is_text = torch.ones(seq, dtype=torch.bool, device="cpu")
     is_text[: trace.prompt_len] = ~trace.visual_mask
     text_pos = is_text.nonzero().flatten()  # (n_text,) target positions the draft runs over
     n_hidden = int(trace.last_hidden.shape[0])
@@ -131,9 +133,11 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
                               trace.visual_scores[None].to(device))
         # Step 1 for every start at once: the teacher-forced pass over all text positions.
         feats = draft(ids_all[None], prev_all[None], pos_all[None], memory).feature[0]
-        start_idx = torch.searchsorted(pos_all, torch.arange(n_starts) + trace.prompt_len)
+        start_idx = torch.searchsorted(
+            pos_all, torch.arange(n_starts, device=device) + trace.prompt_len)  # (n_starts,)
         first = draft.logits(feats[start_idx]).argmax(-1).cpu()  # (n_starts,)
-        starts = torch.arange(n_starts)
+        start_host = start_idx.cpu()  # read per row by `_rollout_step`: one copy, not one each
+        starts = torch.arange(n_starts, device="cpu")
         ok = _agree(first, starts + 1, cont)
         matches += ok.numpy()
         tokens = first[:, None]  # (n_starts, 1) rollout tokens
@@ -143,22 +147,22 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
             rows = np.flatnonzero(alive)
             if len(rows) == 0:
                 break
-            nxt = torch.empty(len(rows), dtype=torch.long)
+            nxt = torch.empty(len(rows), dtype=torch.long, device="cpu")
             step_feat = torch.empty(len(rows), hidden.shape[-1], device=device, dtype=dtype)
             for c in range(0, len(rows), chunk):
-                part = torch.as_tensor(rows[c:c + chunk])
-                f = _rollout_step(draft, memory, ids_all, prev_all, pos_all, start_idx[part],
-                                  tokens[part], rolled[part])
+                part = torch.as_tensor(rows[c:c + chunk], device="cpu")
+                f = _rollout_step(draft, memory, ids_all, prev_all, pos_all, start_host[part],
+                                  tokens[part], rolled[part.to(device)])
                 nxt[c:c + len(part)] = draft.logits(f).argmax(-1).cpu()
                 step_feat[c:c + len(part)] = f
-            agree = _agree(nxt, torch.as_tensor(rows) + j, cont)
+            agree = _agree(nxt, torch.as_tensor(rows, device="cpu") + j, cont)
             matches[rows[agree.numpy()]] += 1
-            grown_tokens = torch.zeros(n_starts, j, dtype=torch.long)
+            grown_tokens = tokens.new_zeros(n_starts, j)
             grown_tokens[:, : j - 1] = tokens
             grown_tokens[rows, j - 1] = nxt
             grown_feats = torch.zeros(n_starts, j, hidden.shape[-1], device=device, dtype=dtype)
             grown_feats[:, : j - 1] = rolled
-            grown_feats[torch.as_tensor(rows), j - 1] = step_feat
+            grown_feats[torch.as_tensor(rows, device=device), j - 1] = step_feat
             tokens, rolled = grown_tokens, grown_feats
     return matches
 
@@ -166,7 +170,7 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
 def _agree(drafted: Tensor, index: Tensor, continuation: Tensor) -> Tensor:
     """drafted[i] == continuation[index[i]] (False past its end)."""
     inside = index < len(continuation)
-    out = torch.zeros(len(drafted), dtype=torch.bool)
+    out = torch.zeros_like(drafted, dtype=torch.bool)
     out[inside] = drafted[inside] == continuation[index[inside]]
     return out
 
@@ -175,7 +179,7 @@ def _rollout_step(draft: DreamDraft, memory, ids_all: Tensor, prev_all: Tensor, 
                   start_idx: Tensor, tokens: Tensor, rolled: Tensor) -> Tensor:
     """Feature of the next rollout position for a few starts -> (rows, hidden).
 
-    start_idx: (rows,) index into the text positions of each row's y_t
+    start_idx: (rows,) index into the text positions of each row's y_t (on the CPU)
     tokens:    (rows, r) the row's rollout tokens so far (d_1..d_r)
     rolled:    (rows, r, hidden) the draft features that produced them (F of y_t, d_1, ...)
     """

@@ -27,7 +27,8 @@ class ReplayDrafter:
     required_layers: tuple[int, ...] = ()
 
     def __init__(self, continuation: Tensor | list[int]) -> None:
-        self.continuation = torch.as_tensor(continuation, dtype=torch.long).flatten()
+        # kept on the host until `start` moves it to the target's device
+        self.continuation = torch.as_tensor(continuation, dtype=torch.long, device="cpu").flatten()
         self.offset = 1
 
     def start(self, target: TargetAdapter, prefill: PrefillOutput) -> None:
@@ -83,7 +84,7 @@ class PromptLookupDrafter:
     def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         self.history.append(int(last_token))
-        hist = torch.tensor(self.history)
+        hist = torch.tensor(self.history, device="cpu")  # the n-gram search runs on the host
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(hist) <= n:
                 continue

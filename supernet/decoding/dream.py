@@ -74,11 +74,14 @@ class DreamDrafter:
         ids = torch.cat((self._pending_ids, last_token.to(device).view(1, 1)), dim=1)
         prev = torch.cat((self._pending_prev, self._next_prev), dim=1)
         n = ids.shape[1]
-        pos = torch.arange(self._pos, self._pos + n, device=device)[None]
+        # every position this cycle feeds, made on the device at once (no per-step host copy):
+        # the n true ones, then one per drafted token but the last
+        positions = torch.arange(self._pos, self._pos + n + max(gamma - 1, 0), device=device)[None]
         tokens: list[Tensor] = []
         probs: list[Tensor] = []
         with self.draft.using(self.spec):
-            feature = self.draft(ids, prev, pos, self._memory, cache=self._cache).feature[:, -1:]
+            feature = self.draft(ids, prev, positions[:, :n], self._memory,
+                                 cache=self._cache).feature[:, -1:]
             self._committed = self._cache.length
             self._pos += n
             for i in range(gamma):
@@ -91,9 +94,8 @@ class DreamDrafter:
                     probs.append(p)
                 tokens.append(token)
                 if i + 1 < gamma:
-                    step_pos = torch.tensor([[self._pos + i]], device=device)
-                    feature = self.draft(token, feature, step_pos, self._memory,
-                                         cache=self._cache).feature
+                    feature = self.draft(token, feature, positions[:, n + i:n + i + 1],
+                                         self._memory, cache=self._cache).feature
         out = torch.cat(tokens, dim=1) if tokens else ids[:, :0]
         draft_probs = torch.stack(probs, dim=1) if probs else None  # (1, k, vocab)
         return Proposal(out, draft_probs)

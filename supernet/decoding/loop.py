@@ -12,7 +12,8 @@ Both return the tokens and `GenerationStats`; neither prints anything.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
@@ -20,7 +21,7 @@ from dreams_nas.supernet.decoding.protocol import Drafter, Proposal
 from dreams_nas.supernet.decoding.sampling import (
     SamplingConfig,
     choose,
-    greedy_accept,
+    greedy_accepted_length,
     logits_to_probs,
     rejection_accept,
 )
@@ -30,6 +31,9 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class GenerationStats:
+    """Counts and times of one call. The per-phase times (`prefill_s` .. `draft_prefill_s`) are
+    measured only when the call is `timed=True`, and NaN otherwise; `total_s` always is."""
+
     new_tokens: int
     target_forwards: int  # prefill + one per verify (or decode) step
     cycle_lengths: tuple[int, ...]  # tokens kept per verify forward (accepted + 1, cut at EOS)
@@ -83,23 +87,39 @@ class GenerationResult:
     stats: GenerationStats
 
 
-@dataclass
 class _Clock:
-    device: torch.device
-    totals: dict[str, float] = field(default_factory=dict)
+    """Phase times for `GenerationStats`.
 
-    def __post_init__(self) -> None:
-        self._t = self._now()
+    Untimed (the default) a lap costs nothing and the device is synchronised once, in `stop`,
+    for the whole call's wall time: production decoding never waits for the device to time
+    itself. Timed, every lap synchronises first, so each phase owns the device work it queued;
+    that is what speed measurements (`nas.stages.verify`, the benchmarks) ask for."""
 
-    def _now(self) -> float:
+    def __init__(self, device: torch.device, timed: bool) -> None:
+        self.device, self.timed = device, timed
+        self.totals: dict[str, float] = {}
+        if timed:
+            self._sync()  # work queued before the call is not the first phase's
+        self._start = self._t = time.perf_counter()
+
+    def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     def lap(self, name: str) -> None:
-        now = self._now()
+        if not self.timed:
+            return
+        self._sync()
+        now = time.perf_counter()
         self.totals[name] = self.totals.get(name, 0.0) + now - self._t
         self._t = now
+
+    def stop(self) -> tuple[dict[str, float], float]:
+        """(seconds per phase, empty when untimed; the whole call's seconds)."""
+        if self.timed:
+            return dict(self.totals), sum(self.totals.values())
+        self._sync()
+        return {}, time.perf_counter() - self._start
 
 
 def _check(gamma: int, max_new_tokens: int) -> None:
@@ -119,17 +139,31 @@ def draft(drafter: Drafter, last_token: Tensor, gamma: int, sampling: SamplingCo
     return proposal
 
 
+class Accepted(NamedTuple):
+    """What one verify keeps."""
+
+    n: int  # draft tokens accepted
+    tokens: Tensor  # (1, n + 1) the accepted drafts then the target's token, on the device
+    ids: list[int]  # the same tokens on the host
+
+
 def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampling: SamplingConfig,
            generator: torch.Generator | None,
-           layers: tuple[int, ...]) -> tuple[int, Tensor, VerifyOutput]:
-    """One target forward over [last_token, drafts]; returns (n_accepted, next token (1, 1),
-    the verify output of the committed positions). Rolls back the rejected positions."""
+           layers: tuple[int, ...]) -> tuple[Accepted, VerifyOutput]:
+    """One target forward over [last_token, drafts]; returns what is kept and the verify output
+    of the committed positions. Rolls back the rejected positions.
+
+    The accepted length and the kept tokens come to the host in one copy: at batch 1 the loop
+    must learn the length to roll back, and that is the cycle's only wait for the device."""
     k = proposal.tokens.shape[1]
     out = target.verify(torch.cat([last_token, proposal.tokens.to(last_token.device)], dim=1),
                         layers)
-    drafts = proposal.tokens[0].to(out.logits.device)
+    drafts = proposal.tokens[0].to(out.logits.device)  # (k,)
     if sampling.greedy:
-        n, token = greedy_accept(drafts, out.logits[0])
+        target_tokens = out.logits[0].argmax(-1)  # (k+1,); equals the drafts where they are kept
+        n_t = greedy_accepted_length(drafts, target_tokens)
+        n, *ids = torch.cat((n_t.view(1), target_tokens)).tolist()
+        accepted = Accepted(n, target_tokens[None, :n + 1], ids[:n + 1])
     else:
         target_probs = logits_to_probs(out.logits[0], sampling)  # (k+1, vocab)
         if proposal.draft_probs is None:
@@ -137,25 +171,25 @@ def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampli
         else:
             draft_probs = proposal.draft_probs[0].to(target_probs)
         n_t, token_t = rejection_accept(drafts[None], draft_probs[None], target_probs[None],
-                                        generator)
-        n, token = int(n_t[0]), int(token_t[0])
+                                        generator)  # (1,), (1,)
+        n, token, *draft_ids = torch.cat((n_t, token_t, drafts)).tolist()
+        accepted = Accepted(n, torch.cat((drafts[:n], token_t))[None], draft_ids[:n] + [token])
     target.rollback(k - n)
-    return n, torch.tensor([[token]], device=last_token.device), out.head(n + 1)
+    return accepted, out.head(n + 1)
 
 
 def step(target: TargetAdapter, drafter: Drafter, last_token: Tensor, gamma: int,
          sampling: SamplingConfig, generator: torch.Generator | None,
-         clock: _Clock) -> tuple[Tensor, int, int]:
-    """Draft, verify, accept, update the drafter: (new tokens (1, n+1), n accepted, n proposed)."""
+         clock: _Clock) -> tuple[Accepted, int]:
+    """Draft, verify, accept, update the drafter: (what is kept, n proposed)."""
     proposal = draft(drafter, last_token, gamma, sampling, generator)
     clock.lap("draft")
-    n, token, out = verify(target, last_token, proposal, sampling, generator,
+    accepted, out = verify(target, last_token, proposal, sampling, generator,
                            drafter.required_layers)
     clock.lap("verify")
-    accepted = torch.cat([proposal.tokens[:, :n].to(token.device), token], dim=1)
-    drafter.update(accepted, n, out)
+    drafter.update(accepted.tokens, accepted.n, out)
     clock.lap("draft")
-    return accepted, n, proposal.tokens.shape[1]
+    return accepted, proposal.tokens.shape[1]
 
 
 def _truncate_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
@@ -168,13 +202,16 @@ def _truncate_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]
 @torch.inference_mode()
 def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter | None = None, *,
              gamma: int = 5, max_new_tokens: int = 64, sampling: SamplingConfig = SamplingConfig(),
-             generator: torch.Generator | None = None) -> GenerationResult:
-    """Speculative decoding with `drafter` (plain decoding when it is None)."""
+             generator: torch.Generator | None = None, timed: bool = False) -> GenerationResult:
+    """Speculative decoding with `drafter` (plain decoding when it is None).
+
+    timed: measure each phase (synchronising the device at every phase boundary); otherwise
+    only the whole call is timed and the phase fields of the stats are NaN."""
     if drafter is None:
         return plain_generate(target, inputs, max_new_tokens=max_new_tokens, sampling=sampling,
-                              generator=generator)
+                              generator=generator, timed=timed)
     _check(gamma, max_new_tokens)
-    clock = _Clock(target.device)
+    clock = _Clock(target.device, timed)
     pre = target.prefill(inputs, layers=drafter.required_layers)
     last = choose(pre.logits, sampling, generator)
     clock.lap("prefill")
@@ -185,23 +222,24 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
     proposed: list[int] = []
     while not done and len(tokens) < max_new_tokens:
         room = min(gamma, max_new_tokens - len(tokens) - 1)  # never produce past the budget
-        accepted, n, k = step(target, drafter, last, room, sampling, generator, clock)
-        new, done = _truncate_at_eos(accepted[0].tolist(), target.eos_token_ids)
+        accepted, k = step(target, drafter, last, room, sampling, generator, clock)
+        new, done = _truncate_at_eos(accepted.ids, target.eos_token_ids)
         tokens.extend(new)
         lengths.append(len(new))  # accepted + 1, less anything after an EOS
         proposed.append(k)
-        last = accepted[:, -1:]
+        last = accepted.tokens[:, -1:]
         clock.lap("other")
-    return _result(tokens, lengths, proposed, clock)
+    return _result(tokens, lengths, proposed, clock, drafted=True)
 
 
 @torch.inference_mode()
 def plain_generate(target: TargetAdapter, inputs: dict[str, Tensor], *, max_new_tokens: int = 64,
                    sampling: SamplingConfig = SamplingConfig(),
-                   generator: torch.Generator | None = None) -> GenerationResult:
-    """The target alone with its KV cache, one token per forward."""
+                   generator: torch.Generator | None = None,
+                   timed: bool = False) -> GenerationResult:
+    """The target alone with its KV cache, one token per forward (`timed` as in `generate`)."""
     _check(1, max_new_tokens)
-    clock = _Clock(target.device)
+    clock = _Clock(target.device, timed)
     pre = target.prefill(inputs)
     last = choose(pre.logits, sampling, generator)
     tokens = [int(last)]
@@ -212,16 +250,24 @@ def plain_generate(target: TargetAdapter, inputs: dict[str, Tensor], *, max_new_
         last = choose(logits, sampling, generator)
         tokens.append(int(last))
     clock.lap("verify")
-    return _result(tokens, [1] * (len(tokens) - 1), [0] * (len(tokens) - 1), clock)
+    return _result(tokens, [1] * (len(tokens) - 1), [0] * (len(tokens) - 1), clock,
+                   drafted=False)
 
 
-def _result(tokens: list[int], lengths: list[int], proposed: list[int],
-            clock: _Clock) -> GenerationResult:
-    t = clock.totals
+def _result(tokens: list[int], lengths: list[int], proposed: list[int], clock: _Clock,
+            drafted: bool) -> GenerationResult:
+    phases, total = clock.stop()
+
+    def t(name: str) -> float:  # untimed phases are NaN, a phase plain decoding lacks is 0
+        if clock.timed or (name == "draft_prefill" and not drafted):
+            return phases.get(name, 0.0)
+        return float("nan")
+
     stats = GenerationStats(
         new_tokens=len(tokens), target_forwards=1 + len(lengths), cycle_lengths=tuple(lengths),
-        proposed=tuple(proposed), prefill_s=t.get("prefill", 0.0), draft_s=t.get("draft", 0.0),
-        verify_s=t.get("verify", 0.0), other_s=t.get("other", 0.0), total_s=sum(t.values()),
-        draft_prefill_s=t.get("draft_prefill", 0.0),
+        proposed=tuple(proposed), prefill_s=t("prefill"), draft_s=t("draft"),
+        verify_s=t("verify"), other_s=t("other"), total_s=total,
+        draft_prefill_s=t("draft_prefill"),
     )
-    return GenerationResult(torch.tensor(tokens, dtype=torch.long), stats)
+    # the result is on the CPU whatever the default device
+    return GenerationResult(torch.tensor(tokens, dtype=torch.long, device="cpu"), stats)

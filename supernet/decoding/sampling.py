@@ -4,7 +4,8 @@ Names follow the tensors, not the papers: ``draft_probs`` come from the drafter,
 from the target (the papers' p/q swap meaning between codebases).
 
 * `greedy_accept`: the longest prefix of the draft equal to the target's argmax, plus the
-  target's own token at the first mismatch (or the bonus token after a full match).
+  target's own token at the first mismatch (or the bonus token after a full match);
+  `greedy_accepted_length` is its device-side half (the loop brings it back with the tokens).
 * `rejection_accept`: Chen et al. 2023 / Leviathan et al. 2023. Draft token x_i is kept with
   probability min(1, target_probs[i, x_i] / draft_probs[i, x_i]); at the first rejection a token
   is drawn from normalise(max(0, target_probs[i] - draft_probs[i])); when all are kept the bonus
@@ -68,13 +69,21 @@ def sample(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def greedy_accepted_length(draft_tokens: Tensor, target_tokens: Tensor) -> Tensor:
+    """draft_tokens (..., k), target_tokens (..., k+1) -> (...) long: how many leading drafts
+    equal the target's tokens. Stays on the device (no host sync)."""
+    k = draft_tokens.shape[-1]
+    return (draft_tokens == target_tokens[..., :k]).long().cumprod(-1).sum(-1)
+
+
 def greedy_accept(draft_tokens: Tensor, target_logits: Tensor) -> tuple[int, int]:
-    """draft_tokens (k,), target_logits (k+1, vocab) -> (n_accepted, next token)."""
+    """draft_tokens (k,), target_logits (k+1, vocab) -> (n_accepted, next token).
+
+    One device->host copy brings both numbers back."""
     target_tokens = target_logits.argmax(-1)  # (k+1,)
-    k = draft_tokens.shape[0]
-    mismatch = (draft_tokens != target_tokens[:k]).nonzero()
-    n = int(mismatch[0, 0]) if len(mismatch) else k
-    return n, int(target_tokens[n])
+    n = greedy_accepted_length(draft_tokens, target_tokens).view(1)
+    n_accepted, token = torch.cat((n, target_tokens.gather(0, n))).tolist()
+    return n_accepted, token
 
 
 def rejection_accept(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Tensor,

@@ -54,8 +54,9 @@ class CrossAttentionLayer(nn.Module):
         self.attn = ElasticAttention(cfg.hidden_size, cfg.num_heads, cfg.head_dim)
         self.post_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        # cpu: parameters are made where the module is built, like nn.Linear's; .to() moves them
         self.attn_gate = nn.Parameter(torch.zeros(1))
-        self.mlp_gate = nn.Parameter(torch.zeros(1))
+        self.mlp_gate = nn.Parameter(torch.zeros(1))  # cpu: as attn_gate
 
     def forward(self, h: Tensor, heads: int, memory: Memory) -> Tensor:
         q = self.attn.project_q(self.query_norm(h), heads)
@@ -80,8 +81,7 @@ class LayerInput(nn.Module):
         super().__init__()
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
-        with torch.no_grad():
-            self.proj.weight.copy_(torch.eye(cfg.hidden_size))
+        nn.init.eye_(self.proj.weight)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(self.norm(x))

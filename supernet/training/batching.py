@@ -47,23 +47,24 @@ def collate(samples: Sequence[TargetSample]) -> Batch:
     texts = [s.text_positions for s in samples]
     t_max = max(int(t.numel()) for t in texts)
     p_max = max(s.prompt_len for s in samples)
-    text_ids = torch.zeros(b, t_max, dtype=torch.long)
-    text_pos = torch.zeros(b, t_max, dtype=torch.long)
-    text_mask = torch.zeros(b, t_max, dtype=torch.bool)
-    prev = torch.zeros(b, t_max, hidden)
-    last = torch.zeros(b, t_max, hidden)
-    loss_mask = torch.zeros(b, t_max, dtype=torch.bool)
-    distill = {k: torch.zeros(b, t_max, hidden) for k in samples[0].distill_hidden}
-    memory = {k: torch.zeros(b, p_max, hidden) for k in samples[0].memory_hidden}
-    visual_mask = torch.zeros(b, p_max, dtype=torch.bool)
-    scores = torch.zeros(b, p_max)
-    prompt_mask = torch.zeros(b, p_max, dtype=torch.bool)
+    device = samples[0].last_hidden.device  # padded where the samples are (the CPU as collected)
+    text_ids = torch.zeros(b, t_max, dtype=torch.long, device=device)
+    text_pos = torch.zeros(b, t_max, dtype=torch.long, device=device)
+    text_mask = torch.zeros(b, t_max, dtype=torch.bool, device=device)
+    prev = torch.zeros(b, t_max, hidden, device=device)
+    last = torch.zeros(b, t_max, hidden, device=device)
+    loss_mask = torch.zeros(b, t_max, dtype=torch.bool, device=device)
+    distill = {k: torch.zeros(b, t_max, hidden, device=device) for k in samples[0].distill_hidden}
+    memory = {k: torch.zeros(b, p_max, hidden, device=device) for k in samples[0].memory_hidden}
+    visual_mask = torch.zeros(b, p_max, dtype=torch.bool, device=device)
+    scores = torch.zeros(b, p_max, device=device)
+    prompt_mask = torch.zeros(b, p_max, dtype=torch.bool, device=device)
     for i, (s, pos) in enumerate(zip(samples, texts, strict=True)):
         n, seq = int(pos.numel()), int(s.input_ids.shape[0])
         text_ids[i, :n] = s.input_ids[pos]
         text_pos[i, :n] = pos
         text_mask[i, :n] = True
-        shifted = torch.cat((torch.zeros(1, hidden), s.last_hidden[:-1]))  # H_{p-1}
+        shifted = torch.cat((s.last_hidden.new_zeros(1, hidden), s.last_hidden[:-1]))  # H_{p-1}
         prev[i, :n] = shifted[pos]
         last[i, :n] = s.last_hidden[pos]
         loss_mask[i, :n] = (pos >= s.prompt_len - 1) & (pos <= seq - 2)

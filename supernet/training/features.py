@@ -33,7 +33,7 @@ class TargetSample:
     def text_positions(self) -> Tensor:
         """Positions the draft's self-attention runs over: everything but visual tokens."""
         seq = self.input_ids.shape[0]
-        visual = torch.zeros(seq, dtype=torch.bool)
+        visual = self.visual_mask.new_zeros(seq)  # bool, where the sample is
         visual[: self.prompt_len] = self.visual_mask
         return torch.nonzero(~visual, as_tuple=False).flatten()
 
@@ -58,8 +58,8 @@ def collect_sample(target: TargetAdapter, prompt_inputs: Mapping[str, Tensor], a
         for i in layers:
             hidden[i].append(out.layer_hidden[i][0])
         last.append(out.last_hidden[0])
-    visual_mask = torch.zeros(prompt_len, dtype=torch.bool)
-    scores = torch.zeros(prompt_len)
+    visual_mask = torch.zeros(prompt_len, dtype=torch.bool, device="cpu")  # a sample is on the CPU
+    scores = torch.zeros(prompt_len, device="cpu")
     positions = pre.visual_positions.cpu()
     visual_mask[positions] = True
     scores[positions] = pre.visual_scores.float().cpu()

@@ -68,7 +68,7 @@ def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str,
     if cache_file is not None and cache_file.is_file():
         data = read_json(cache_file)
         if isinstance(data, dict) and data.get("key") == key:
-            return [torch.tensor(a, dtype=torch.long) for a in data["answers"]]
+            return [torch.tensor(a, dtype=torch.long, device="cpu") for a in data["answers"]]
     answers = regenerate_answers(target.model, prompts, max_new_tokens,
                                  show_progress=show_progress)
     if cache_file is not None:

@@ -102,7 +102,8 @@ def batch_indices(num_samples: int, batch_size: int, seed: int, step: int) -> li
     """Sample indices of step `step`: epochs are seeded permutations, the tail is dropped."""
     per_epoch = max(1, num_samples // batch_size)
     epoch, offset = divmod(step, per_epoch)
-    perm = torch.randperm(num_samples, generator=_step_generator(seed, epoch, salt=1))
+    gen = _step_generator(seed, epoch, salt=1)
+    perm = torch.randperm(num_samples, generator=gen, device=gen.device)
     size = min(batch_size, num_samples)
     return perm[offset * size: offset * size + size].tolist()
 
@@ -121,14 +122,15 @@ def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainCo
     layers = space.inject_layer
 
     def layer() -> int:
-        return layers[int(torch.randint(len(layers), (1,), generator=gen))]
+        return layers[int(torch.randint(len(layers), (1,), generator=gen, device=gen.device))]
 
     largest = SubnetSpec(max(space.heads), max(space.visual_keep), layer(), 1)
     if step < config.warmup_steps:
         return [largest]
     smallest = SubnetSpec(min(space.heads), min(space.visual_keep), layer(), 1)
     everything = list(space.enumerate())
-    picks = torch.randint(len(everything), (config.random_subnets,), generator=gen).tolist()
+    picks = torch.randint(len(everything), (config.random_subnets,), generator=gen,
+                          device=gen.device).tolist()
     return [largest, smallest, *(everything[i] for i in picks)]
 
 
@@ -139,7 +141,7 @@ def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequ
     """Accumulate |grad x weight| per head over `batches` (full draft, layers cycled), then
     reorder every attention's heads (and the optimizer's moments) by decreasing importance."""
     attns = model.attentions()
-    totals = [torch.zeros(a.num_heads) for a in attns]
+    totals = [torch.zeros(a.num_heads, device=a.q_proj.weight.device) for a in attns]
     layers = model.config.inject_layers
     full = model.config.largest()
     for i, batch in enumerate(batches):
@@ -147,7 +149,7 @@ def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequ
         spec = full.replace(inject_layer=layers[i % len(layers)])
         loss_terms(model, batch, spec, distill_layers, config.weights)["loss"].backward()
         for total, attn in zip(totals, attns, strict=True):
-            total += attn.head_importance().cpu()
+            total += attn.head_importance()  # on the device: no copy per batch
     model.zero_grad(set_to_none=True)
     orders = []
     for total, attn in zip(totals, attns, strict=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from _support.models import PROMPTS, tiny_image
@@ -90,10 +92,11 @@ def test_sampling_is_reproducible_with_a_generator(tiny_target) -> None:
 def test_stats_and_accept_rates(tiny_target) -> None:
     adapter = tiny_target("llava")
     inputs = adapter.build_inputs(tiny_image(6), PROMPTS[6])
-    plain = plain_generate(adapter, inputs, max_new_tokens=10)
+    plain = plain_generate(adapter, inputs, max_new_tokens=10, timed=True)
     half = plain.tokens.clone()
     half[3] = (half[3] + 1) % adapter.vocab_size  # the replay goes wrong at token 4
-    result = generate(adapter, inputs, ReplayDrafter(half), gamma=4, max_new_tokens=10)
+    result = generate(adapter, inputs, ReplayDrafter(half), gamma=4, max_new_tokens=10,
+                      timed=True)
     assert torch.equal(result.tokens, plain.tokens)
     stats = result.stats
     assert stats.cycle_lengths[0] == 3  # tokens 2, 3 accepted, token 4 from the target
@@ -109,6 +112,37 @@ def test_stats_and_accept_rates(tiny_target) -> None:
     assert stats.decode_s == pytest.approx(stats.draft_s + stats.verify_s + stats.other_s)
     assert stats.draft_prefill_s > 0 and summary["draft_prefill_s"] == stats.draft_prefill_s
     assert plain.stats.draft_prefill_s == 0.0
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_only_a_timed_call_synchronises_per_phase(tiny_target, monkeypatch, timed) -> None:
+    """Untimed (the default) the device is synchronised once per call, for `total_s`, and the
+    phase times are NaN; timed, at every phase boundary. (`_Clock._sync` is what waits for a
+    CUDA device; on the CPU it is counted instead.)"""
+    from dreams_nas.supernet.decoding import loop
+
+    syncs = []
+    monkeypatch.setattr(loop._Clock, "_sync", lambda self: syncs.append(1))
+    adapter = tiny_target("llava")
+    inputs = adapter.build_inputs(tiny_image(6), PROMPTS[6])
+    ref = plain_generate(adapter, inputs, max_new_tokens=10).tokens
+    syncs.clear()
+    result = generate(adapter, inputs, ReplayDrafter(ref), gamma=2, max_new_tokens=10,
+                      timed=timed)
+    stats = result.stats
+    assert result.tokens.tolist() == ref.tolist() and stats.total_s > 0
+    phases = (stats.prefill_s, stats.draft_prefill_s, stats.draft_s, stats.verify_s,
+              stats.other_s)
+    cycles = len(stats.cycle_lengths)
+    if timed:
+        assert len(syncs) == 1 + 2 + 4 * cycles  # start, prefill, draft prefill, 4 per cycle
+        assert all(t >= 0 for t in phases)
+    else:
+        assert len(syncs) == 1
+        assert all(math.isnan(t) for t in phases) and math.isnan(stats.decode_s)
+        plain = plain_generate(adapter, inputs, max_new_tokens=10).stats
+        assert plain.draft_prefill_s == 0.0 and math.isnan(plain.prefill_s)
+        assert plain.tokens_per_s > 0
 
 
 def test_generation_stops_at_eos(tiny_target) -> None:
