@@ -4,7 +4,7 @@ acceptance CSV lacks, search, export the deployable specs, verify the best end t
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dreams_nas.nas.stages.train import TrainOptions
@@ -178,7 +178,8 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
                          "decode_tokens_per_s": m.decode_tokens_per_s,
                          "baseline_decode_tokens_per_s": m.baseline_decode_tokens_per_s,
                          "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
-                                         "loop_overhead": m.other_ms, "decode": m.decode_ms}})
+                                         "loop_overhead": m.other_ms, "decode": m.decode_ms},
+                         "identical_prompts": m.identical_prompts})
         warning = gap_warning(cand, m)
         if warning:
             log.warning("warning: %s", warning)
@@ -189,7 +190,17 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
                 "baseline_tokens_per_s": best.baseline_tokens_per_s,
                 "decode_tokens_per_s": best.decode_tokens_per_s,
                 "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
-                "prompts": len(prompts), "max_new_tokens": options.max_new_tokens}
+                "prompts": best.prompts, "identical_prompts": best.identical_prompts,
+                "divergences": [asdict(d) for d in best.divergences],
+                "dtype": str(models.target.dtype).removeprefix("torch."),
+                "max_new_tokens": options.max_new_tokens}
+    for cand, m in zip(chosen, results, strict=True):
+        if m.divergences:
+            warning = (f"{cand.spec.id}: {m.identical_prompts} of {m.prompts} prompts identical "
+                       "to plain greedy decoding; the others diverge at near ties of the "
+                       "target's logits (its 16-bit numerics), recorded in best.json")
+            log.warning("warning: %s", warning)
+            warnings.append(warning)
     return measured, verified, warnings
 
 

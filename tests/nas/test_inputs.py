@@ -102,3 +102,20 @@ def test_gap_warning_names_a_slow_draft_step() -> None:
     assert pred.cycle_draft_ms == 4.5 and pred.to_row()["first_draft_ms"] == 2.5
     assert "a draft step (mean over the cycle" in gap_warning(pred, slow_draft)
     assert "took 3.00 ms here vs 1.50 ms predicted" in gap_warning(pred, slow_draft)
+
+
+def test_near_tie_tolerance_is_none_in_float32_and_ulps_in_16_bits() -> None:
+    from dreams_nas.nas.stages.verify import near_tie_tolerance
+
+    assert near_tie_tolerance("float32", 20.0) == 0.0
+    assert near_tie_tolerance("bfloat16", 20.0) == pytest.approx(8 * 2**-7 * 20.0)
+    assert near_tie_tolerance("float16", 0.3) == pytest.approx(8 * 2**-10)  # at least 1
+    assert near_tie_tolerance("bfloat16", 20.0) > near_tie_tolerance("float16", 20.0)
+
+
+def test_first_divergence() -> None:
+    from dreams_nas.nas.stages.verify import first_divergence
+
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
+    assert first_divergence([1, 2], [1, 2, 3]) == 2  # one stopped early (an EOS)

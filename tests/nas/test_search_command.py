@@ -156,3 +156,54 @@ def test_acceptance_of_another_supernet_is_refused(tiny_run, cmd) -> None:
     code, _, err = cmd("search", "--limit", "3", "--verify", "0")
     assert code == 2 and err.count("\n") == 1
     assert "scored with supernet 0123456789abcdef" in err and "move the file aside" in err
+
+
+def test_the_search_keeps_its_results_when_the_measurement_fails(tiny_run, cmd,
+                                                                 monkeypatch) -> None:
+    run, _ = tiny_run
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the measurement broke")
+
+    monkeypatch.setattr("dreams_nas.nas.stages.verify.measure_end_to_end", broken)
+    code, _, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
+                       "--verify", "1", "--verify-prompts", "1")
+    assert code == 1 and "the measurement broke" in err
+    best = json.loads(run.best_json(HW).read_text())
+    assert best["measured"] is None and best["predicted"]["speedup"] > 0
+    assert (run.root / best["spec_dir"] / "draft.safetensors").is_file()
+    assert len(pd.read_csv(run.trials_csv(HW))) == SPACE.size
+
+
+@pytest.mark.parametrize("margin", [0.01, 1.0])
+def test_a_divergence_is_recorded_at_a_near_tie_and_an_error_above_it(tiny_run, cmd,
+                                                                      monkeypatch,
+                                                                      margin) -> None:
+    """A 16-bit target: tolerance 0.05 logits; the first prompt diverges at token 3."""
+    from dreams_nas.nas.stages import verify
+
+    run, _ = tiny_run
+    calls = []
+    real_first = verify.first_divergence
+
+    def diverge_once(spec_tokens, plain_tokens):
+        calls.append(1)
+        return 3 if len(calls) == 1 else real_first(spec_tokens, plain_tokens)
+
+    monkeypatch.setattr(verify, "first_divergence", diverge_once)
+    monkeypatch.setattr(verify, "_top2", lambda target, prompt, prefix: (12.0, margin))
+    monkeypatch.setattr(verify, "near_tie_tolerance", lambda dtype, top: 0.05)
+    code, out, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
+                         "--verify", "1", "--verify-prompts", "2")
+    if margin > 0.05:
+        assert code == 1 and "top-2 logit margin is 1" in err and "not lossless" in err
+        assert json.loads(run.best_json(HW).read_text())["measured"] is None
+        return
+    assert code == 0, err
+    measured = json.loads(run.best_json(HW).read_text())["measured"]
+    assert (measured["prompts"], measured["identical_prompts"]) == (2, 1)
+    assert measured["dtype"] == "float32"
+    (divergence,) = measured["divergences"]
+    assert (divergence["prompt"], divergence["position"]) == (0, 3)
+    assert divergence["margin"] == pytest.approx(0.01)
+    assert any("1 of 2 prompts identical" in w for w in out["warnings"])
