@@ -71,11 +71,12 @@ class GenerationStats:
         return rates
 
     def to_dict(self, gamma: int | None = None) -> dict:
+        phases = {"prefill_s": self.prefill_s, "draft_prefill_s": self.draft_prefill_s,
+                  "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.other_s}
         out = {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
-               "tau": self.tau, "tokens_per_s": self.tokens_per_s, "prefill_s": self.prefill_s,
-               "draft_prefill_s": self.draft_prefill_s,
-               "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.other_s,
-               "total_s": self.total_s}
+               "tau": self.tau, "tokens_per_s": self.tokens_per_s,
+               # untimed calls measure no phase: leave them out rather than write NaN
+               **{k: v for k, v in phases.items() if v == v}, "total_s": self.total_s}
         if gamma:
             out["accept_rates"] = self.accept_rates(gamma)
         return out
