@@ -31,7 +31,7 @@ def figure_to_svg(fig: Figure, salt: str, label: str = "") -> tuple[str, str]:
     svg = _ID_USE.sub(lambda m: f"{m.group(1)}{salt}-{m.group(2)}{m.group(3)}"
                       if m.group(2) in ids else m.group(0), svg)
     head = _SVG_START.match(svg).group(0)
-    new_head = re.sub(r'\s(width|height)="[^"]*"', "", head)
+    bare_head = re.sub(r'\s(width|height)="[^"]*"', "", head)
     attributes = f'class="fig" role="img" data-figure="{salt}" aria-label="{html.escape(label)}"'
-    new_head = new_head.replace("<svg", f"<svg {attributes}", 1)
-    return new_head + svg[len(head):], document
+    bare_head = bare_head.replace("<svg", f"<svg {attributes}", 1)
+    return bare_head + svg[len(head):], document
