@@ -173,8 +173,14 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     return summary
 
 
+# What a profile's timings depend on besides the hardware id: rows timed under another value of
+# any of these are another machine's, refused rather than merged.
+FINGERPRINT = ("torch", "transformers", "driver", "cuda", "mig_profile", "power_cap_w")
+
+
 def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
-    """Refuse to append rows timed in another dtype or with another clock to a profile."""
+    """Refuse to append rows timed in another dtype, with another clock or on another software
+    stack (`FINGERPRINT`) to a profile."""
     path = folder / "hardware.json"
     if path.is_file():
         old = read_json(path)
@@ -183,6 +189,13 @@ def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
                 f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "
                 f"{hw.dtype}; pass --dtype {old.get('dtype')} or use another --run folder"
             )
+        now = hw.to_dict()
+        for key in FINGERPRINT:
+            if key in old and old[key] != now.get(key):
+                raise InputError(
+                    f"the profile in {folder} was timed with {key} {old[key]}, this machine has "
+                    f"{now.get(key)}: its rows would mix two machines; profile into another "
+                    f"--run folder, or move {folder} aside to profile afresh")
     plan = folder / "plan.json"
     if plan.is_file() and hw.kind == "cpu":
         recorded_clock = read_json(plan).get("clock", "wall")

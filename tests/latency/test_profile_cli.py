@@ -59,6 +59,14 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     # --fit-only with another thread count names what is profiled
     assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
     assert f"profiled in this run: {hw['hardware_id']}" in capsys.readouterr().err
+    # rows timed on another software stack are another machine's: refused, not merged
+    (folder / "hardware.json").write_text(json.dumps({**hw, "torch": "1.13.1"}))
+    before = store.path.read_text()
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava,
+                     *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "was timed with torch 1.13.1, this machine has" in err and "move" in err
+    assert len(err.strip().splitlines()) == 1 and store.path.read_text() == before
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:
