@@ -153,9 +153,11 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     if options.verify == 0:
         return None, [], []
     here = models.device.split(":")[0]
-    if hardware.get("kind") and hardware["kind"] != here:
-        warning = (f"not verified: the latency profile is of a {hardware['kind']} device and this "
-                   f"run decodes on {models.device}; run the search on the profiled machine")
+    profiled = hardware.get("hardware_id")
+    this = this_machine(models.device, hardware) if profiled else None
+    if profiled and this != profiled:
+        warning = (f"not verified: the latency profile is of {profiled} and this run decodes on "
+                   f"{this} ({models.device}); run the search there to measure the speedup")
         log.warning("warning: %s", warning)
         return None, [], [warning]
     chosen = [result.best] + [c for c in result.front if c.spec != result.best.spec]
@@ -202,6 +204,16 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
             log.warning("warning: %s", warning)
             warnings.append(warning)
     return measured, verified, warnings
+
+
+def this_machine(device: str, profiled: dict[str, Any]) -> str:
+    """The hardware id of `device` here, identified as the profile was (its dtype, and on the
+    CPU its thread count)."""
+    from dreams_nas.latency.hardware import detect_hardware
+
+    threads = profiled.get("threads") if device.startswith("cpu") else None
+    return detect_hardware(device, dtype=str(profiled.get("dtype") or "float32"),
+                           threads=int(threads) if threads else None).hardware_id
 
 
 def write_run_report(run: RunFolder, hardware_id: str) -> str | None:

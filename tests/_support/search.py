@@ -90,4 +90,13 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str) -> None:
     predictor.save(run.latency_dir(hardware_id))
     (run.latency_dir(hardware_id) / "profile.csv").write_text("hardware_id,kind\n")
     (run.latency_dir(hardware_id) / "hardware.json").write_text(json.dumps(
-        {"hardware_id": hardware_id, "kind": "cpu", "name": "test box"}))
+        {"hardware_id": hardware_id, "kind": "cpu", "name": "test box", "threads": 1,
+         "dtype": "float32"}))
+
+
+def this_cpu() -> str:
+    """This machine's CPU hardware id at one thread: what a synthetic profile must be called for
+    the search to measure its result here (it verifies only on the profiled machine)."""
+    from dreams_nas.latency.hardware import detect_hardware
+
+    return detect_hardware("cpu", threads=1).hardware_id

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from _support.search import fit_synthetic_latency
+from _support.search import fit_synthetic_latency, this_cpu
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 from peers import REFERENCE, Decoded, Method, markdown_table, measure_methods
 
-HW = "cpu-test-box-1t"
+HW = this_cpu()  # the search measures only on the profiled machine
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 2))
 METHODS = (REFERENCE, "HF prompt lookup", "HF assisted (small VLM)", "ours: plain decoding",
            "ours: prompt lookup",

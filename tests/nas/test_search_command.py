@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 from _support.models import PROMPTS, save_tiny_vlm, tiny_image
-from _support.search import fit_synthetic_latency
+from _support.search import fit_synthetic_latency, this_cpu
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 
 # slow: trains a tiny supernet once for the module (~10 s)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
-HW = "cpu-test-box-1t"
+HW = this_cpu()  # the search measures only on the profiled machine
 SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3, 5))
 
 
@@ -207,3 +207,21 @@ def test_a_divergence_is_recorded_at_a_near_tie_and_an_error_above_it(tiny_run, 
     assert (divergence["prompt"], divergence["position"]) == (0, 3)
     assert divergence["margin"] == pytest.approx(0.01)
     assert any("1 of 2 prompts identical" in w for w in out["warnings"])
+
+
+def test_the_search_measures_only_on_the_profiled_machine(tiny_run, cmd) -> None:
+    run, _ = tiny_run
+    hardware = json.loads((run.latency_dir(HW) / "hardware.json").read_text())
+    other = "nvidia-a100-sxm4-40gb"
+    (run.latency_dir(other)).mkdir(parents=True)
+    for name in ("profile.csv", "predictor.json", "predictor.joblib", "predictor_train.csv"):
+        shutil.copy(run.latency_dir(HW) / name, run.latency_dir(other) / name)
+    (run.latency_dir(other) / "hardware.json").write_text(json.dumps(
+        {**hardware, "hardware_id": other, "kind": "cuda"}))
+    code, out, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
+                         "--hardware", other, "--verify", "1")
+    assert code == 0, err
+    assert out["measured"] is None
+    assert any(f"not verified: the latency profile is of {other} and this run decodes on {HW}"
+               in w for w in out["warnings"])
+    assert json.loads(run.best_json(other).read_text())["measured"] is None
