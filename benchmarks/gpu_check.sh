@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU check: the CUDA paths end to end on one device, a few minutes on one GPU.
+#
+#   benchmarks/gpu_check.sh                          # cuda:0, the default demo target
+#   benchmarks/gpu_check.sh --device cpu --variant tiny   # the dry run (tests, CI machines)
+#
+# 1. the cuda-marked tests (skipped where torch sees no GPU);
+# 2. on the device: build the demo target (cached), train a supernet briefly, profile, score,
+#    search and verify the best subnet end to end against plain greedy decoding, all in
+#    float32 (until the run carries one dtype end to end, a 16-bit profile would be compared
+#    with float32 decoding);
+# 3. prints the hardware id, the identical-prompt rate, predicted vs measured speedup and the
+#    draft and target step times; then checks the one-line error for a device that is not there.
+# Record what it prints in BENCHMARKS.md with the GPU's name.
+set -euo pipefail
+DEVICE=cuda:0
+VARIANT=default
+OUT=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) DEVICE=$2; shift 2 ;;
+        --variant) VARIANT=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        *) echo "gpu_check.sh: unknown argument $1 (--device D, --variant V, --out DIR)" >&2
+           exit 2 ;;
+    esac
+done
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-$(mktemp -d)}
+RUN="$OUT/run"
+CLI=("$PY" -m dreams_nas.nas.cli)
+export DREAMS_NAS_DEMO_VARIANT=$VARIANT
+if [ "$VARIANT" = tiny ]; then  # test-size settings: the plumbing, not the figures
+    STEPS=2; PROMPTS=4; LIMIT=2; TOKENS=8; CONTEXTS=(40 56)
+else
+    STEPS=150; PROMPTS=128; LIMIT=16; TOKENS=48; CONTEXTS=()
+fi
+started=$(date +%s)
+
+echo "== cuda-marked tests"
+"$PY" -m pytest -q -m cuda tests
+
+echo "== pipeline on $DEVICE (demo target variant $VARIANT, float32) into $RUN"
+"${CLI[@]}" target build-demo --variant "$VARIANT" --json
+"${CLI[@]}" train --run "$RUN" --device "$DEVICE" --n-train "$PROMPTS" \
+    --warmup-steps "$STEPS" --multires-steps "$STEPS" --max-new-tokens "$TOKENS" --json -q
+"${CLI[@]}" profile --run "$RUN" --device "$DEVICE" --dtype float32 --repeats 20 --passes 2 \
+    --budget 32 ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} --json -q
+"${CLI[@]}" score --run "$RUN" --device "$DEVICE" --limit "$LIMIT" --max-new-tokens "$TOKENS" \
+    --json -q
+"${CLI[@]}" search --run "$RUN" --device "$DEVICE" --objective speedup --limit "$LIMIT" \
+    --max-new-tokens "$TOKENS" --verify 1 --json -q > "$OUT/search.json"
+
+echo "== summary"
+"$PY" - "$RUN" "$OUT/search.json" "$(( $(date +%s) - started ))" <<'PYEOF'
+import json
+import sys
+from pathlib import Path
+
+run, search, seconds = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), sys.argv[3]
+best = json.loads((run / "search" / search["hardware_id"] / "best.json").read_text())
+predicted, measured = best["predicted"], best["measured"] or {}
+verified = (best["verified"] or [{}])[0]
+steps = verified.get("measured_ms", {})
+print(f"hardware id        {search['hardware_id']}  ({best['hardware'].get('name')})")
+print(f"best subnet        {best['spec_id']}")
+print(f"identical prompts  {measured.get('identical_prompts')} of {measured.get('prompts')} "
+      f"({measured.get('dtype')})")
+print(f"speedup            predicted {predicted['speedup']:.2f}x, measured "
+      f"{measured.get('speedup', float('nan')):.2f}x (decode phase)")
+print(f"draft step         predicted {predicted['draft_ms']:.3f} ms (first "
+      f"{predicted['first_draft_ms']:.3f}), measured {steps.get('draft', float('nan')):.3f} ms")
+print(f"target step        predicted decode {predicted['decode_ms']:.3f} ms, verify "
+      f"{predicted['verify_ms']:.3f} ms; measured decode {steps.get('decode', float('nan')):.3f}"
+      f" ms, verify {steps.get('verify', float('nan')):.3f} ms")
+print(f"took               {seconds} s")
+PYEOF
+
+echo "== a device that is not there"
+if "${CLI[@]}" profile --run "$RUN" --device cuda:99 2> "$OUT/err"; then
+    echo "--device cuda:99 should have failed" >&2
+    exit 1
+fi
+cat "$OUT/err"
