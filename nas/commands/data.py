@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from dreams_nas.nas.commands.options import whole
+
 HELP = "synthetic multimodal data: `data synth --out DIR --n N --split train|eval`"
 
 
@@ -14,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "DIR/<split>.jsonl and DIR/images/; byte-identical for the same "
                              "--seed")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
-    parser.add_argument("--n", type=int, default=None, metavar="N",
+    parser.add_argument("--n", type=whole(1), default=None, metavar="N",
                        help="number of samples (default: 200)")
     parser.add_argument("--split", choices=("train", "eval"), default="train",
                        help="train and eval never share a sample seed (default: train)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_threads
+from dreams_nas.nas.commands.options import add_device, add_threads, whole
 
 HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
         "search, verify, report (a rerun reuses every artefact)")
@@ -17,21 +17,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
         "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size demo target)")
-    small.add_argument("--train-prompts", type=int, default=None, metavar="N",
+    small.add_argument("--train-prompts", type=whole(1), default=None, metavar="N",
                        help="supernet training prompts (default 384)")
-    small.add_argument("--train-steps", type=int, default=None, metavar="N",
+    small.add_argument("--train-steps", type=whole(0), default=None, metavar="N",
                        help="steps of each supernet training phase (default 300 + 300)")
     small.add_argument("--profile-budget", default=None, metavar="N|FRACTION",
                        help="draft measurements of the profile (default: the whole grid)")
-    small.add_argument("--repeats", type=int, default=100, metavar="N",
+    small.add_argument("--repeats", type=whole(1), default=100, metavar="N",
                        help="timed repeats per profiled step (default 100)")
-    small.add_argument("--context-lengths", type=int, nargs="+", default=None, metavar="N",
+    small.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
                        help="profiled prompt lengths (default: image + 16..256 text)")
-    small.add_argument("--limit", type=int, default=None, metavar="N",
+    small.add_argument("--limit", type=whole(1), default=None, metavar="N",
                        help="evaluation prompts scored (default 32)")
-    small.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+    small.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
                        help="tokens per prompt when training, scoring and verifying (default 64)")
-    small.add_argument("--verify-prompts", type=int, default=None, metavar="N",
+    small.add_argument("--verify-prompts", type=whole(1), default=None, metavar="N",
                        help="prompts decoded to verify the best subnets (default: all scored)")
 
 

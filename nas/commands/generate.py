@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device
+from dreams_nas.nas.commands.options import add_device, real, whole
 from dreams_nas.supernet.core.errors import InputError
 
 HELP = ("generate an answer about an image with a target VLM and a drafter "
@@ -26,14 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prompt lookup (default), the oracle (target's greedy continuation), "
                              "none (plain decoding), or a spec folder written by "
                              "`dreams-nas search`")
-    parser.add_argument("--draft-len", type=int, default=None, metavar="N",
+    parser.add_argument("--draft-len", type=whole(1, 64), default=None, metavar="N",
                         help="tokens drafted per cycle (default: the spec's draft_len, else 5)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0,
+    parser.add_argument("--temperature", type=real(0.0), default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=real(0.0, 1.0, low_open=True), default=1.0,
                         help="nucleus sampling mass (default 1.0 = off)")
-    parser.add_argument("--top-k", type=int, default=0,
+    parser.add_argument("--top-k", type=whole(0), default=0,
                         help="keep the k most likely tokens (default 0 = off)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N")
+    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N")
     add_device(parser, "to decode on")
     parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
                         help="model dtype (default: the checkpoint's)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 
 def add_device(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:
@@ -14,7 +16,7 @@ def add_device(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: 
 def add_threads(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str,
                 default: str = "torch's own") -> None:
     """``--threads N``: torch CPU threads while `what` ("while scoring")."""
-    parser.add_argument("--threads", type=int, default=None, metavar="N",
+    parser.add_argument("--threads", type=whole(1), default=None, metavar="N",
                         help=f"CPU: torch threads {what} (default: {default})")
 
 
@@ -22,3 +24,43 @@ def add_data(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: st
     """``--data builtin|FILE.jsonl``; `what` names the prompts ("evaluation prompts")."""
     parser.add_argument("--data", default="builtin", metavar="builtin|FILE.jsonl",
                         help=f"{what}: the built-in synthetic set or a LLaVA-style JSONL")
+
+
+def whole(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [minimum, maximum], else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"from {minimum} to {maximum}" if maximum is not None else f">= {minimum}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give a number {bound}")
+        return value
+
+    return parse
+
+
+def real(low: float, high: float = math.inf, *, low_open: bool = False,
+         high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in the interval from `low` to `high` (open ends as
+    asked), else a one-line usage error."""
+    left, right = ("(" if low_open else "["), (")" if high_open else "]")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        inside = ((value > low if low_open else value >= low)
+                  and (value < high if high_open else value <= high))
+        if not math.isfinite(value) or not inside:
+            bound = (f"{'>' if low_open else '>='} {low:g}" if math.isinf(high)
+                     else f"in {left}{low:g}, {high:g}{right}")
+            raise argparse.ArgumentTypeError(
+                f"{value:g} is out of range: give a finite number {bound}")
+        return value
+
+    return parse
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_threads
+from dreams_nas.nas.commands.options import add_device, add_threads, real, whole
 
 HELP = ("time draft subnets and the target's decode/verify steps on this device; "
         "fit the latency predictor")
@@ -24,27 +24,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid)")
-    parser.add_argument("--context-lengths", type=int, nargs="+", default=None, metavar="N",
+    parser.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
                         help="prompt lengths in tokens, image included "
                              "(default: image + 16..256 text)")
-    parser.add_argument("--repeats", type=int, default=100,
+    parser.add_argument("--repeats", type=whole(1), default=100,
                         help="timed repeats per step, at most (default: 100; fewer past 2 s)")
     add_threads(parser, "fixed while timing", default="physical cores")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
                              "--threads 1; for shared machines)")
-    parser.add_argument("--passes", type=int, default=10,
+    parser.add_argument("--passes", type=whole(1), default=10,
                         help="spread each step's repeats over this many visits, interleaved with "
                              "the other steps of its block, so that a slow drift of the machine "
                              "(other load, heat, clocks) hits every step alike (default: 10)")
-    parser.add_argument("--chunk", type=int, default=256,
+    parser.add_argument("--chunk", type=whole(0), default=256,
                         help="steps per interleaved block, 0 for the whole grid; a block's rows "
                              "are written together, so a kill loses at most one block "
                              "(default: 256)")
     parser.add_argument("--stat", default="p10", choices=["p10", "median"],
                         help="the statistic of each step's samples the predictor fits: p10 (the "
                              "fastest tenth, least touched by other load; default) or median")
-    parser.add_argument("--holdout", type=float, default=0.2,
+    parser.add_argument("--holdout", type=real(0.0, 1.0, high_open=True), default=0.2,
                         help="share of the rows held out to measure the predictor (default: 0.2)")
     parser.add_argument("--fit-only", action="store_true",
                         help="refit the predictor on the existing profile without timing anything")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_data, add_device, add_threads
+from dreams_nas.nas.commands.options import add_data, add_device, add_threads, real, whole
 
 HELP = "measure the acceptance length tau of subnets on evaluation prompts (cached per supernet)"
 
@@ -14,12 +14,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_data(parser, "evaluation prompts")
     parser.add_argument("--specs", default="all", metavar="all|FILE",
                         help="which subnets: all of the space, or a file of ids (one per line)")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
+    parser.add_argument("--temperature", type=real(0.0), default=0.0, metavar="T",
                         help="0 (default): teacher-forced, every draft length at once; "
                              "> 0: seeded real sampled runs")
-    parser.add_argument("--limit", type=int, default=None, metavar="N",
+    parser.add_argument("--limit", type=whole(1), default=None, metavar="N",
                         help="use the first N prompts (builtin default: 32)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
                         help="tokens generated per prompt (default 64)")
     add_device(parser, "to score on")
     add_threads(parser, "while scoring")

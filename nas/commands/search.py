@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_data, add_device, add_threads
+from dreams_nas.nas.commands.options import add_data, add_device, add_threads, real, whole
 
 HELP = "search the subnets for the best expected speedup on one profiled hardware id"
 
@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "parameters)")
     parser.add_argument("--method", choices=("exhaustive", "optuna"), default="exhaustive",
                         help="every subnet, or an Optuna TPE study")
-    parser.add_argument("--trials", type=int, default=None, metavar="N",
+    parser.add_argument("--trials", type=whole(1), default=None, metavar="N",
                         help="optuna: distinct subnets to evaluate in the study, reruns and "
                              "workers together (default: a quarter of the space)")
     parser.add_argument("--storage", default=None, metavar="URL",
@@ -27,17 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="study name in the storage (default: derived from the run)")
     parser.add_argument("--hardware", default=None, metavar="ID",
                         help="hardware id whose latency profile to use (default: the only one)")
-    parser.add_argument("--max-draft-ms", type=float, default=None, metavar="X",
+    parser.add_argument("--max-draft-ms", type=real(0.0, low_open=True), default=None, metavar="X",
                         help="constraint: a draft step must take at most X ms")
     add_data(parser, "evaluation prompts whose acceptance is scored (as `score`)")
-    parser.add_argument("--limit", type=int, default=None, metavar="N",
+    parser.add_argument("--limit", type=whole(1), default=None, metavar="N",
                         help="use the first N evaluation prompts (builtin default: 32)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
                         help="tokens per prompt when scoring and verifying (default 64)")
-    parser.add_argument("--verify", type=int, default=3, metavar="K",
+    parser.add_argument("--verify", type=whole(0), default=3, metavar="K",
                         help="measure the best subnet and the top K-1 of the front end to end "
                              "(0 skips it; default 3)")
-    parser.add_argument("--verify-prompts", type=int, default=None, metavar="N",
+    parser.add_argument("--verify-prompts", type=whole(1), default=None, metavar="N",
                         help="evaluation prompts decoded for the verification (default: all the "
                              "scored ones, so measured and scored tau come from the same prompts)")
     add_device(parser, "to score and verify on")
@@ -46,9 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "when the run holds no trained supernet", "search trains one first, with `dreams-nas "
         "train`'s defaults on the built-in train split unless these say otherwise")
-    group.add_argument("--train-prompts", type=int, default=None, metavar="N",
+    group.add_argument("--train-prompts", type=whole(1), default=None, metavar="N",
                        help="training prompts (default 384)")
-    group.add_argument("--train-steps", type=int, default=None, metavar="N",
+    group.add_argument("--train-steps", type=whole(0), default=None, metavar="N",
                        help="steps of each training phase (default 300 + 300)")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_data, add_device
+from dreams_nas.nas.commands.options import add_data, add_device, real, whole
 
 HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, two-phase training)"
 
@@ -15,26 +15,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the target VLM: builtin (the demo target), a hub id or a "
                              "checkpoint folder")
     add_data(parser, "training prompts")
-    parser.add_argument("--n-train", type=int, default=None, metavar="N",
+    parser.add_argument("--n-train", type=whole(1), default=None, metavar="N",
                         help="use the first N prompts (builtin: how many to synthesise; "
                              "default 384)")
-    parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
+    parser.add_argument("--warmup-steps", type=whole(0), default=None, metavar="N",
                         help="phase 1 steps, full draft (default 300)")
-    parser.add_argument("--multires-steps", type=int, default=None, metavar="N",
+    parser.add_argument("--multires-steps", type=whole(0), default=None, metavar="N",
                         help="phase 2 steps, sandwich rule over subnets (default 300)")
-    parser.add_argument("--batch-size", type=int, default=None, metavar="N", help="default 8")
-    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3)")
-    parser.add_argument("--lambda-kl", type=float, default=None,
+    parser.add_argument("--batch-size", type=whole(1), default=None, metavar="N", help="default 8")
+    parser.add_argument("--lr", type=real(0.0, low_open=True), default=None,
+                        help="peak learning rate (default 2e-3)")
+    parser.add_argument("--lambda-kl", type=real(0.0), default=None,
                         help="weight of KL(target||draft) (1.0)")
-    parser.add_argument("--lambda-distill", type=float, default=None,
+    parser.add_argument("--lambda-distill", type=real(0.0), default=None,
                         help="weight of the AIFD feature distillation (0.2)")
-    parser.add_argument("--lambda-feat", type=float, default=None,
+    parser.add_argument("--lambda-feat", type=real(0.0), default=None,
                         help="weight of the final-feature regression (0.2)")
     parser.add_argument("--distill", choices=("aifd", "middle", "none"), default="aifd",
                         help="distillation layer: AIFD-chosen (default), fixed middle, or none")
-    parser.add_argument("--heads", type=int, default=None, metavar="N",
+    parser.add_argument("--heads", type=whole(1), default=None, metavar="N",
                         help="heads of the maximal draft (default: the target's)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
                         help="length cap of the target's self-distilled answers")
     add_device(parser, "to train on (the target and the draft)")
 

@@ -113,3 +113,24 @@ def test_help_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["train", "--lr", "-1"], "argument --lr: -1 is out of range: give a finite number > 0"),
+    (["train", "--heads", "0"], "argument --heads: 0 is out of range: give a number >= 1"),
+    (["train", "--lambda-distill", "-0.2"], "argument --lambda-distill: -0.2 is out of range"),
+    (["train", "--max-new-tokens", "0"], "argument --max-new-tokens: 0 is out of range"),
+    (["profile", "--threads", "0"], "argument --threads: 0 is out of range"),
+    (["profile", "--holdout", "1"], "argument --holdout: 1 is out of range: give a finite "
+                                    "number in [0, 1)"),
+    (["profile", "--repeats", "many"], "argument --repeats: 'many' is not a whole number"),
+    (["score", "--temperature", "nan"], "argument --temperature: nan is out of range"),
+    (["search", "--verify", "-1"], "argument --verify: -1 is out of range: give a number >= 0"),
+    (["search", "--max-draft-ms", "0"], "argument --max-draft-ms: 0 is out of range"),
+    (["generate", "--top-p", "1.5"], "argument --top-p: 1.5 is out of range"),
+    (["demo", "--context-lengths", "64", "-3"], "argument --context-lengths: -3 is out of range"),
+])
+def test_numbers_out_of_range_are_refused_before_anything_loads(capsys, argv, message) -> None:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -52,7 +52,8 @@ def test_generate_json_matches_plain_decoding(checkpoint, capsys) -> None:
     (["--image", "{root}/broken.png"], "cannot be read as an image"),
     (["--target", "{root}"], "holds no config.json"),
     (["--drafter", "eagle"], "unknown drafter 'eagle'"),
-    (["--draft-len", "0"], "--draft-len 0 must be >= 1"),
+    (["--draft-len", "0"], "argument --draft-len: 0 is out of range: give a number from 1 to 64"),
+    (["--draft-len", "1000"], "argument --draft-len: 1000 is out of range"),
 ])
 def test_bad_input_is_one_line_exit_2(checkpoint, capsys, extra, match) -> None:
     folder, image = checkpoint

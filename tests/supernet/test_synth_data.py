@@ -160,4 +160,4 @@ def test_cli_data_synth(tmp_path, capsys) -> None:
     assert summary["n"] == 5 and summary["split"] == "eval"
     assert len(load_llava_jsonl(summary["jsonl"])) == 5
     assert cli.main(["data", "synth", "--out", str(out), "--n", "0"]) == 2
-    assert "--n 0 must be at least 1" in capsys.readouterr().err
+    assert "argument --n: 0 is out of range: give a number >= 1" in capsys.readouterr().err
