@@ -5,12 +5,14 @@
 #   benchmarks/gpu_check.sh --device cpu    # the dry run: the tiny demo target on the CPU
 #
 # 1. the cuda-marked tests (skipped where torch sees no GPU);
-# 2. on the device: build the demo target (cached), train a supernet briefly, profile, score,
-#    search and verify the best subnet end to end against plain greedy decoding, all in
-#    float32 (until the run carries one dtype end to end, a 16-bit profile would be compared
-#    with float32 decoding);
-# 3. prints the hardware id, the identical-prompt rate, predicted vs measured speedup and the
-#    draft and target step times; then checks the one-line error for a device that is not there.
+# 2. on the device, twice: build the demo target (cached), train a supernet briefly, profile,
+#    score, search and verify the best subnet end to end against plain greedy decoding, in
+#    one run folder per dtype: the 16-bit dtype the device runs natively (--dtype auto:
+#    bfloat16 from compute capability 8.0, float16 before; bfloat16 in the CPU dry run), then
+#    float32, where the speculative output must equal plain greedy decoding on every prompt;
+# 3. prints per dtype the hardware id, the identical-prompt rate, predicted vs measured speedup
+#    and the draft and target step times; then checks the one-line error for a device that is
+#    not there.
 # Record what it prints in BENCHMARKS.md with the GPU's name.
 set -euo pipefail
 DEVICE=cuda:0
@@ -30,7 +32,6 @@ if [ -z "$VARIANT" ]; then  # the CPU dry run checks the plumbing on the test-si
 fi
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-$(mktemp -d)}
-RUN="$OUT/run"
 CLI=("$PY" -m dreams_nas.nas.cli)
 export DREAMS_NAS_DEMO_VARIANT=$VARIANT
 if [ "$VARIANT" = tiny ]; then  # test-size settings: the plumbing, not the figures
@@ -43,32 +44,33 @@ started=$(date +%s)
 echo "== cuda-marked tests"
 "$PY" -m pytest -q -m cuda tests
 
-echo "== pipeline on $DEVICE (demo target variant $VARIANT, float32) into $RUN"
-"${CLI[@]}" target build-demo --variant "$VARIANT" --json
-"${CLI[@]}" train --run "$RUN" --device "$DEVICE" --n-train "$PROMPTS" \
-    --warmup-steps "$STEPS" --multires-steps "$STEPS" --max-new-tokens "$TOKENS" --json -q
-"${CLI[@]}" profile --run "$RUN" --device "$DEVICE" --dtype float32 --repeats 20 --passes 2 \
-    --budget 32 ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} --json -q
-"${CLI[@]}" score --run "$RUN" --device "$DEVICE" --limit "$LIMIT" --max-new-tokens "$TOKENS" \
-    --json -q
-"${CLI[@]}" search --run "$RUN" --device "$DEVICE" --objective speedup --limit "$LIMIT" \
-    --max-new-tokens "$TOKENS" --verify 1 --json -q > "$OUT/search.json"
+case "$DEVICE" in cpu) HALF=bfloat16 ;; *) HALF=auto ;; esac
 
-echo "== summary"
-"$PY" - "$RUN" "$OUT/search.json" "$(( $(date +%s) - started ))" <<'PYEOF'
+pipeline() {  # pipeline RUN DTYPE STEPS: every stage into RUN in DTYPE; best.json's summary
+    local run=$1 dtype=$2 steps=$3
+    echo "== pipeline on $DEVICE (demo target variant $VARIANT, --dtype $dtype) into $run"
+    "${CLI[@]}" train --run "$run" --device "$DEVICE" --dtype "$dtype" --n-train "$PROMPTS" \
+        --warmup-steps "$steps" --multires-steps "$steps" --max-new-tokens "$TOKENS" --json -q
+    "${CLI[@]}" profile --run "$run" --device "$DEVICE" --repeats 20 --passes 2 --budget 32 \
+        ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} --json -q
+    "${CLI[@]}" score --run "$run" --device "$DEVICE" --limit "$LIMIT" \
+        --max-new-tokens "$TOKENS" --json -q
+    "${CLI[@]}" search --run "$run" --device "$DEVICE" --objective speedup --limit "$LIMIT" \
+        --max-new-tokens "$TOKENS" --verify 1 --json -q > "$run.search.json"
+    "$PY" - "$run" "$run.search.json" <<'PYEOF'
 import json
 import sys
 from pathlib import Path
 
-run, search, seconds = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), sys.argv[3]
+run, search = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
 best = json.loads((run / "search" / search["hardware_id"] / "best.json").read_text())
 predicted, measured = best["predicted"], best["measured"] or {}
 verified = (best["verified"] or [{}])[0]
 steps = verified.get("measured_ms", {})
 print(f"hardware id        {search['hardware_id']}  ({best['hardware'].get('name')})")
+print(f"dtype              {best['dtype']}")
 print(f"best subnet        {best['spec_id']}")
-print(f"identical prompts  {measured.get('identical_prompts')} of {measured.get('prompts')} "
-      f"({measured.get('dtype')})")
+print(f"identical prompts  {measured.get('identical_prompts')} of {measured.get('prompts')}")
 print(f"speedup            predicted {predicted['speedup']:.2f}x, measured "
       f"{measured.get('speedup', float('nan')):.2f}x (decode phase)")
 print(f"draft step         predicted {predicted['draft_ms']:.3f} ms (first "
@@ -76,11 +78,18 @@ print(f"draft step         predicted {predicted['draft_ms']:.3f} ms (first "
 print(f"target step        predicted decode {predicted['decode_ms']:.3f} ms, verify "
       f"{predicted['verify_ms']:.3f} ms; measured decode {steps.get('decode', float('nan')):.3f}"
       f" ms, verify {steps.get('verify', float('nan')):.3f} ms")
-print(f"took               {seconds} s")
+if best["dtype"] == "float32" and measured.get("identical_prompts") != measured.get("prompts"):
+    sys.exit("float32 decoding is not lossless: every prompt must be identical")
 PYEOF
+}
+
+"${CLI[@]}" target build-demo --variant "$VARIANT" --json
+pipeline "$OUT/run-16bit" "$HALF" "$STEPS"
+pipeline "$OUT/run-fp32" float32 "$(( (STEPS + 2) / 3 ))"
+echo "took               $(( $(date +%s) - started )) s"
 
 echo "== a device that is not there"
-if "${CLI[@]}" profile --run "$RUN" --device cuda:99 2> "$OUT/err"; then
+if "${CLI[@]}" profile --run "$OUT/run-16bit" --device cuda:99 2> "$OUT/err"; then
     echo "--device cuda:99 should have failed" >&2
     exit 1
 fi

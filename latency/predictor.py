@@ -70,6 +70,9 @@ class LatencyPredictor:
     n_holdout: int = 0
     seed: int = 0
     stat: str = "median_ms"  # the per-row statistic the model was fitted on
+    # what the timed rows depend on besides the hardware id (dtype, software stack, the
+    # target's architecture hash): a predictor answers only for these (`check_fingerprint`)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
 
     # --- prediction ---------------------------------------------------------------------
     def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
@@ -121,7 +124,8 @@ class LatencyPredictor:
     @classmethod
     def fit(cls, rows: pd.DataFrame, hardware_id: str, *, visual_tokens: int = 0,
             holdout: float = 0.2, seed: int = 0, candidates: Any = None,
-            stat: str = "median_ms") -> LatencyPredictor:
+            stat: str = "median_ms", fingerprint: Mapping[str, Any] | None = None
+            ) -> LatencyPredictor:
         """Evaluate on a held-out share of `rows`, then fit the saved model on all of them.
 
         stat: the per-row statistic fitted and predicted -- the median (default), or ``p10_ms``
@@ -162,7 +166,12 @@ class LatencyPredictor:
         model.fit(rows, rows["median_ms"].to_numpy())
         return cls(hardware_id=hardware_id, model=model, train_rows=rows,
                    visual_tokens=visual_tokens, metrics=metrics, holdout=held,
-                   n_holdout=n_holdout, seed=seed, stat=stat)
+                   n_holdout=n_holdout, seed=seed, stat=stat,
+                   fingerprint=dict(fingerprint or {}))
+
+    def check_fingerprint(self, expected: Mapping[str, Any], where: str | Path = "") -> None:
+        """Refuse to predict for another program (`check_fingerprint`)."""
+        check_fingerprint(self.fingerprint, expected, where or self.hardware_id)
 
     # --- persistence --------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -175,7 +184,7 @@ class LatencyPredictor:
             "metrics": self.metrics, "holdout": self.holdout,
             "n_train": len(self.train_rows) - self.n_holdout, "n_holdout": self.n_holdout,
             "n_fit": len(self.train_rows), "visual_tokens": self.visual_tokens, "seed": self.seed,
-            "stat": self.stat,
+            "stat": self.stat, "fingerprint": self.fingerprint,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": library_versions(),
         }
@@ -194,8 +203,10 @@ class LatencyPredictor:
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path) -> LatencyPredictor:
-        """Load the saved predictor; refit it from its rows when scikit-learn's version changed."""
+    def load(cls, directory: str | Path, expect: Mapping[str, Any] | None = None
+             ) -> LatencyPredictor:
+        """Load the saved predictor; refit it from its rows when scikit-learn's version changed.
+        expect: fingerprint values the caller needs (`check_fingerprint`), checked first."""
         import joblib
 
         directory = Path(directory)
@@ -205,6 +216,8 @@ class LatencyPredictor:
                 f"no latency predictor in {directory}; run `dreams-nas profile` first"
             )
         meta = read_json(meta_path)
+        fingerprint = dict(meta.get("fingerprint") or _legacy_fingerprint(directory))
+        check_fingerprint(fingerprint, expect or {}, directory)
         rows = _training_frame(pd.read_csv(directory / "predictor_train.csv",
                                            dtype={"spec_id": str}, keep_default_na=False,
                                            na_values={"heads": [""], "visual_keep": [""]}))
@@ -232,11 +245,36 @@ class LatencyPredictor:
         out = cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
                   visual_tokens=visual_tokens, metrics=dict(meta.get("metrics") or {}),
                   holdout=list(meta.get("holdout") or []), n_holdout=int(meta.get("n_holdout", 0)),
-                  seed=seed, stat=str(meta.get("stat", "median_ms")))
+                  seed=seed, stat=str(meta.get("stat", "median_ms")), fingerprint=fingerprint)
         if (saved != installed or schema != PREDICTOR_SCHEMA_VERSION
                 or not (directory / "predictor.joblib").is_file()):
             out.save(directory)
         return out
+
+
+def check_fingerprint(fingerprint: Mapping[str, Any], expected: Mapping[str, Any],
+                      where: str | Path) -> None:
+    """Each key of `expected` (e.g. the run's ``dtype`` and the target's ``architecture_hash``)
+    must equal what the rows were timed with; one line naming both when not. A key the
+    fingerprint lacks (a predictor fitted before it recorded it) is not checked."""
+    for key, value in expected.items():
+        have = fingerprint.get(key)
+        if value is None or have is None or str(have) == str(value):
+            continue
+        raise InputError(
+            f"the latency predictor in {where} was timed with {key} {have}, but this run has "
+            f"{key} {value}: its latencies are another program's; profile this run's target "
+            "and dtype (`dreams-nas profile`)")
+
+
+def _legacy_fingerprint(directory: Path) -> dict[str, Any]:
+    """A predictor saved before predictor.json recorded its fingerprint: the dtype and stack
+    of the hardware.json beside it (the rows' own)."""
+    path = directory / "hardware.json"
+    data = read_json(path) if path.is_file() else {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: data.get(k) for k in ("hardware_id", "dtype", "torch", "transformers") if k in data}
 
 
 def _training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.DataFrame:

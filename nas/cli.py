@@ -14,7 +14,8 @@ import json
 import logging
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -87,6 +88,24 @@ def _setup_logging(verbose: int, quiet: bool) -> None:
     log.propagate = False
 
 
+@contextmanager
+def _library_bars(shown: bool) -> Iterator[None]:
+    """-q silences the libraries' progress bars too (Hugging Face's weight loading and shard
+    writing): only warnings and errors reach stderr. Restored afterwards."""
+    if shown:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+
+
 def _finish(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(summary, sort_keys=True, default=str) + "\n")
@@ -112,7 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run = DEFAULT_RUN_DIR
     _setup_logging(args.verbose, args.quiet)
     try:
-        summary = _command_module(args.command).run(args)
+        with _library_bars(not args.quiet):
+            summary = _command_module(args.command).run(args)
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; rerun the same command to resume\n")
         return 130

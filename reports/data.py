@@ -46,7 +46,8 @@ def build_report_data(run_dir: str | Path, hardware_id: str | None = None) -> Re
                 or best_raw.get("hardware") or {"hardware_id": hw})
     front = sorted((s for s in subnets if s.on_front), key=lambda s: (-s.speedup, s.draft_ms))
     dataset, curves = load_acceptance(run_dir, [s.spec_id for s in front], supernet_hash,
-                                      {s.spec_id: s.tau for s in subnets})
+                                      {s.spec_id: s.tau for s in subnets},
+                                      best_raw.get("dtype") or run.get("dtype"))
     specs_root = layout.specs_root(run_dir)
     exported = frozenset(
         p.name for p in specs_root.iterdir() if layout.spec_json(run_dir, p.name).is_file()

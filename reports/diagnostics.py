@@ -17,9 +17,10 @@ from dreams_nas.reports.values import AcceptanceCurve, AifdInfo, HoldoutPoint, P
 
 
 def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str | None,
-                    trials_tau: Mapping[str, float]
+                    trials_tau: Mapping[str, float], dtype: str | None = None
                     ) -> tuple[str | None, tuple[AcceptanceCurve, ...]]:
     """Per-position acceptance curves of `spec_ids` from the acceptance CSV that covers them best.
+    Rows of another dtype than the search's (`dtype`, when known) are not its.
 
     Among several datasets, the one whose τ matches the search's τ for the most front subnets
     wins (the search scored on it), then the one covering most of them.
@@ -36,6 +37,8 @@ def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str |
             if sid not in wanted:
                 continue
             if supernet_hash and row.get("supernet_hash") != supernet_hash:
+                continue
+            if dtype and row.get("dtype") not in (None, dtype):
                 continue
             gamma = integer(row.get("draft_len")) or 0
             rates = [num(row.get(f"accept_rate_{i}")) for i in range(1, gamma + 1)]

@@ -135,7 +135,7 @@ def test_the_report_reads_what_the_search_writes_where_it_writes_it(tmp_path) ->
         front=tuple(pareto_front(candidates)), best=best_candidate(candidates),
         space_size=len(candidates), n_scored=0, history=history_of(candidates))
     written = export_result(run, result, hardware_id=HW, hardware={}, target={},
-                            supernet_hash="0123456789abcdef")
+                            supernet_hash="0123456789abcdef", dtype="float32")
     best_id = result.best.spec.id
     assert written["trials"] == layout.trials_csv(run.root, HW)
     assert written["pareto"] == layout.pareto_csv(run.root, HW)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_threads, whole
+from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, whole
 
 HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
         "search, verify, report (a rerun reuses every artefact)")
@@ -13,6 +13,7 @@ HELP = ("the whole pipeline on the built-in demo target: build it, train, profil
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device(parser, "to train, profile, score and verify on")
+    add_dtype(parser)
     add_threads(parser, "while profiling", default="physical cores")
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
                          multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens)
     options = DemoOptions(
-        device=args.device, seed=args.seed, train=train, profile_budget=args.profile_budget,
+        device=args.device, dtype=args.dtype, seed=args.seed, train=train,
+        profile_budget=args.profile_budget,
         profile_repeats=args.repeats,
         context_lengths=tuple(args.context_lengths) if args.context_lengths else None,
         threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,

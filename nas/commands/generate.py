@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, real, whole
+from dreams_nas.nas.commands.options import add_device, add_dtype, real, whole
 from dreams_nas.supernet.core.errors import InputError
 
 HELP = ("generate an answer about an image with a target VLM and a drafter "
@@ -35,8 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep the k most likely tokens (default 0 = off)")
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N")
     add_device(parser, "to decode on")
-    parser.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"),
-                        help="model dtype (default: the checkpoint's)")
+    add_dtype(parser, default="a spec folder's dtype, else auto")
 
 
 def _check_args(args: argparse.Namespace) -> Any:
@@ -54,6 +53,20 @@ def _check_args(args: argparse.Namespace) -> Any:
     return open_image(args.image)
 
 
+def _dtype_of(args: argparse.Namespace, device: str) -> str:
+    """--dtype, else the spec folder's dtype, else auto; a spec's own dtype is the only one it
+    loads in (`load_spec_drafter` refuses another, naming both)."""
+    from dreams_nas.supernet.core.device import resolve_dtype
+    from dreams_nas.supernet.decoding.spec import spec_dtype
+
+    exported = None
+    if args.drafter not in _NAMED_DRAFTERS:
+        exported = spec_dtype(Path(args.drafter).expanduser())
+    if args.dtype in (None, "auto") and exported is not None:
+        return exported
+    return resolve_dtype(args.dtype, device)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     image = _check_args(args)
     import torch
@@ -63,11 +76,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.core.device import resolve_device, torch_dtype
 
     device = resolve_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    target = TargetAdapter.load(args.target, device=device, dtype=dtype)
+    target = TargetAdapter.load(args.target, device=device,
+                                dtype=torch_dtype(_dtype_of(args, device)))
     inputs = target.build_inputs(image, args.prompt)
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
                                                                max_new_tokens=args.max_new_tokens)
@@ -86,4 +99,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "new_tokens": stats.new_tokens, "drafter": args.drafter, "draft_len": gamma,
         "accept_rates": stats.accept_rates(gamma) if drafter is not None else [],
         "target": target.describe(), "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
     }

@@ -13,6 +13,18 @@ def add_device(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: 
                         help=f"device {what} (default: auto = cuda:0 if present, else cpu)")
 
 
+DTYPE_CHOICES = ("auto", "float32", "float16", "bfloat16")
+
+
+def add_dtype(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+              default: str = "the run's dtype, else auto") -> None:
+    """``--dtype auto|float32|float16|bfloat16``: the one dtype of target and draft."""
+    parser.add_argument("--dtype", default=None, choices=DTYPE_CHOICES,
+                        help=f"dtype of target and draft (default: {default}; auto = float32 "
+                             "on the CPU, bfloat16 on GPUs that run it natively (compute "
+                             "capability 8.0+), else float16)")
+
+
 def add_threads(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str,
                 default: str = "torch's own") -> None:
     """``--threads N``: torch CPU threads while `what` ("while scoring")."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_threads, real, whole
+from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, real, whole
 
 HELP = ("time draft subnets and the target's decode/verify steps on this device; "
         "fit the latency predictor")
@@ -16,11 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target VLM checkpoint folder (default: the run's target, "
                              "else builtin)")
     add_device(parser, "to time on")
-    parser.add_argument("--dtype", default="auto",
-                        choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weights' dtype (default auto: float32 on CPU; on a GPU "
-                             "bfloat16 where it runs natively, compute capability 8.0+, "
-                             "else float16)")
+    add_dtype(parser)
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid)")

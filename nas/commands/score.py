@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_data, add_device, add_threads, real, whole
+from dreams_nas.nas.commands.options import (
+    add_data,
+    add_device,
+    add_dtype,
+    add_threads,
+    real,
+    whole,
+)
 
 HELP = "measure the acceptance length tau of subnets on evaluation prompts (cached per supernet)"
 
@@ -22,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
                         help="tokens generated per prompt (default 64)")
     add_device(parser, "to score on")
+    add_dtype(parser)
     add_threads(parser, "while scoring")
 
 
@@ -31,6 +39,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     options = ScoreOptions(
         data=args.data, specs=args.specs, temperature=args.temperature, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, device=args.device, threads=args.threads,
+        max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+        threads=args.threads,
         seed=args.seed, show_progress=False if args.json or args.quiet else None)
     return score_run(RunFolder(args.run), options)

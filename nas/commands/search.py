@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_data, add_device, add_threads, real, whole
+from dreams_nas.nas.commands.options import (
+    add_data,
+    add_device,
+    add_dtype,
+    add_threads,
+    real,
+    whole,
+)
 
 HELP = "search the subnets for the best expected speedup on one profiled hardware id"
 
@@ -41,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="evaluation prompts decoded for the verification (default: all the "
                              "scored ones, so measured and scored tau come from the same prompts)")
     add_device(parser, "to score and verify on")
+    add_dtype(parser)
     add_threads(parser, "while scoring missing rows; verification always uses the profiled "
                 "thread count")
     group = parser.add_argument_group(
@@ -64,6 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         objective=args.objective, method=args.method, trials=args.trials, storage=args.storage,
         study_name=args.study_name, hardware=args.hardware, max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
-        verify_prompts=args.verify_prompts, device=args.device, threads=args.threads,
+        verify_prompts=args.verify_prompts, device=args.device, dtype=args.dtype,
+        threads=args.threads,
         seed=args.seed, show_progress=show, train=train)
     return search_run(RunFolder(args.run), options)

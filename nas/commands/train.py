@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_data, add_device, real, whole
+from dreams_nas.nas.commands.options import add_data, add_device, add_dtype, real, whole
 
 HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, two-phase training)"
 
@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
                         help="length cap of the target's self-distilled answers")
     add_device(parser, "to train on (the target and the draft)")
+    add_dtype(parser)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,5 +51,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch_size=args.batch_size, lr=args.lr, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
         heads=args.heads, max_new_tokens=args.max_new_tokens, device=args.device,
+        dtype=args.dtype,
         seed=args.seed, show_progress=False if args.json or args.quiet else None)
     return train(RunFolder(args.run), options)

@@ -27,6 +27,7 @@ class DemoOptions:
     """The demo's settings; the defaults are the real pipeline (tests shrink them)."""
 
     device: str = "auto"
+    dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     seed: int = 0
     train: TrainOptions = field(default_factory=TrainOptions)
     profile_budget: float | int | str | None = None  # None: the whole grid
@@ -84,6 +85,8 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
     started = time.perf_counter()
     run = RunFolder(run_dir)
     device = resolve_device(options.device)
+    # one dtype for every stage, resolved once (the run's when it has one)
+    options = replace(options, dtype=run.dtype(options.dtype, device))
     variant = builtin_variant()
     show = options.show_progress
     stages = _Stages(show)
@@ -115,8 +118,8 @@ def _train(run: RunFolder, options: DemoOptions, device: str, target_folder: str
            ) -> tuple[dict[str, Any], bool]:
     from dreams_nas.nas.stages.train import ensure_supernet
 
-    train = replace(options.train, target="builtin", device=device, seed=options.seed,
-                    show_progress=options.show_progress)
+    train = replace(options.train, target="builtin", device=device, dtype=options.dtype,
+                    seed=options.seed, show_progress=options.show_progress)
     return ensure_supernet(run, train, target_path=target_folder)
 
 
@@ -124,7 +127,7 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
     from dreams_nas.nas.stages.profile import ProfileOptions
 
     return ProfileOptions(
-        target="builtin", device=device, budget=options.profile_budget,
+        target="builtin", device=device, dtype=options.dtype, budget=options.profile_budget,
         context_lengths=options.context_lengths, repeats=options.profile_repeats,
         threads=options.threads, seed=options.seed, show_progress=options.show_progress)
 
@@ -144,7 +147,7 @@ def _score(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str,
 
     summary = score_run(run, ScoreOptions(
         limit=options.limit, max_new_tokens=options.max_new_tokens, device=device,
-        seed=options.seed, show_progress=options.show_progress))
+        dtype=options.dtype, seed=options.seed, show_progress=options.show_progress))
     return summary, summary["n_scored"] == 0
 
 
@@ -155,8 +158,8 @@ def _search(run: RunFolder, options: DemoOptions, device: str, hardware_id: str
     search_options = SearchOptions(
         objective="speedup", method="exhaustive", hardware=hardware_id, limit=options.limit,
         max_new_tokens=options.max_new_tokens, verify=options.verify,
-        verify_prompts=options.verify_prompts, device=device, seed=options.seed,
-        show_progress=options.show_progress, write_report=False)
+        verify_prompts=options.verify_prompts, device=device, dtype=options.dtype,
+        seed=options.seed, show_progress=options.show_progress, write_report=False)
     done = finished_search(run, hardware_id, search_options)
     if done is not None:
         return done, True
@@ -181,6 +184,7 @@ def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str,
         return None
     if (best.get("objective") != options.objective or best.get("method") != options.method
             or best.get("supernet_hash") != supernet_hash(run)
+            or best.get("dtype", "float32") != options.dtype
             or (options.verify > 0 and not best.get("measured"))
             or not (run.root / str(best.get("spec_dir", ""))).is_dir()):
         return None
@@ -231,6 +235,7 @@ def _summary(run: RunFolder, variant: str, device: str, hardware_id: str,
         "predicted_tau": r(predicted.get("tau")), "measured_tau": r(measured.get("tau")),
         "report": report.get("report"), "best_json": searched.get("best_json"),
         "run": str(run.root), "hardware_id": hardware_id, "device": device,
+        "dtype": run.read_run().get("dtype"),
         "target_variant": variant,
         "stages": {o.name: "reused" if o.reused else "done" for o in outcomes},
         "stage_seconds": {o.name: o.seconds for o in outcomes},

@@ -75,22 +75,25 @@ def predicted(c: Candidate) -> dict[str, Any]:
 
 
 def write_spec_dir(folder: Path, c: Candidate, *, target: Mapping[str, Any], supernet_hash: str,
-                   hardware: Mapping[str, Any], write_draft: DraftWriter | None = None) -> Path:
-    """specs/<spec_id>/: spec.json (+ the extracted draft when `write_draft` is given)."""
+                   hardware: Mapping[str, Any], dtype: str,
+                   write_draft: DraftWriter | None = None) -> Path:
+    """specs/<spec_id>/: spec.json (+ the extracted draft when `write_draft` is given, in
+    `dtype`, the run's: the one its latency and acceptance were measured in)."""
     folder.mkdir(parents=True, exist_ok=True)
     if write_draft is not None:
         write_draft(c.spec, folder)
     atomic_write_json(folder / "spec.json", {
         "schema_version": SPEC_SCHEMA_VERSION, "spec": c.spec.to_dict(), "spec_id": c.spec.id,
         "target": dict(target), "supernet_hash": supernet_hash, "hardware": dict(hardware),
-        "predicted": predicted(c), "tau": c.tau, "tau_ci": [c.tau_ci[0], c.tau_ci[1]],
-        "draft_params": c.draft_params, "versions": library_versions(),
+        "dtype": dtype, "predicted": predicted(c), "tau": c.tau,
+        "tau_ci": [c.tau_ci[0], c.tau_ci[1]], "draft_params": c.draft_params,
+        "versions": library_versions(),
     })
     return folder
 
 
 def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[str, Any],
-                 supernet_hash: str, measured: Mapping[str, Any] | None = None,
+                 supernet_hash: str, dtype: str, measured: Mapping[str, Any] | None = None,
                  verified: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     best = result.best
     if best is None:
@@ -101,7 +104,7 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
         "predicted": predicted(best),
         "measured": dict(measured) if measured is not None else None,
         "verified": [dict(v) for v in verified],
-        "hardware": dict(hardware), "supernet_hash": supernet_hash,
+        "hardware": dict(hardware), "supernet_hash": supernet_hash, "dtype": dtype,
         "n_evaluations": result.n_evaluations, "space_size": result.space_size,
         "study_name": result.study_name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -111,7 +114,7 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
 
 def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
                   hardware: Mapping[str, Any], target: Mapping[str, Any], supernet_hash: str,
-                  write_draft: DraftWriter | None = None,
+                  dtype: str, write_draft: DraftWriter | None = None,
                   measured: Mapping[str, Any] | None = None,
                   verified: Sequence[Mapping[str, Any]] = (),
                   spec_ids: Sequence[str] | None = None) -> dict[str, Path]:
@@ -133,17 +136,17 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
         for c in result.candidates:
             if c.spec.id in wanted:
                 write_spec_dir(run.spec_dir(c.spec.id), c, target=target,
-                               supernet_hash=supernet_hash, hardware=hardware,
+                               supernet_hash=supernet_hash, hardware=hardware, dtype=dtype,
                                write_draft=write_draft)
         paths["best"] = write_best(run, result, hardware_id=hardware_id, hardware=hardware,
-                                   supernet_hash=supernet_hash, measured=measured,
+                                   supernet_hash=supernet_hash, dtype=dtype, measured=measured,
                                    verified=verified)
         paths["spec_dir"] = run.spec_dir(result.best.spec.id)
     return paths
 
 
 def write_best(run: RunFolder, result: SearchResult, *, hardware_id: str,
-               hardware: Mapping[str, Any], supernet_hash: str,
+               hardware: Mapping[str, Any], supernet_hash: str, dtype: str,
                measured: Mapping[str, Any] | None = None,
                verified: Sequence[Mapping[str, Any]] = ()) -> Path:
     """search/<hw>/best.json, atomically: first with the prediction alone, then again once
@@ -151,4 +154,5 @@ def write_best(run: RunFolder, result: SearchResult, *, hardware_id: str,
     return atomic_write_json(
         run.best_json(hardware_id),
         best_payload(result, hardware_id=hardware_id, hardware=hardware,
-                     supernet_hash=supernet_hash, measured=measured, verified=verified))
+                     supernet_hash=supernet_hash, dtype=dtype, measured=measured,
+                     verified=verified))

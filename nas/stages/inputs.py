@@ -54,10 +54,15 @@ def hardware_identity(run: RunFolder, hardware_id: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def load_latency(run: RunFolder, hardware_id: str) -> LatencyPredictor:
+def load_latency(run: RunFolder, hardware_id: str, dtype: str | None = None
+                 ) -> LatencyPredictor:
+    """The predictor of `hardware_id`, refused unless it was timed in `dtype` on the run's
+    target architecture (another program's latencies would choose the wrong subnet)."""
     from dreams_nas.latency.predictor import LatencyPredictor
 
-    return LatencyPredictor.load(run.latency_dir(hardware_id))
+    target = run.read_run().get("target") or {}
+    expect = {"dtype": dtype, "architecture_hash": target.get("architecture_hash")}
+    return LatencyPredictor.load(run.latency_dir(hardware_id), expect=expect)
 
 
 # --- supernet ------------------------------------------------------------------------------
@@ -132,10 +137,11 @@ def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
 
 
 class RunModels:
-    """The run's target and supernet, loaded on first use and then kept."""
+    """The run's target and supernet, loaded on first use and then kept, both in the run's
+    dtype."""
 
-    def __init__(self, run: RunFolder, device: str = "cpu") -> None:
-        self.run, self.device = run, device
+    def __init__(self, run: RunFolder, device: str = "cpu", dtype: str = "float32") -> None:
+        self.run, self.device, self.dtype = run, device, dtype
         self._target: Any = None
         self._draft: Any = None
 
@@ -149,7 +155,10 @@ class RunModels:
                 raise MissingArtefactError(f"no target in {self.run.run_json}; "
                                            "run `dreams-nas train` first")
             log.info("loading target %s", where)
-            self._target = TargetAdapter.load(where, device=self.device)
+            from dreams_nas.supernet.core.device import torch_dtype
+
+            self._target = TargetAdapter.load(where, device=self.device,
+                                              dtype=torch_dtype(self.dtype))
         return self._target
 
     @property

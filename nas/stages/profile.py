@@ -32,7 +32,7 @@ log = logging.getLogger("dreams_nas.latency")
 class ProfileOptions:
     target: str | None = None  # "builtin" | checkpoint folder; None: run.json's, else builtin
     device: str = "auto"
-    dtype: str = "auto"
+    dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     budget: float | int | str | None = None
     context_lengths: Sequence[int] | None = None
     repeats: int = 100
@@ -94,13 +94,13 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
     from dreams_nas.latency.steps import ModelSteps, default_context_lengths
-    from dreams_nas.supernet.core.device import resolve_dtype, torch_dtype
+    from dreams_nas.supernet.core.device import torch_dtype
 
     started = time.perf_counter()
     device = resolve_device(options.device)
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
-    dtype_name = resolve_dtype(options.dtype, device)
+    dtype_name = run.dtype(options.dtype, device)
     dtype = torch_dtype(dtype_name)
     if options.clock not in ("wall", "cpu"):
         raise InputError(f"--clock {options.clock!r} must be wall or cpu")
@@ -124,25 +124,31 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
             )
         plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
         visual_tokens = int(plan_info.get("visual_tokens", 0))
+        architecture = plan_info.get("architecture_hash")
+        if (folder / "hardware.json").is_file():  # the rows' own identity, not this machine's
+            hw = HardwareInfo.from_dict(read_json(folder / "hardware.json"))
     else:
         _check_same_hardware(folder, hw, options.clock)
         target_id = options.target or run.target_source() or "builtin"
+        _check_same_target(folder, target_id)  # from its config, before the slow load
         adapter = load_target(target_id, device, dtype)
         entry = adapter.describe()
+        architecture = entry["architecture_hash"]
         space, supernet = _space_and_supernet(run, adapter.model, options.seed)
         visual_tokens = count_visual_tokens(adapter)
         contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
         keys = build_plan(space, contexts, budget=options.budget, seed=options.seed)
         existing = run.read_run()
-        run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()))
-                          if k not in existing})
+        run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()),
+                                             ("dtype", dtype_name)) if k not in existing})
         atomic_write_json(folder / "hardware.json", hw.to_dict())
         atomic_write_json(folder / "plan.json", {
             "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
             "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
             "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
             "passes": options.passes, "chunk": options.chunk,
-            "verify_after": space.largest().id,
+            "verify_after": space.largest().id, "target": entry.get("id"),
+            "architecture_hash": architecture,
         })
         if options.passes < 1:
             raise InputError(f"--passes {options.passes} must be at least 1")
@@ -158,12 +164,14 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
                  folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
     predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
-                                     holdout=options.holdout, seed=options.seed, stat=options.stat)
+                                     holdout=options.holdout, seed=options.seed, stat=options.stat,
+                                     fingerprint=profile_fingerprint(hw, architecture))
     predictor.save(folder)
     report = predictor.report()
     summary: dict[str, Any] = {
-        "hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
-        "rows": int(len(store.read())), "regressor": report["regressor"], "stat": options.stat,
+        "hardware_id": hw.hardware_id, "device": device, "dtype": hw.dtype,
+        "profile": str(store.path), "rows": int(len(store.read())),
+        "regressor": report["regressor"], "stat": options.stat,
         **{k: round(v, 4) for k, v in predictor.metrics.items()},
         "n_train": report["n_train"], "n_holdout": report["n_holdout"],
         "seconds": round(time.perf_counter() - started, 1),
@@ -176,6 +184,31 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
 # What a profile's timings depend on besides the hardware id: rows timed under another value of
 # any of these are another machine's, refused rather than merged.
 FINGERPRINT = ("torch", "transformers", "driver", "cuda", "mig_profile", "power_cap_w")
+
+
+def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict[str, Any]:
+    """What the predictor of these rows answers for: the hardware id, dtype, software stack
+    (`FINGERPRINT`) and the target's architecture hash."""
+    info = hw.to_dict()
+    return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,
+            **{key: info.get(key) for key in FINGERPRINT},
+            "architecture_hash": architecture_hash}
+
+
+def _check_same_target(folder: Path, target: str) -> None:
+    """Refuse to append rows of another target architecture to a profile."""
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+
+    plan = folder / "plan.json"
+    old = read_json(plan).get("architecture_hash") if plan.is_file() else None
+    if not old:
+        return
+    new = TargetAdapter.architecture(target)
+    if old != new:
+        raise InputError(
+            f"the profile in {folder} timed a target of architecture {old}, this target "
+            f"({target}) is {new}: its rows would mix two models; profile it into another "
+            "--run folder")
 
 
 def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
@@ -212,10 +245,8 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     settings, predictor fitted after the last row), or None when `profile` has work to do.
 
     Loads no model: the demo and `search` use it to skip a profile that is already done."""
-    from dreams_nas.supernet.core.device import resolve_dtype
-
     device = resolve_device(options.device)
-    dtype_name = resolve_dtype(options.dtype, device)
+    dtype_name = run.dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
     folder = run.latency_dir(hw.hardware_id)
     store = ProfileStore(run.profile_csv(hw.hardware_id))

@@ -18,6 +18,7 @@ class ScoreOptions:
     limit: int | None = None
     max_new_tokens: int = 64
     device: str = "auto"
+    dtype: str | None = None  # None/auto: the run's dtype (RunFolder.dtype)
     threads: int | None = None
     seed: int = 0
     show_progress: bool | None = None
@@ -40,12 +41,14 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     if options.temperature < 0:
         raise InputError(f"--temperature {options.temperature} must be >= 0 (0 means greedy)")
     device = resolve_device(options.device)
+    dtype = run.record_dtype(run.dtype(options.dtype, device))
     digest = supernet_hash(run)
     space = run.space()
     specs = read_specs(options.specs, space)
     data_id = dataset_id(options.data, options.limit, options.seed)
-    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, options.temperature)
-    scorer = LazyScorer(RunModels(run, device), data=options.data, limit=options.limit,
+    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, options.temperature,
+                            dtype=dtype, max_new_tokens=options.max_new_tokens)
+    scorer = LazyScorer(RunModels(run, device, dtype), data=options.data, limit=options.limit,
                         seed=options.seed, supernet_hash=digest, dataset_id=data_id,
                         temperature=options.temperature, max_new_tokens=options.max_new_tokens,
                         draft_lens=space.draft_len, show_progress=options.show_progress)
@@ -54,7 +57,8 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
         rows = cached.rows(specs, show_progress=options.show_progress)
     best = max(rows, key=lambda r: r.tau)
     return {"acceptance": str(table.path), "dataset_id": data_id, "supernet_hash": digest,
-            "temperature": options.temperature, "method": best.method, "n_specs": len(rows),
+            "temperature": options.temperature, "dtype": dtype, "method": best.method,
+            "n_specs": len(rows),
             "n_scored": cached.n_scored, "n_cached": len(rows) - min(len(rows), cached.n_scored),
             "best_tau": round(best.tau, 4), "best_tau_spec": best.spec.id,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -29,6 +29,7 @@ class SearchOptions:
     verify: int = 3
     verify_prompts: int | None = None  # None: every scored prompt (measured tau = scored tau)
     device: str = "auto"
+    dtype: str | None = None  # None/auto: the run's dtype (RunFolder.dtype)
     threads: int | None = None
     seed: int = 0
     show_progress: bool | None = None
@@ -70,19 +71,22 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     if options.verify < 0 or (options.verify_prompts is not None and options.verify_prompts < 1):
         raise InputError("--verify must be >= 0 and --verify-prompts >= 1")
     device = resolve_device(options.device)
+    dtype = run.dtype(options.dtype, device)
     hardware_id = resolve_hardware(run, options.hardware)
     if trained_supernet(run) is None:
         from dataclasses import replace
 
         ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin",
-                                     device=device, seed=options.seed,
+                                     device=device, dtype=dtype, seed=options.seed,
                                      show_progress=options.show_progress))
+    run.record_dtype(dtype)
     digest = supernet_hash(run)
     space = run.space()
     data_id = dataset_id(options.data, options.limit, options.seed)
-    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, 0.0)
+    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, 0.0, dtype=dtype,
+                            max_new_tokens=options.max_new_tokens)
     show = options.show_progress
-    models = RunModels(run, device)
+    models = RunModels(run, device, dtype)
     scorer = LazyScorer(models, data=options.data, limit=options.limit, seed=options.seed,
                         supernet_hash=digest, dataset_id=data_id,
                         max_new_tokens=options.max_new_tokens, draft_lens=space.draft_len,
@@ -96,7 +100,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     study_name = options.study_name or study_name_for(options, hardware_id, data_id, digest)
     with torch_threads(options.threads):
         result = _search(
-            space, cached, load_latency(run, hardware_id), draft_params_fn(run),
+            space, cached, load_latency(run, hardware_id, dtype), draft_params_fn(run),
             context_len=context_len_of(table, scorer), objective=options.objective,
             method=options.method, max_draft_ms=options.max_draft_ms, n_trials=options.trials,
             storage=storage, study_name=study_name, seed=options.seed, show_progress=show,
@@ -115,16 +119,17 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
 
     # Everything the search found is on disk before the (long, fallible) measurement.
     paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
-                          target=info, supernet_hash=digest, write_draft=write_draft)
+                          target=info, supernet_hash=digest, dtype=dtype,
+                          write_draft=write_draft)
     measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
     if measured is not None:
         write_best(run, result, hardware_id=hardware_id, hardware=hardware,
-                   supernet_hash=digest, measured=measured, verified=verified)
+                   supernet_hash=digest, dtype=dtype, measured=measured, verified=verified)
     report = write_run_report(run, hardware_id) if options.write_report else None
     best = result.best
     summary: dict[str, Any] = {
         "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
-        "best": best.spec.id, "spec_dir": str(paths["spec_dir"]),
+        "dtype": dtype, "best": best.spec.id, "spec_dir": str(paths["spec_dir"]),
         "predicted": {"speedup": round(best.speedup, 4), "tau": round(best.tau, 4),
                       "draft_ms": round(best.draft_ms, 4),
                       "first_draft_ms": round(best.first_draft_ms, 4),

@@ -36,6 +36,7 @@ class TrainOptions:
     heads: int | None = None  # heads of the maximal draft (None: the target's)
     max_new_tokens: int = 64
     device: str = "auto"
+    dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     seed: int = 0
     show_progress: bool | None = None
 
@@ -110,15 +111,16 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
           ) -> dict[str, Any]:
     """Train the supernet of `options.target` into `run` (resuming a killed run); the summary.
     `examples`: the training prompts when already loaded (else read from `options.data`)."""
-    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.core.device import resolve_device, torch_dtype
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import train_run
 
     config = options.config()  # bad settings fail here, before the (slow) target load
     device = resolve_device(options.device)
+    dtype = run.dtype(options.dtype, device)
     if examples is None:
         examples = load_examples(options.data, options.n_train, options.seed)
-    target = TargetAdapter.load(options.target, device=device)
+    target = TargetAdapter.load(options.target, device=device, dtype=torch_dtype(dtype))
     return train_run(run, target, examples, config, num_heads=options.heads,
                      max_new_tokens=options.max_new_tokens, distill=options.distill,
                      device=device, show_progress=options.show_progress)

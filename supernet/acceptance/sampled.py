@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
-from dreams_nas.supernet.acceptance.teacher_forced import accept_rates, pooled_tau
+from dreams_nas.supernet.acceptance.teacher_forced import accept_rates, dtype_name, pooled_tau
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
@@ -57,7 +57,8 @@ class SampledScorer:
         context = int(round(float(np.mean([int(p["input_ids"].shape[-1]) for p in self.prompts]))))
         return AcceptanceRow(
             spec=spec, tau=tau, tau_lo=lo, tau_hi=hi, supernet_hash=self.supernet_hash,
-            dataset_id=self.dataset_id, temperature=self.sampling.temperature, method="sampled",
+            dataset_id=self.dataset_id, temperature=self.sampling.temperature,
+            dtype=dtype_name(self.adapter), max_new_tokens=self.max_new_tokens, method="sampled",
             n_prompts=len(self.prompts), n_tokens=int(sum(lengths)), context_len=context,
             accept_rates=tuple(accept_rates(lengths, offered, spec.draft_len)),
         )

@@ -228,6 +228,12 @@ def simulate_cycles(matches: np.ndarray, gamma: int, max_new_tokens: int,
     return lengths, proposed
 
 
+def dtype_name(adapter: TargetAdapter) -> str:
+    """The dtype the target (and the draft with it) ran in, as a row records it: ``"float16"``
+    for ``torch.float16``. Part of a row's key: acceptance shifts with the precision."""
+    return str(adapter.dtype).removeprefix("torch.")
+
+
 def accept_rates(lengths: Sequence[int], proposed: Sequence[int], gamma: int) -> list[float]:
     """Per draft position i: accepted / offered over the cycles that proposed it (NaN if none)."""
     lengths_a, proposed_a = np.asarray(lengths), np.asarray(proposed)
@@ -329,7 +335,8 @@ class TeacherForcedScorer:
             out.append(AcceptanceRow(
                 spec=triple.replace(draft_len=gamma), tau=tau, tau_lo=lo, tau_hi=hi,
                 supernet_hash=self.supernet_hash, dataset_id=self.dataset_id,
-                temperature=0.0, method="teacher-forced", n_prompts=len(traces),
+                temperature=0.0, dtype=dtype_name(self.adapter),
+                max_new_tokens=self.max_new_tokens, method="teacher-forced", n_prompts=len(traces),
                 n_tokens=int(sum(lengths)), context_len=self.context_len,
                 accept_rates=tuple(accept_rates(lengths, offered, gamma)),
             ))

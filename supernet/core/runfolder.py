@@ -23,6 +23,7 @@ from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
+from dreams_nas.supernet.core.device import resolve_dtype
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_json, locked, read_json
 from dreams_nas.supernet.core.space import SearchSpace
@@ -153,6 +154,35 @@ class RunFolder:
             return "builtin"
         path = info.get("path")
         return str(path) if path and Path(path).exists() else str(info.get("id"))
+
+    def dtype(self, asked: str | None, device: str) -> str:
+        """The one dtype every command of this run computes in: run.json's ``dtype`` once a
+        command recorded it; before that, `asked` resolved on `device` (None or ``auto``:
+        float32 on the CPU, bfloat16 on a GPU that runs it natively, else float16).
+
+        An explicit `asked` that differs from the recorded dtype is refused: the run's
+        supernet, acceptance rows and latency profile would otherwise describe another
+        program than the one measured."""
+        recorded = self.read_run().get("dtype")
+        auto = asked is None or str(asked).strip().lower() == "auto"
+        if recorded is not None and auto:
+            return str(recorded)
+        value = resolve_dtype(asked, device)
+        if recorded is not None and value != recorded:
+            raise InputError(
+                f"--dtype {value} differs from this run's dtype {recorded} ({self.run_json}): "
+                f"drop --dtype (or pass --dtype {recorded}), or use another --run folder")
+        return value
+
+    def record_dtype(self, dtype: str) -> str:
+        """Write `dtype` into run.json unless a dtype is there already (then refuse another)."""
+        recorded = self.read_run().get("dtype")
+        if recorded is None:
+            self.update_run(dtype=dtype)
+        elif recorded != dtype:
+            raise InputError(f"this run computes in {recorded} ({self.run_json}), not {dtype}; "
+                             "use another --run folder")
+        return dtype
 
     def space(self) -> SearchSpace:
         data = self.read_run().get("space")

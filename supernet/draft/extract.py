@@ -47,8 +47,11 @@ class CompactDraft(DreamDraft):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, shared: SharedTargetModules | None = None,
-                        device: str | torch.device = "cpu") -> CompactDraft:
-        """Load a draft written by `save_pretrained`; `shared` = the target's embedding/LM head."""
+                        device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None) -> CompactDraft:
+        """Load a draft written by `save_pretrained`; `shared` = the target's embedding/LM head.
+        dtype: None keeps the dtype it was saved in (the run's: a bfloat16 export loads in
+        bfloat16)."""
         from safetensors.torch import load_file
 
         directory = Path(directory)
@@ -62,8 +65,11 @@ class CompactDraft(DreamDraft):
         data: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
         data.pop("kind", None)
         model = cls(DraftConfig.from_dict(data), shared)
-        model.load_state_dict(load_file(str(weights), device=str(device)))
-        return model.to(device).eval()
+        state = load_file(str(weights), device=str(device))
+        saved = next((t.dtype for t in state.values() if t.is_floating_point()), None)
+        model.to(device=device, dtype=dtype or saved)
+        model.load_state_dict(state)
+        return model.eval()
 
 
 def _slice_state(supernet: DreamDraft, spec: SubnetSpec) -> dict[str, Tensor]:

@@ -27,6 +27,7 @@ import torch
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.target.families import (
     FamilyInfo,
+    architecture_hash,
     detect_family,
     structural_token_ids,
     text_decoder,
@@ -96,17 +97,17 @@ class TargetAdapter:
         from dreams_nas.supernet.target.loading import load_model_and_processor
 
         target_id = str(target)
-        if target_id == "builtin":
-            try:
-                from dreams_nas.supernet.demo.cache import ensure_demo_target
-                from dreams_nas.supernet.demo.variants import builtin_variant
-            except ImportError as exc:
-                raise InputError("the builtin demo target is not part of this build; "
-                                 "pass --target PATH or a hub id") from exc
-            target = ensure_demo_target(variant=builtin_variant())
-        loaded = load_model_and_processor(target, device=device, dtype=dtype)
+        loaded = load_model_and_processor(_checkpoint_of(target), device=device, dtype=dtype)
         return cls(loaded.model, loaded.processor, loaded.tokenizer, target_id=target_id,
                    path=loaded.source, processor_error=loaded.processor_error)
+
+    @staticmethod
+    def architecture(target: str | Path) -> str:
+        """`architecture_hash` of a target from its config alone (no weights are loaded): a
+        command can refuse a mismatch before the slow load."""
+        from dreams_nas.supernet.target.loading import load_config
+
+        return architecture_hash(load_config(_checkpoint_of(target)))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -136,7 +137,8 @@ class TargetAdapter:
     def describe(self) -> dict[str, Any]:
         """The ``target`` block of run.json."""
         return {"id": self.target_id, "path": self.path, "family": self.family,
-                "num_layers": self.num_layers, "hidden_size": self.hidden_size}
+                "num_layers": self.num_layers, "hidden_size": self.hidden_size,
+                "architecture_hash": architecture_hash(self.model.config)}
 
     # ----------------------------------------------------------------- inputs
     def build_inputs(self, image: Any, prompt: str) -> dict[str, Tensor]:
@@ -319,3 +321,17 @@ def open_image(image: Any):
     except (UnidentifiedImageError, OSError) as exc:
         raise InputError(f"image file {str(path)!r} cannot be read as an image "
                          f"({type(exc).__name__}); pass a PNG or JPEG file") from exc
+
+
+def _checkpoint_of(target: str | Path) -> str | Path:
+    """What to load for `target`: the demo target's cached checkpoint folder for "builtin"
+    (built on first use), else `target` itself."""
+    if str(target) != "builtin":
+        return target
+    try:
+        from dreams_nas.supernet.demo.cache import ensure_demo_target
+        from dreams_nas.supernet.demo.variants import builtin_variant
+    except ImportError as exc:
+        raise InputError("the builtin demo target is not part of this build; "
+                         "pass --target PATH or a hub id") from exc
+    return ensure_demo_target(variant=builtin_variant())

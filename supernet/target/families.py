@@ -19,7 +19,10 @@ SmolVLM, Qwen2-VL and Qwen2.5-VL lives here and in `TargetAdapter`:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from dreams_nas.supernet.core.errors import InputError
 from torch import nn
@@ -90,3 +93,27 @@ def structural_token_ids(tokenizer) -> set[int]:
         return set()
     vocab = tokenizer.get_vocab()
     return {vocab[t] for t in _STRUCTURAL_TOKENS if t in vocab}
+
+
+# Config keys that do not change what the model computes or how fast: provenance, the dtype
+# (recorded on its own) and forward-call switches.
+_NOT_ARCHITECTURE = frozenset({"transformers_version", "dtype", "torch_dtype", "use_cache",
+                               "output_attentions", "output_hidden_states", "return_dict"})
+
+
+def architecture_hash(config: Any) -> str:
+    """16 hex digits identifying the model's architecture (its config without provenance,
+    dtype and call switches): what a latency profile is valid for. Two checkpoints of one
+    architecture share it (their step times are the same); a changed layer count, width,
+    vocabulary or vision tower changes it."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in sorted(value.items())
+                    if not str(k).startswith("_") and k not in _NOT_ARCHITECTURE}
+        if isinstance(value, list | tuple):
+            return [strip(v) for v in value]
+        return value
+
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    text = json.dumps(strip(data), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -47,25 +47,41 @@ class LoadedTarget:
     processor_error: str | None = None
 
 
+def _source(target: str | Path) -> str:
+    """The resolved checkpoint folder of `target`, or its hub id; a one-line error for a
+    folder that is not there or not a VLM checkpoint."""
+    path = Path(target).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise InputError(f"target {str(target)!r} is a file; "
+                             "pass a checkpoint folder or a hub id")
+        check_checkpoint_folder(path)
+        return str(path.resolve())
+    if str(target).startswith((".", "/", "~")) or str(target).count("/") > 1:
+        raise InputError(f"target folder {str(target)!r} does not exist; pass an existing "
+                         "checkpoint folder, a hub id such as llava-hf/llava-1.5-7b-hf, "
+                         "or builtin")
+    return str(target)
+
+
+def load_config(target: str | Path) -> Any:
+    """The checkpoint's config alone (no weights)."""
+    from transformers import AutoConfig
+
+    source = _source(target)
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"cannot read the config of {source!r}: {type(exc).__name__}: "
+                         f"{exc}") from exc
+
+
 def load_model_and_processor(target: str | Path, *, device: str | torch.device = "cpu",
                              dtype: torch.dtype | None = None) -> LoadedTarget:
     """The model, processor and tokenizer of a hub id or a local checkpoint folder."""
     from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-    path = Path(target).expanduser()
-    is_local = path.exists()
-    if is_local:
-        if not path.is_dir():
-            raise InputError(f"target {str(target)!r} is a file; "
-                             "pass a checkpoint folder or a hub id")
-        check_checkpoint_folder(path)
-        source = str(path.resolve())
-    else:
-        if str(target).startswith((".", "/", "~")) or str(target).count("/") > 1:
-            raise InputError(f"target folder {str(target)!r} does not exist; pass an existing "
-                             "checkpoint folder, a hub id such as llava-hf/llava-1.5-7b-hf, "
-                             "or builtin")
-        source = str(target)
+    source = _source(target)
     try:
         model = AutoModelForImageTextToText.from_pretrained(source, dtype=dtype or "auto")
     except (OSError, ValueError, KeyError) as exc:

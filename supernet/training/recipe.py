@@ -56,6 +56,7 @@ def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> list[dict[s
 def _answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens: int) -> str:
     digest = hashlib.sha256(json.dumps(
         {"target": str(target.path or target.target_id), "max_new_tokens": max_new_tokens,
+         "dtype": str(target.dtype),
          "examples": [[str(ex.id), str(ex.image_path), ex.prompt] for ex in examples]}
     ).encode())
     return digest.hexdigest()[:16]
@@ -136,9 +137,12 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     if distill == "none":
         config = replace(config, weights=replace(config.weights, distill=0.0))
     draft = build_draft(target, data, num_heads=heads, seed=config.seed, device=device)
+    # fp32 master weights; the forward runs in the target's dtype under autocast
+    dtype = str(target.dtype).removeprefix("torch.")
     outcome: TrainOutcome = train_supernet(draft, data.samples, layers, config,
                                            run.supernet_dir / "checkpoint",
-                                           show_progress=show_progress)
+                                           show_progress=show_progress,
+                                           compute_dtype=target.dtype)
     digest = save_supernet(draft, run.supernet_dir, extra={"distill_layers": list(layers)})
     supernet = {
         "hash": digest, "config": draft.config.to_dict(),
@@ -151,12 +155,13 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                               "feat": config.weights.feat},
                   "n_samples": len(data.samples), "n_examples": len(examples),
                   "max_new_tokens": max_new_tokens, "distill": distill,
-                  "config": config.to_dict(),
+                  "config": config.to_dict(), "compute_dtype": dtype,
+                  "master_dtype": "float32",
                   "seconds": round(time.perf_counter() - start, 1),
                   "loss_curve": outcome.loss_curve},
     }
     run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
-                   aifd=data.aifd.to_dict())
+                   aifd=data.aifd.to_dict(), dtype=dtype)
     last = outcome.loss_curve[-1] if outcome.loss_curve else {}
     return {"supernet": str(run.supernet_dir), "hash": digest,
             "num_params": supernet["num_params"], "aifd_chosen": list(data.aifd.chosen),
@@ -168,8 +173,10 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
 
 def draft_for_run(target: TargetAdapter, run: RunFolder, device: str | torch.device = "cpu"
                   ) -> DreamDraft:
-    """The trained supernet of `run`, attached to `target`'s embedding and LM head."""
+    """The trained supernet of `run`, attached to `target`'s embedding and LM head, in the
+    target's dtype (its fp32 master weights cast once: the draft is deployed, scored and
+    extracted in the dtype it was profiled in)."""
     from dreams_nas.supernet.draft.store import load_supernet
 
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
-    return load_supernet(run.require_supernet(), shared, device=device)
+    return load_supernet(run.require_supernet(), shared, device=device).to(target.dtype)

@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,12 +136,34 @@ def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainCo
     return [largest, smallest, *(everything[i] for i in picks)]
 
 
+class MixedPrecision:
+    """Autocast to the compute dtype around the forward, and a gradient scaler that is on only
+    for float16 (bfloat16 has float32's exponent range and needs none)."""
+
+    def __init__(self, device: torch.device, dtype: torch.dtype | None) -> None:
+        self.device_type = device.type
+        self.dtype = dtype if dtype in (torch.float16, torch.bfloat16) else None
+        self.scaler = torch.amp.GradScaler(self.device_type,
+                                           enabled=self.dtype == torch.float16)
+
+    @contextmanager
+    def autocast(self) -> Iterator[None]:
+        with warnings.catch_warnings(), torch.autocast(
+                self.device_type, dtype=self.dtype or torch.float32,
+                enabled=self.dtype is not None):
+            # the fp32 RMSNorm weights meet 16-bit activations: torch computes the norm
+            # unfused (in the higher precision) and says so once per process; expected here
+            warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
+            yield
+
+
 # --- head sorting ---------------------------------------------------------------------
 def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequence[int],
-               config: TrainConfig, optimizer: torch.optim.Optimizer | None = None
-               ) -> list[list[int]]:
+               config: TrainConfig, optimizer: torch.optim.Optimizer | None = None,
+               amp: MixedPrecision | None = None) -> list[list[int]]:
     """Accumulate |grad x weight| per head over `batches` (full draft, layers cycled), then
-    reorder every attention's heads (and the optimizer's moments) by decreasing importance."""
+    reorder every attention's heads (and the optimizer's moments) by decreasing importance.
+    `amp`: the forward's autocast (the loss is scaled alike; a common scale keeps the order)."""
     attns = model.attentions()
     totals = [torch.zeros(a.num_heads, device=a.q_proj.weight.device) for a in attns]
     layers = model.config.inject_layers
@@ -147,7 +171,13 @@ def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequ
     for i, batch in enumerate(batches):
         model.zero_grad(set_to_none=True)
         spec = full.replace(inject_layer=layers[i % len(layers)])
-        loss_terms(model, batch, spec, distill_layers, config.weights)["loss"].backward()
+        if amp is None:
+            loss = loss_terms(model, batch, spec, distill_layers, config.weights)["loss"]
+        else:
+            with amp.autocast():
+                loss = loss_terms(model, batch, spec, distill_layers, config.weights)["loss"]
+            loss = amp.scaler.scale(loss)
+        loss.backward()
         for total, attn in zip(totals, attns, strict=True):
             total += attn.head_importance()  # on the device: no copy per batch
     model.zero_grad(set_to_none=True)
@@ -211,10 +241,14 @@ def _load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.
 
 
 def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
-                   distill_layers: Sequence[int], config: TrainConfig) -> str:
+                   distill_layers: Sequence[int], config: TrainConfig,
+                   compute_dtype: torch.dtype | None = None) -> str:
     digest = hashlib.sha256()
-    digest.update(json.dumps({"draft": model.config.to_dict(), "train": config.to_dict(),
-                              "distill": list(distill_layers)}, sort_keys=True).encode())
+    fields = {"draft": model.config.to_dict(), "train": config.to_dict(),
+              "distill": list(distill_layers)}
+    if compute_dtype not in (None, torch.float32):  # float32 runs keep their old fingerprint
+        fields["compute_dtype"] = str(compute_dtype)
+    digest.update(json.dumps(fields, sort_keys=True).encode())
     for s in samples:
         digest.update(s.input_ids.numpy().tobytes())
     return digest.hexdigest()[:16]
@@ -238,8 +272,14 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
                    distill_layers: Sequence[int], config: TrainConfig,
                    checkpoint_dir: str | Path | None = None,
                    on_step: Callable[[int, dict[str, float]], None] | None = None,
-                   show_progress: bool | None = None) -> TrainOutcome:
+                   show_progress: bool | None = None,
+                   compute_dtype: torch.dtype | None = None) -> TrainOutcome:
     """Train `model` in place; resumes from `checkpoint_dir` when it holds a checkpoint.
+
+    compute_dtype: the dtype the forward passes run in under autocast (the run's dtype, that
+    of the target the draft is deployed with); the weights and optimiser state stay float32
+    (master weights), and float16 scales the loss against gradient underflow. None or
+    float32: plain float32.
 
     on_step(step, losses) is called after each optimizer step (tests use it to stop a run
     half-way, as a kill would).
@@ -253,7 +293,8 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
             param.requires_grad_(False)
     space = training_space(model)
     optimizer = make_optimizer(model, config)
-    fingerprint = fingerprint_of(model, samples, distill_layers, config)
+    fingerprint = fingerprint_of(model, samples, distill_layers, config, compute_dtype)
+    amp = MixedPrecision(device, compute_dtype)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     state = ((_load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None)
              or TrainState())
@@ -270,7 +311,7 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
             calib = [collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
                                                                  config.seed, j)]).to(device)
                      for j in range(config.calibration_batches)]
-            orders = sort_heads(model, calib, distill_layers, config, optimizer)
+            orders = sort_heads(model, calib, distill_layers, config, optimizer, amp)
             state.heads_sorted = True
         batch = collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
                                                            config.seed, step)]).to(device)
@@ -279,15 +320,18 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         optimizer.zero_grad(set_to_none=True)
         sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
         for spec in specs:
-            terms = loss_terms(model, batch, spec, distill_layers, config.weights,
-                               config.feature_noise, noise_gen, config.unroll)
-            (terms["loss"] / len(specs)).backward()
+            with amp.autocast():
+                terms = loss_terms(model, batch, spec, distill_layers, config.weights,
+                                   config.feature_noise, noise_gen, config.unroll)
+            amp.scaler.scale(terms["loss"] / len(specs)).backward()
             for key in sums:
                 sums[key] += float(terms[key].detach()) / len(specs)
+        amp.scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         for group in optimizer.param_groups:
             group["lr"] = config.lr_at(step)
-        optimizer.step()
+        amp.scaler.step(optimizer)
+        amp.scaler.update()
         state.step += 1
         steps_run += 1
         state.loss_curve.append({"step": state.step, **{k: round(v, 6) for k, v in sums.items()},

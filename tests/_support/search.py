@@ -25,9 +25,11 @@ def tau_of(spec: SubnetSpec) -> float:
 class FakeScorer:
     """tau = 1 + a + ... + a^gamma (i.i.d. acceptance a); counts every spec it scores."""
 
-    def __init__(self, supernet_hash: str = "abc123", dataset_id: str = "builtin") -> None:
+    def __init__(self, supernet_hash: str = "abc123", dataset_id: str = "builtin", *,
+                 dtype: str = "float32", max_new_tokens: int = 64) -> None:
         self.supernet_hash = supernet_hash
         self.dataset_id = dataset_id
+        self.dtype, self.max_new_tokens = dtype, max_new_tokens  # an AcceptanceTable's defaults
         self.calls: list[SubnetSpec] = []
 
     def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
@@ -37,7 +39,8 @@ class FakeScorer:
             tau, a = tau_of(spec), accept_prob(spec)
             out.append(AcceptanceRow(
                 spec=spec, tau=tau, tau_lo=tau - 0.1, tau_hi=tau + 0.1,
-                supernet_hash=self.supernet_hash, dataset_id=self.dataset_id, n_prompts=4,
+                supernet_hash=self.supernet_hash, dataset_id=self.dataset_id, dtype=self.dtype,
+                max_new_tokens=self.max_new_tokens, n_prompts=4,
                 n_tokens=64, context_len=32, accept_rates=(a,) * spec.draft_len,
             ))
         return out

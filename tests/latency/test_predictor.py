@@ -184,3 +184,37 @@ def test_missing_predictor_and_too_few_rows(tmp_path) -> None:
         LatencyPredictor.load(tmp_path)
     with pytest.raises(InputError, match="only 3 successful measurements"):
         LatencyPredictor.fit(synthetic_rows().head(3), "x")
+
+
+def test_a_predictor_answers_only_for_its_fingerprint(tmp_path) -> None:
+    from dreams_nas.supernet.core.errors import InputError
+
+    fingerprint = {"hardware_id": "cpu-test-1t", "dtype": "bfloat16", "torch": "2.13.0",
+                   "architecture_hash": "0123456789abcdef"}
+    LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                         holdout=0.0, fingerprint=fingerprint).save(tmp_path)
+    assert json.loads((tmp_path / "predictor.json").read_text())["fingerprint"] == fingerprint
+    same = LatencyPredictor.load(tmp_path, expect={"dtype": "bfloat16",
+                                                   "architecture_hash": "0123456789abcdef"})
+    assert same.fingerprint == fingerprint and same.decode_ms(144) > 0
+    for key, other in (("dtype", "float32"), ("architecture_hash", "fedcba9876543210")):
+        with pytest.raises(InputError, match=f"timed with {key} .* this run has {key} {other}"):
+            LatencyPredictor.load(tmp_path, expect={key: other})
+        with pytest.raises(InputError, match="dreams-nas profile"):
+            same.check_fingerprint({key: other})
+
+
+def test_a_predictor_saved_before_fingerprints_takes_its_profiles_dtype(tmp_path) -> None:
+    from dreams_nas.supernet.core.errors import InputError
+
+    LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                         holdout=0.0).save(tmp_path)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    del doc["fingerprint"]
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    (tmp_path / "hardware.json").write_text(json.dumps({"hardware_id": "cpu-test-1t",
+                                                        "dtype": "float32"}))
+    # what it does not record is not checked; what its hardware.json says is
+    assert LatencyPredictor.load(tmp_path, expect={"architecture_hash": "abc"}).decode_ms(50) > 0
+    with pytest.raises(InputError, match="timed with dtype float32"):
+        LatencyPredictor.load(tmp_path, expect={"dtype": "bfloat16"})

@@ -67,6 +67,17 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     err = capsys.readouterr().err
     assert "was timed with torch 1.13.1, this machine has" in err and "move" in err
     assert len(err.strip().splitlines()) == 1 and store.path.read_text() == before
+    # ... and so are rows of another target architecture
+    (folder / "hardware.json").write_text(json.dumps(hw))
+    plan = json.loads((folder / "plan.json").read_text())
+    assert plan["architecture_hash"] == run_json["target"]["architecture_hash"]
+    assert doc["fingerprint"]["architecture_hash"] == plan["architecture_hash"]
+    (folder / "plan.json").write_text(json.dumps({**plan, "architecture_hash": "0" * 16}))
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava,
+                     *FAST]) == 2
+    err = capsys.readouterr().err
+    assert f"timed a target of architecture {'0' * 16}" in err
+    assert len(err.strip().splitlines()) == 1 and store.path.read_text() == before
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:

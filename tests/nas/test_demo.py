@@ -81,6 +81,40 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> Non
     assert _counts(run, hw)[0] > counts[0]
 
 
+def test_demo_in_bfloat16_keeps_one_dtype_end_to_end(cmd, tmp_path) -> None:
+    import pandas as pd
+    from safetensors import safe_open
+
+    run = RunFolder(tmp_path / "run")
+    argv = ["demo", "--run", str(run.root), "--device", "cpu", "--dtype", "bfloat16",
+            "--profile-budget", "4", *TRAIN, *PROFILE, *EVAL]
+    code, summary, err = cmd(*argv)
+    assert code == 0, err
+    hw = summary["hardware_id"]
+    assert summary["dtype"] == run.read_run()["dtype"] == "bfloat16"
+    best = json.loads(run.best_json(hw).read_text())
+    assert best["dtype"] == best["measured"]["dtype"] == "bfloat16"
+    measured = best["measured"]
+    assert measured["prompts"] == 1 and 0 <= measured["identical_prompts"] <= 1
+    assert len(measured["divergences"]) == measured["prompts"] - measured["identical_prompts"]
+    spec_dir = run.spec_dir(best["spec_id"])
+    assert json.loads((spec_dir / "spec.json").read_text())["dtype"] == "bfloat16"
+    with safe_open(str(spec_dir / "draft.safetensors"), "pt") as draft:
+        assert {str(draft.get_tensor(k).dtype) for k in draft.keys()} == {"torch.bfloat16"}
+    assert set(pd.read_csv(run.profile_csv(hw))["dtype"]) == {"bfloat16"}
+    (acceptance,) = (run.root / "acceptance").glob("*.csv")
+    assert set(pd.read_csv(acceptance)["dtype"]) == {"bfloat16"}
+    # a second command in another dtype is refused, naming both; nothing is written
+    code, _, err = cmd("score", "--run", str(run.root), "--device", "cpu", "--dtype", "float32",
+                       "--limit", "2")
+    assert code == 2 and err.count("\n") == 1
+    assert "--dtype float32 differs from this run's dtype bfloat16" in err
+    # without --dtype every stage takes the run's dtype and reuses its work
+    code, again, err = cmd(*[a for a in argv if a not in ("--dtype", "bfloat16")])
+    assert code == 0, err
+    assert set(again["stages"].values()) == {"reused"} and again["dtype"] == "bfloat16"
+
+
 def test_demo_refuses_a_run_folder_of_another_target(cmd, tmp_path) -> None:
     from dreams_nas.nas.stages.train import TrainOptions, ensure_supernet
     from dreams_nas.supernet.core.errors import InputError

@@ -27,7 +27,8 @@ def exported(request, run_dir):
         (folder / "config.json").write_text(json.dumps({"heads": spec.heads}))
 
     paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
-                          target=TARGET, supernet_hash="abc123", write_draft=write_draft)
+                          target=TARGET, supernet_hash="abc123", dtype="float32",
+                          write_draft=write_draft)
     return result, paths, run_dir
 
 

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import csv
 import math
 
 import pytest
 from dreams_nas.supernet.acceptance.table import (
     ACCEPTANCE_COLUMNS,
+    LEGACY_COLUMNS,
     AcceptanceRow,
     AcceptanceTable,
 )
@@ -12,9 +14,11 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
 
 
-def _row(spec, tau=2.5, supernet="abc", dataset="builtin", temperature=0.0):
+def _row(spec, tau=2.5, supernet="abc", dataset="builtin", temperature=0.0, dtype="float32",
+         max_new_tokens=64):
     return AcceptanceRow(spec=spec, tau=tau, tau_lo=tau - 0.2, tau_hi=tau + 0.2,
                          supernet_hash=supernet, dataset_id=dataset, temperature=temperature,
+                         dtype=dtype, max_new_tokens=max_new_tokens,
                          n_prompts=4, n_tokens=100, context_len=30,
                          accept_rates=(0.9, 0.7, 0.5)[: spec.draft_len])
 
@@ -61,3 +65,93 @@ def test_row_validation() -> None:
     with pytest.raises(InputError, match="method 'guess'"):
         AcceptanceRow(spec=SubnetSpec(1, 1.0, 1, 1), tau=1.0, tau_lo=1.0, tau_hi=1.0,
                       supernet_hash="a", dataset_id="b", method="guess")
+    with pytest.raises(InputError, match="dtype 'float64'"):
+        _row(SubnetSpec(1, 1.0, 1, 1), dtype="float64")
+    with pytest.raises(InputError, match="max_new_tokens=-1"):
+        _row(SubnetSpec(1, 1.0, 1, 1), max_new_tokens=-1)
+    with pytest.raises(InputError, match="dtype 'fp16'"):
+        AcceptanceTable("unused.csv", "abc", "builtin", dtype="fp16")
+
+
+def test_a_bad_dtype_cell_is_refused_when_read_as_a_row() -> None:
+    fields = _row(SubnetSpec(2, 0.5, 1, 2)).to_csv_row()
+    fields = {k: str(v) for k, v in fields.items()}
+    assert AcceptanceRow.from_csv_row(fields).dtype == "float32"
+    with pytest.raises(InputError, match="dtype 'half'"):
+        AcceptanceRow.from_csv_row({**fields, "dtype": "half"})
+
+
+def test_other_dtypes_and_budgets_are_kept_apart(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    spec = SubnetSpec(2, 0.5, 1, 2)
+    AcceptanceTable(path, "abc", "builtin", dtype="float16").append(
+        [_row(spec, tau=1.5, dtype="float16")])
+    AcceptanceTable(path, "abc", "builtin", max_new_tokens=32).append(
+        [_row(spec, tau=1.8, max_new_tokens=32)])
+    table = AcceptanceTable(path, "abc", "builtin")  # float32, 64 tokens
+    assert table.load() == {}
+    table.append([_row(spec, tau=2.2)])
+    assert [r.tau for r in table.load().values()] == [2.2]
+    assert [r.tau for r in AcceptanceTable(path, "abc", "builtin",
+                                           dtype="float16").load().values()] == [1.5]
+    assert [r.tau for r in AcceptanceTable(path, "abc", "builtin",
+                                           max_new_tokens=32).load().values()] == [1.8]
+    with path.open(newline="") as handle:
+        kept = [(r["dtype"], r["max_new_tokens"]) for r in csv.DictReader(handle)]
+    assert kept == [("float16", "64"), ("float32", "32"), ("float32", "64")]
+
+
+def test_append_refuses_rows_of_another_dtype_or_budget(tmp_path) -> None:
+    table = AcceptanceTable(tmp_path / "a.csv", "abc", "builtin", dtype="bfloat16")
+    with pytest.raises(InputError, match=r"scored in float32 .* not this table's bfloat16"):
+        table.append([_row(SubnetSpec(1, 1.0, 1, 1))])
+    with pytest.raises(InputError, match="max_new_tokens=8, not this table's"):
+        table.append([_row(SubnetSpec(1, 1.0, 1, 1), dtype="bfloat16", max_new_tokens=8)])
+    assert not (tmp_path / "a.csv").exists()
+
+
+def _write_legacy(path, rows) -> None:
+    """A file as the code before `dtype`/`max_new_tokens` wrote it, with a torn last line."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(LEGACY_COLUMNS))
+        writer.writeheader()
+        for row in rows:
+            fields = row.to_csv_row()
+            del fields["dtype"], fields["max_new_tokens"]
+            writer.writerow(fields)
+        handle.write("abc,builtin,h1-v1.00-l1-g3,1,1.0")  # a kill mid-row
+
+
+def test_an_old_header_file_is_migrated_on_append(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    old = [_row(SubnetSpec(1, 1.0, 1, 1), tau=1.1), _row(SubnetSpec(2, 0.5, 1, 2), tau=1.9)]
+    _write_legacy(path, old)
+    table = AcceptanceTable(path, "abc", "builtin")
+    new = _row(SubnetSpec(1, 1.0, 1, 1), tau=3.0)
+    assert table.append([new]) == 1
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames == list(ACCEPTANCE_COLUMNS)
+        lines = list(reader)
+    assert [(r["spec_id"], r["tau"], r["dtype"], r["max_new_tokens"]) for r in lines] == [
+        ("h1-v1.00-l1-g1", "1.1", "", ""), ("h2-v0.50-l1-g2", "1.9", "", ""),
+        ("h1-v1.00-l1-g1", "3.0", "float32", "64"),
+    ]
+    assert table.load() == {new.spec: new}  # the old rows match no table: scored again
+    table.append([_row(SubnetSpec(2, 0.5, 1, 2), tau=2.4)])
+    assert len(table.load()) == 2
+
+
+def test_an_old_header_file_is_migrated_on_load_and_others_are_refused(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    _write_legacy(path, [_row(SubnetSpec(1, 1.0, 1, 1))])
+    assert AcceptanceTable(path, "abc", "builtin").load() == {}
+    header, *rest = path.read_text().splitlines()
+    assert header.split(",") == list(ACCEPTANCE_COLUMNS) and len(rest) == 1
+    assert AcceptanceTable(path, "abc", "builtin").load() == {}  # migrated once: a no-op now
+    other = tmp_path / "b.csv"
+    other.write_text("spec_id,tau\nh1-v1.00-l1-g1,2.0\n")
+    with pytest.raises(InputError, match="is not an acceptance file.*move it aside"):
+        AcceptanceTable(other, "abc", "builtin").load()
+    with pytest.raises(InputError, match="is not an acceptance file"):
+        AcceptanceTable(other, "abc", "builtin").append([_row(SubnetSpec(1, 1.0, 1, 1))])

@@ -100,3 +100,22 @@ def test_concurrent_appends_do_not_interleave(tmp_path) -> None:
     assert len(rows) == 150
     expected = {(str(w), str(i)) for w in range(3) for i in range(50)}
     assert {(r["worker"], r["i"]) for r in rows} == expected
+
+
+def test_one_dtype_per_run(run_dir: RunFolder) -> None:
+    # before any command recorded one: --dtype, else auto (float32 on the CPU)
+    assert run_dir.dtype(None, "cpu") == "float32"
+    assert run_dir.dtype("bfloat16", "cpu") == "bfloat16"
+    assert run_dir.record_dtype("bfloat16") == "bfloat16"
+    assert run_dir.read_run()["dtype"] == "bfloat16"
+    # after: the run's, for no --dtype and for auto alike; another is refused naming both
+    assert run_dir.dtype(None, "cpu") == run_dir.dtype("auto", "cpu") == "bfloat16"
+    assert run_dir.dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(InputError, match="--dtype float16 differs from this run's dtype "
+                                         "bfloat16") as err:
+        run_dir.dtype("float16", "cpu")
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="computes in bfloat16"):
+        run_dir.record_dtype("float32")
+    with pytest.raises(InputError, match="not supported"):
+        RunFolder(run_dir.root / "other").dtype("float64", "cpu")

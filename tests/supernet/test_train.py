@@ -139,3 +139,28 @@ def test_the_targets_embedding_and_head_stay_frozen(target_data):
                                                             batch_size=4), show_progress=False)
     assert target.lm_head.weight.grad is None and not target.lm_head.weight.requires_grad
     assert torch.equal(target.lm_head.weight, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
+    from dreams_nas.supernet.training.tppt import MixedPrecision
+
+    target, samples, aifd = target_data
+    draft = _draft(target)
+    config = TrainConfig(warmup_steps=8, multires_steps=4, batch_size=4, lr=3e-3,
+                         lr_warmup_steps=2, checkpoint_every=100)
+    batches = [collate(samples[i:i + 4]) for i in range(0, 12, 4)]
+    spec = SubnetSpec(4, 1.0, 2, 1)
+    before = evaluate_losses(draft, batches, spec, aifd.chosen)
+    seen: set[torch.dtype | None] = set()  # the autocast dtype each forward of the draft ran in
+    hook = draft.layer_in.register_forward_pre_hook(lambda module, args: seen.add(
+        torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
+    out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False,
+                         compute_dtype=dtype)
+    hook.remove()
+    assert seen == {dtype}  # every forward ran in the 16-bit dtype ...
+    assert {p.dtype for p in draft.parameters()} == {torch.float32}  # ... on fp32 weights
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in out.loss_curve)
+    assert evaluate_losses(draft, batches, spec, aifd.chosen)["kl"] < before["kl"]
+    amp = MixedPrecision(torch.device("cpu"), dtype)
+    assert amp.scaler.is_enabled() == (dtype == torch.float16)  # bf16 needs no loss scaling
