@@ -80,23 +80,35 @@ def canonical_spec(space: SearchSpace, heads: int, visual_keep: float) -> Subnet
                       inject_layer=max(space.inject_layer), draft_len=max(space.draft_len))
 
 
-def resolve_budget(budget: float | int | str | None, grid_size: int) -> int:
-    """``None`` -> the whole grid (up to FULL_GRID_LIMIT); an int N -> N points; a fraction in
-    (0, 1) -> that share of the grid (rounded up)."""
+def parse_budget(budget: float | int | str | None, option: str = "--budget") -> float | None:
+    """The budget as a number (None: the whole grid), refused unless it is a positive count or
+    a fraction in (0, 1); `option` is the flag that gave it (the demo's is `--profile-budget`),
+    named in the message. Needs no grid, so a command can check it before any slow work."""
     if budget is None:
-        return min(grid_size, FULL_GRID_LIMIT)
+        return None
     try:
         value = float(budget)
     except (TypeError, ValueError):
         raise InputError(
-            f"--budget {budget!r} is not a number; give a count (e.g. 40) or a fraction (e.g. 0.3)"
+            f"{option} {budget!r} is not a number; give a count (e.g. 40) or a fraction "
+            "(e.g. 0.3)"
         ) from None
     if not math.isfinite(value) or value <= 0:
-        raise InputError(f"--budget {budget!r} must be a positive count or a fraction in (0, 1)")
+        raise InputError(f"{option} {budget!r} must be a positive count or a fraction in (0, 1)")
+    if value >= 1 and value != int(value):
+        raise InputError(f"{option} {budget!r} above 1 must be a whole count of measurements")
+    return value
+
+
+def resolve_budget(budget: float | int | str | None, grid_size: int,
+                   option: str = "--budget") -> int:
+    """``None`` -> the whole grid (up to FULL_GRID_LIMIT); an int N -> N points; a fraction in
+    (0, 1) -> that share of the grid (rounded up). `option` names the flag in messages."""
+    value = parse_budget(budget, option)
+    if value is None:
+        return min(grid_size, FULL_GRID_LIMIT)
     if value < 1:
         return max(1, math.ceil(value * grid_size))
-    if value != int(value):
-        raise InputError(f"--budget {budget!r} above 1 must be a whole count of measurements")
     return min(int(value), grid_size)
 
 
@@ -177,10 +189,11 @@ def build_plan(
     budget: float | int | str | None = None,
     verify_ks: Sequence[int] = DEFAULT_VERIFY_KS,
     seed: int = 0,
+    budget_option: str = "--budget",
 ) -> list[StepKey]:
     """Every key to time: the target's decode and verify steps at every context length, and the
     draft points the budget allows, each as a ``draft`` and a ``draft_first`` key (see the
-    module docstring)."""
+    module docstring). `budget_option`: the flag that gave the budget, named in messages."""
     contexts = sorted({int(c) for c in context_lengths})
     if not contexts or contexts[0] < 1:
         raise InputError(f"--context-lengths {list(context_lengths)} must be positive token counts")
@@ -190,13 +203,13 @@ def build_plan(
     heads, keeps = space.heads, space.visual_keep
     levels = (len(heads), len(keeps), len(contexts))
     grid_size = math.prod(levels)
-    n = resolve_budget(budget, grid_size)
+    n = resolve_budget(budget, grid_size, budget_option)
     top = (len(heads) - 1, len(keeps) - 1)
     anchors = sorted({(0, 0, c) for c in range(len(contexts))}
                      | {(*top, c) for c in range(len(contexts))})
     if n < len(anchors) and n < grid_size:
         raise InputError(
-            f"--budget {budget} gives {n} draft measurements, fewer than the {len(anchors)} "
+            f"{budget_option} {budget} gives {n} draft measurements, fewer than the {len(anchors)} "
             f"that the largest and smallest subnets at {len(contexts)} context lengths need; "
             f"give at least {len(anchors)}"
         )

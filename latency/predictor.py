@@ -8,7 +8,11 @@ Saved next to the profile, in ``latency/<hardware-id>/``:
 
 Pickles break across scikit-learn versions (nn-Meter's did), so `LatencyPredictor.load` refits
 from the saved rows when the recorded version differs from the installed one, when the joblib
-file cannot be read, or when its schema version differs, and rewrites the joblib file.
+file cannot be read, or when its schema version differs, and rewrites the joblib file (so the
+refit is paid once, not on every run).
+
+A metric that is undefined (Kendall's tau of a single held-out row) is NaN in memory and null in
+predictor.json, which is strict JSON (`supernet.core.io.atomic_write_json`).
 
 `predict_ms(kind, spec, context_len, k)` is what the search asks of it (the `LatencyModel`
 protocol of `dreams_nas.nas.search.candidate`).
@@ -16,6 +20,7 @@ protocol of `dreams_nas.nas.search.candidate`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +36,7 @@ from dreams_nas.supernet.core.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
+    file_sha256,
     read_json,
 )
 from dreams_nas.supernet.core.space import SubnetSpec
@@ -198,8 +204,11 @@ class LatencyPredictor:
         atomic_write_text(directory / "predictor_train.csv", self.train_rows.to_csv(index=False))
         buffer = io.BytesIO()
         joblib.dump(self.model, buffer)
-        atomic_write_bytes(directory / "predictor.joblib", buffer.getvalue())
-        atomic_write_json(directory / "predictor.json", self.report())
+        payload = buffer.getvalue()
+        atomic_write_bytes(directory / "predictor.joblib", payload)
+        # the pickle's hash: a damaged or swapped file is refitted, never unpickled
+        atomic_write_json(directory / "predictor.json",
+                          {**self.report(), "joblib_sha256": hashlib.sha256(payload).hexdigest()})
         return directory
 
     @classmethod
@@ -216,11 +225,13 @@ class LatencyPredictor:
                 f"no latency predictor in {directory}; run `dreams-nas profile` first"
             )
         meta = read_json(meta_path)
+        if not isinstance(meta, dict) or not isinstance(meta.get("hardware_id"), str):
+            raise InputError(f"{meta_path} is not a predictor.json (no JSON object with a "
+                             "hardware_id); rerun `dreams-nas profile --fit-only` to write it "
+                             "again")
         fingerprint = dict(meta.get("fingerprint") or _legacy_fingerprint(directory))
         check_fingerprint(fingerprint, expect or {}, directory)
-        rows = _training_frame(pd.read_csv(directory / "predictor_train.csv",
-                                           dtype={"spec_id": str}, keep_default_na=False,
-                                           na_values={"heads": [""], "visual_keep": [""]}))
+        rows = _read_train_rows(directory / "predictor_train.csv")
         saved = (meta.get("versions") or {}).get("scikit-learn")
         installed = library_versions().get("scikit-learn")
         model = None
@@ -228,28 +239,82 @@ class LatencyPredictor:
         if schema != PREDICTOR_SCHEMA_VERSION:
             log.info("predictor in %s has schema %s, this is %s; refitting from its %d saved rows",
                      directory, schema, PREDICTOR_SCHEMA_VERSION, len(rows))
-        elif saved == installed:
+        elif saved != installed:
+            log.warning("predictor in %s was fitted with scikit-learn %s, this is %s; refitting "
+                        "from its %d saved rows", directory, saved, installed, len(rows))
+        elif not _joblib_matches(directory / "predictor.joblib", meta.get("joblib_sha256")):
+            log.warning("%s does not match the hash predictor.json records (damaged or "
+                        "replaced); refitting from the saved rows", directory / "predictor.joblib")
+        else:
             try:
                 model = joblib.load(directory / "predictor.joblib")
             except Exception as exc:  # noqa: BLE001 - any unreadable pickle means: refit
                 log.warning("cannot read %s (%s); refitting from the saved rows",
                             directory / "predictor.joblib", exc)
-        else:
-            log.warning("predictor in %s was fitted with scikit-learn %s, this is %s; refitting "
-                        "from its %d saved rows", directory, saved, installed, len(rows))
-        seed = int(meta.get("seed", 0))
-        visual_tokens = int(meta.get("visual_tokens", 0))
-        if model is None:
+        try:
+            seed = int(meta.get("seed", 0))
+            visual_tokens = int(meta.get("visual_tokens", 0))
+            n_holdout = int(meta.get("n_holdout", 0))
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"{meta_path} holds a non-integer seed, visual_tokens or n_holdout "
+                             f"({exc}); rerun `dreams-nas profile --fit-only` to write it "
+                             "again") from None
+        refit = model is None
+        if refit:
             model = make_latency_model(visual_tokens, random_state=seed)
             model.fit(rows, rows["median_ms"].to_numpy())
         out = cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
-                  visual_tokens=visual_tokens, metrics=dict(meta.get("metrics") or {}),
-                  holdout=list(meta.get("holdout") or []), n_holdout=int(meta.get("n_holdout", 0)),
+                  visual_tokens=visual_tokens, metrics=_metrics_of(meta.get("metrics")),
+                  holdout=list(meta.get("holdout") or []), n_holdout=n_holdout,
                   seed=seed, stat=str(meta.get("stat", "median_ms")), fingerprint=fingerprint)
-        if (saved != installed or schema != PREDICTOR_SCHEMA_VERSION
-                or not (directory / "predictor.joblib").is_file()):
-            out.save(directory)
+        if refit:
+            out._resave(directory)
         return out
+
+    def _resave(self, directory: Path) -> None:
+        """Rewrite a refitted predictor so the next run loads it instead of refitting again; a
+        folder this process cannot write (a shared, read-only run) only costs that refit."""
+        try:
+            self.save(directory)
+        except OSError as exc:
+            log.warning("cannot rewrite the refitted predictor in %s (%s); it will be refitted "
+                        "again next time", directory, exc)
+
+
+def _metrics_of(raw: Any) -> dict[str, float]:
+    """predictor.json's `metrics` as floats: null (an undefined metric, e.g. Kendall's tau of one
+    held-out row, written as null by the strict JSON writer) is NaN again, as `fit` made it."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): float("nan") if v is None else float(v) for k, v in raw.items()}
+
+
+def _joblib_matches(path: Path, recorded: Any) -> bool:
+    """Whether the pickle is the one predictor.json recorded (True when it records none: a
+    predictor saved before the hash was kept)."""
+    if not recorded:
+        return True
+    try:
+        return file_sha256(path) == str(recorded)
+    except OSError:
+        return False
+
+
+def _read_train_rows(path: Path) -> pd.DataFrame:
+    """The rows a saved predictor was fitted on (predictor_train.csv): a missing or unreadable
+    file is one line naming it and how to write it again."""
+    fix = ("rerun `dreams-nas profile --fit-only` (it refits from profile.csv) with the --device "
+           "and --threads it was profiled with, or `dreams-nas profile`")
+    if not path.is_file():
+        raise MissingArtefactError(f"no predictor training rows in {path}; {fix}")
+    try:
+        frame = pd.read_csv(path, dtype={"spec_id": str}, keep_default_na=False,
+                            na_values={"heads": [""], "visual_keep": [""]})
+        return _training_frame(frame)
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(f"{path} cannot be read as predictor training rows ({why}); {fix}"
+                         ) from None
 
 
 def check_fingerprint(fingerprint: Mapping[str, Any], expected: Mapping[str, Any],

@@ -9,7 +9,6 @@ untimed before every repeat (see `timing.measure`).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -125,14 +124,14 @@ def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo
     """Rows of `block`: each key timed in `settings.passes` interleaved passes (a pass times
     every key of the block once with its share of the repeats), so that the machine's drift
     over the block's time spreads over all its keys; the samples of the passes are pooled."""
-    passes = max(1, settings.passes)
-    share = TimingSettings(
-        warmup=settings.warmup, min_repeats=math.ceil(settings.min_repeats / passes),
-        repeats=math.ceil(settings.repeats / passes), budget_s=settings.budget_s / passes,
-        threads=settings.threads, clock=settings.clock)
+    passes = max(1, min(settings.passes, settings.repeats))
     timings: dict[tuple, list[Timing]] = {k.ident: [] for k in block}
     failures: dict[tuple, dict] = {}
     for p in range(passes):
+        share = TimingSettings(  # the repeats split over the passes: they add up to `repeats`
+            warmup=settings.warmup, min_repeats=max(1, _part(settings.min_repeats, passes, p)),
+            repeats=_part(settings.repeats, passes, p), budget_s=settings.budget_s / passes,
+            threads=settings.threads, clock=settings.clock)
         for key in (block if p % 2 == 0 else block[::-1]):
             if key.ident not in failures:
                 result = _time_one(builder, key, hw, share, probe)
@@ -152,6 +151,11 @@ def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo
                         clock_mhz=tuple(c for t in parts for c in t.clock_mhz))
         rows.append(make_row(hw, key, pooled, clock=settings.clock))
     return rows
+
+
+def _part(total: int, parts: int, index: int) -> int:
+    """Pass `index`'s share of `total` split over `parts` passes (the shares sum to `total`)."""
+    return total // parts + (1 if index < total % parts else 0)
 
 
 def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: TimingSettings,

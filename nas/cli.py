@@ -9,6 +9,7 @@ libraries (torch, transformers, optuna) inside ``run`` so ``--help`` stays insta
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import logging
@@ -20,6 +21,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import finite_or_null
 from dreams_nas.supernet.core.runfolder import DEFAULT_RUN_DIR
 
 PROG = "dreams-nas"
@@ -65,11 +67,23 @@ def _command_module(name: str) -> ModuleType:
     return importlib.import_module(COMMANDS[name])
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's), or a note that it is not
+    installed (run from a bare checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dreams-nas")
+    except PackageNotFoundError:
+        return "unknown (the dreams-nas distribution is not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog=PROG,
         description="Hardware-aware NAS of speculative-decoding drafts for vision-language models.",
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     common = _common_options()
     for name in COMMANDS:
@@ -108,7 +122,8 @@ def _library_bars(shown: bool) -> Iterator[None]:
 
 def _finish(summary: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(summary, sort_keys=True, default=str) + "\n")
+        line = json.dumps(finite_or_null(summary), sort_keys=True, default=str, allow_nan=False)
+        sys.stdout.write(line + "\n")
         sys.stdout.flush()
     else:
         for key, value in summary.items():
@@ -136,21 +151,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; rerun the same command to resume\n")
         return 130
-    except (InputError, FileNotFoundError, NotADirectoryError, PermissionError) as exc:
-        if args.verbose:
-            traceback.print_exc()
-        sys.stderr.write(f"{PROG} {args.command}: error: {_one_line(exc)}\n")
-        return 2
+    except InputError as exc:
+        return _user_error(args, exc)
+    except OSError as exc:
+        if is_environment_error(exc):
+            return _user_error(args, exc)
+        return _internal_error(args, exc)
     except Exception as exc:  # noqa: BLE001 - the top level reports every failure
-        if args.verbose:
-            traceback.print_exc()
-        sys.stderr.write(
-            f"{PROG} {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)} "
-            "(rerun with -v for the traceback)\n"
-        )
-        return 1
+        return _internal_error(args, exc)
     _finish(summary or {}, args.json)
     return 0
+
+
+def _user_error(args: argparse.Namespace, exc: Exception) -> int:
+    """An expected failure (bad input, the user's disk): one line, the traceback with -v;
+    exit 2."""
+    if args.verbose:
+        traceback.print_exc()
+    sys.stderr.write(f"{PROG} {args.command}: error: {_user_message(exc)}\n")
+    return 2
+
+
+def _internal_error(args: argparse.Namespace, exc: BaseException) -> int:
+    """A bug (or a failure nobody foresaw): its type and text, the traceback with -v; exit 1."""
+    if args.verbose:
+        traceback.print_exc()
+    sys.stderr.write(
+        f"{PROG} {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)} "
+        "(rerun with -v for the traceback)\n"
+    )
+    return 1
+
+
+# OS errors that are the user's environment, not a bug, each with its fix: a read-only,
+# protected or full disk, a path that is a folder where a file is wanted, or the reverse.
+_ENVIRONMENT_ERRNOS: dict[int, str] = {
+    errno.EROFS: "pass a folder on a writable disk (e.g. --run DIR)",
+    errno.EACCES: "check its permissions, or pass another path (e.g. --run DIR)",
+    errno.EPERM: "check its permissions, or pass another path (e.g. --run DIR)",
+    errno.ENOSPC: "free some disk space, or pass a folder on another disk (e.g. --run DIR)",
+    errno.EDQUOT: "free some of your disk quota, or pass a folder on another disk (--run DIR)",
+    errno.EFBIG: "the file system refuses a file that large: pass a folder on another disk",
+    errno.EISDIR: "it is a folder: pass the path of a file",
+    errno.ENOTDIR: "a part of the path is a file, not a folder: pass another path",
+    errno.ENOENT: "check the path",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.ELOOP: "the path is a loop of symbolic links: pass the real path",
+}
+
+
+def is_environment_error(exc: OSError) -> bool:
+    """Whether `exc` is the user's environment (a one-line error, exit 2) rather than a bug."""
+    return (isinstance(exc, FileNotFoundError | NotADirectoryError | PermissionError
+                       | IsADirectoryError)
+            or exc.errno in _ENVIRONMENT_ERRNOS)
+
+
+def _user_message(exc: BaseException) -> str:
+    """One line for an expected failure: an InputError's own text; for an OS error with an
+    errno, the path, the errno's text and the fix."""
+    if isinstance(exc, InputError) or not isinstance(exc, OSError) or not exc.errno:
+        return _one_line(exc)
+    text = exc.strerror or errno.errorcode.get(exc.errno, f"errno {exc.errno}")
+    name = errno.errorcode.get(exc.errno, str(exc.errno))
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    where = f"{' -> '.join(paths)}: " if paths else ""
+    fix = _ENVIRONMENT_ERRNOS.get(exc.errno)
+    return " ".join(f"{where}{text} ({name})".split()) + (f"; {fix}" if fix else "")
 
 
 def _one_line(exc: BaseException) -> str:

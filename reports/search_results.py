@@ -150,7 +150,7 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         draft_len=gamma, objective=str(raw.get("objective") or "speedup"),
         method=str(raw.get("method") or "?"), spec_dir=spec_dir,
         predicted_speedup=predicted_speedup, predicted_tau=num(pred.get("tau")),
-        tau_ci=(float(ci[0]), float(ci[1])) if isinstance(ci, Sequence) and len(ci) == 2 else None,
+        tau_ci=_interval(ci),
         draft_ms=num(pred.get("draft_ms")), verify_ms=num(pred.get("verify_ms")),
         decode_ms=num(pred.get("decode_ms")),
         measured_speedup=num(meas.get("speedup")), measured_tau=num(meas.get("tau")),
@@ -196,3 +196,11 @@ def cross_hardware(run_dir: Path, hardware_ids: Sequence[str]) -> CrossHardware 
     matrix = tuple(tuple(tables[col].get(bests[row]) for col in hardware_ids)
                    for row in hardware_ids)
     return CrossHardware(tuple(hardware_ids), tuple(bests[h] for h in hardware_ids), matrix)
+
+
+def _interval(value: Any) -> tuple[float, float] | None:
+    """A [low, high] pair of numbers, else None (null ends: an interval nobody could compute)."""
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 2:
+        return None
+    low, high = num(value[0]), num(value[1])
+    return None if low is None or high is None else (low, high)

@@ -53,6 +53,20 @@ def _check_args(args: argparse.Namespace) -> Any:
     return open_image(args.image)
 
 
+def check_positions(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
+    """Refuse a request that runs past the target's last position (its text config's
+    `max_position_embeddings`): past it the rotary positions are out of the trained range and
+    the output is garbage, or an index error deep in the model. None: no stated limit."""
+    if max_positions is None or prompt_len + max_new_tokens <= max_positions:
+        return
+    room = max_positions - prompt_len
+    fix = (f"give --max-new-tokens {room} or fewer" if room >= 1
+           else "shorten the prompt (or use a smaller image)")
+    raise InputError(f"the prompt's {prompt_len} tokens (image included) + --max-new-tokens "
+                     f"{max_new_tokens} = {prompt_len + max_new_tokens} exceeds the target's "
+                     f"{max_positions} positions (max_position_embeddings); {fix}")
+
+
 def _dtype_of(args: argparse.Namespace, device: str) -> str:
     """--dtype, else the spec folder's dtype, else auto; a spec's own dtype is the only one it
     loads in (`load_spec_drafter` refuses another, naming both)."""
@@ -82,6 +96,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target = TargetAdapter.load(args.target, device=device,
                                 dtype=torch_dtype(_dtype_of(args, device)))
     inputs = target.build_inputs(image, args.prompt)
+    check_positions(int(inputs["input_ids"].shape[-1]), args.max_new_tokens,
+                    getattr(target.text_config, "max_position_embeddings", None))
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
                                                                max_new_tokens=args.max_new_tokens)
     gamma = args.draft_len or getattr(drafter, "default_gamma", None) or 5

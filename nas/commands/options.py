@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 
@@ -28,8 +29,22 @@ def add_dtype(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
 def add_threads(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str,
                 default: str = "torch's own") -> None:
     """``--threads N``: torch CPU threads while `what` ("while scoring")."""
-    parser.add_argument("--threads", type=whole(1), default=None, metavar="N",
-                        help=f"CPU: torch threads {what} (default: {default})")
+    parser.add_argument("--threads", type=threads, default=None, metavar="N",
+                        help=f"CPU: torch threads {what}, at most this machine's logical "
+                             f"cores (default: {default})")
+
+
+def threads(text: str) -> int:
+    """An argparse type: a thread count from 1 to this machine's logical cores
+    (`os.cpu_count()`). More threads than cores only time-share them, and a profile taken so
+    would be recorded as another machine (its hardware id carries the thread count)."""
+    value = whole(1)(text)
+    cores = os.cpu_count()
+    if cores is not None and value > cores:
+        raise argparse.ArgumentTypeError(
+            f"{value} threads is more than this machine's {cores} logical cores: give at most "
+            f"{cores}")
+    return value
 
 
 def add_data(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str) -> None:

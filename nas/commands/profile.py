@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--passes", type=whole(1), default=10,
                         help="spread each step's repeats over this many visits, interleaved with "
                              "the other steps of its block, so that a slow drift of the machine "
-                             "(other load, heat, clocks) hits every step alike (default: 10)")
+                             "(other load, heat, clocks) hits every step alike; at most "
+                             "--repeats (default: 10)")
     parser.add_argument("--chunk", type=whole(0), default=256,
                         help="steps per interleaved block, 0 for the whole grid; a block's rows "
                              "are written together, so a kill loses at most one block "

@@ -20,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # matplotlib is imported here, not at module top, so `--help` stays instant.
+    from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.reports import (
         MissingResultsError,
         ReportError,
@@ -27,7 +28,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         figure_folder,
         render_report,
     )
+    from dreams_nas.supernet.core.runfolder import RunFolder
 
+    check_run_folder(RunFolder(args.run))
     try:
         data = build_report_data(args.run, hardware_id=args.hardware)
         out = args.out if args.out is not None else data.run_dir / "report.html"

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.nas.stages.score import ScoreOptions, score_run
     from dreams_nas.supernet.core.runfolder import RunFolder
+    from dreams_nas.supernet.data.prompts import check_data
+
+    check_data(args.data)  # every line now: a bad file fails before any model loads
 
     options = ScoreOptions(
         data=args.data, specs=args.specs, temperature=args.temperature, limit=args.limit,

@@ -64,6 +64,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.nas.stages.search import SearchOptions, search_run
     from dreams_nas.nas.stages.train import TrainOptions
     from dreams_nas.supernet.core.runfolder import RunFolder
+    from dreams_nas.supernet.data.prompts import check_data
+
+    check_data(args.data)  # every line now: a bad file fails before any model loads
 
     show = False if args.json or args.quiet else None
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,

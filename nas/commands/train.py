@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from dreams_nas.nas.commands.options import add_data, add_device, add_dtype, real, whole
+from dreams_nas.supernet.core.errors import InputError
 
 HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, two-phase training)"
 
@@ -41,10 +42,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dtype(parser)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """What can be refused before anything loads: a loss that is zero whatever the draft does,
+    and a data file that cannot be read (every line is parsed now, not after the target load)."""
+    from dreams_nas.supernet.data.prompts import check_data
+
+    distill_off = args.lambda_distill == 0 or args.distill == "none"
+    if args.lambda_kl == 0 and args.lambda_feat == 0 and distill_off:
+        raise InputError(
+            "--lambda-kl 0 --lambda-feat 0 with "
+            + ("--distill none" if args.distill == "none" else "--lambda-distill 0")
+            + " leaves no loss to train on; give at least one of --lambda-kl, --lambda-distill, "
+            "--lambda-feat a weight above 0")
+    check_data(args.data)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.nas.stages.train import TrainOptions, train
     from dreams_nas.supernet.core.runfolder import RunFolder
 
+    check_arguments(args)
     options = TrainOptions(
         target=args.target, data=args.data, n_train=args.n_train,
         warmup_steps=args.warmup_steps, multires_steps=args.multires_steps,

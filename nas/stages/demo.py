@@ -3,7 +3,8 @@
 target -> train -> profile -> score -> search (+ end-to-end verification) -> report, each stage
 the same library call as its own command. Every stage first looks for its finished artefact in
 the run folder (or the demo-target cache) and says "reused" instead of redoing the work, so a
-second run only reads files.
+second run only reads files. A stage that is not reused says in the log which of its inputs
+changed ("search: redone (max_new_tokens 8 -> 32)").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dreams_nas.supernet.core.runfolder import RunFolder
 
 log = logging.getLogger("dreams_nas")
 STAGES = ("target", "train", "profile", "score", "search", "report")
+PROFILE_BUDGET = "--profile-budget"  # the demo's name of the profile's --budget
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,15 @@ class _Stages:
 
 def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
     """The whole pipeline on the built-in demo target into `run_dir`; returns the summary."""
+    from dreams_nas.latency.plan import parse_budget
+    from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import resolve_device
     from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
     from dreams_nas.supernet.demo.variants import builtin_variant
 
     started = time.perf_counter()
-    run = RunFolder(run_dir)
+    run = check_run_folder(RunFolder(run_dir))
+    parse_budget(options.profile_budget, PROFILE_BUDGET)  # before the slow stages
     device = resolve_device(options.device)
     # one dtype for every stage, resolved once (the run's when it has one)
     options = replace(options, dtype=run.dtype(options.dtype, device))
@@ -129,7 +134,8 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
     return ProfileOptions(
         target="builtin", device=device, dtype=options.dtype, budget=options.profile_budget,
         context_lengths=options.context_lengths, repeats=options.profile_repeats,
-        threads=options.threads, seed=options.seed, show_progress=options.show_progress)
+        threads=options.threads, seed=options.seed, show_progress=options.show_progress,
+        budget_option=PROFILE_BUDGET)
 
 
 def _profile(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str, Any], bool]:
@@ -148,6 +154,11 @@ def _score(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str,
     summary = score_run(run, ScoreOptions(
         limit=options.limit, max_new_tokens=options.max_new_tokens, device=device,
         dtype=options.dtype, seed=options.seed, show_progress=options.show_progress))
+    if summary["n_scored"]:
+        log.info("score: redone (%d of %d subnets had no row for dataset %s, max_new_tokens %d, "
+                 "dtype %s, supernet %s)", summary["n_scored"], summary["n_specs"],
+                 summary["dataset_id"], options.max_new_tokens, summary["dtype"],
+                 summary["supernet_hash"])
     return summary, summary["n_scored"] == 0
 
 
@@ -167,29 +178,20 @@ def _search(run: RunFolder, options: DemoOptions, device: str, hardware_id: str
 
 
 def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str, Any] | None:
-    """best.json's figures when it is newer than everything it was computed from (supernet,
-    acceptance rows, latency predictor) and matches the asked-for search; else None."""
-    from dreams_nas.nas.stages.inputs import dataset_id, supernet_hash
+    """best.json's figures when it was computed from exactly what `options` ask for (every
+    input `search_inputs` records, the supernet, objective and method) and is newer than the
+    files it was computed from; else None, and the log says why ("search: redone (...)")."""
     from dreams_nas.supernet.core.io import read_json
 
     best_path = run.best_json(hardware_id)
     if not best_path.is_file():
+        log.info("search: nothing to reuse (no %s)", best_path)
         return None
     best = read_json(best_path)
-    if not isinstance(best, dict):
-        return None
-    inputs = [run.supernet_dir / "model.safetensors", run.predictor_json(hardware_id),
-              run.acceptance_csv(dataset_id(options.data, options.limit, options.seed))]
-    if not all(p.is_file() for p in inputs):
-        return None
-    if (best.get("objective") != options.objective or best.get("method") != options.method
-            or best.get("supernet_hash") != supernet_hash(run)
-            or best.get("dtype", "float32") != options.dtype
-            or (options.verify > 0 and not best.get("measured"))
-            or not (run.root / str(best.get("spec_dir", ""))).is_dir()):
-        return None
-    newest_input = max(p.stat().st_mtime for p in inputs)
-    if best_path.stat().st_mtime < newest_input:
+    changes = (search_changes(run, hardware_id, options, best) if isinstance(best, dict)
+               else [f"{best_path} is not a JSON object"])
+    if changes:
+        log.info("search: redone (%s)", "; ".join(changes))
         return None
     predicted = best.get("predicted") or {}
     return {"hardware_id": hardware_id, "objective": best["objective"],
@@ -199,6 +201,46 @@ def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str,
                                                          "first_draft_ms", "verify_ms",
                                                          "decode_ms")},
             "measured": best.get("measured"), "best_json": str(best_path), "warnings": []}
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}={v}" for k, v in sorted(value.items())) + "}"
+    return str(value)
+
+
+def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[str, Any]
+                   ) -> list[str]:
+    """Why `best` (search/<hw>/best.json) is not the answer to `options`, each as "name
+    recorded -> asked" or in words; empty when it can be reused."""
+    from dreams_nas.nas.stages.inputs import dataset_id, supernet_hash
+    from dreams_nas.nas.stages.search import search_inputs
+
+    sources = [run.supernet_dir / "model.safetensors", run.predictor_json(hardware_id),
+               run.acceptance_csv(dataset_id(options.data, options.limit, options.seed))]
+    absent = [p for p in sources if not p.is_file()]
+    if absent:
+        return [f"no {absent[0]}"]
+    asked = {"objective": options.objective, "method": options.method,
+             "supernet_hash": supernet_hash(run)}
+    changes = [f"{key} {_show(best.get(key))} -> {_show(value)}"
+               for key, value in asked.items() if best.get(key) != value]
+    recorded = best.get("inputs")
+    if not isinstance(recorded, dict):
+        changes.append("best.json records no inputs (written by an older dreams-nas)")
+    else:
+        inputs = search_inputs(run, options, hardware_id, options.dtype)
+        changes += [f"{key} {_show(recorded.get(key))} -> {_show(value)}"
+                    for key, value in inputs.items() if recorded.get(key) != value]
+    if options.verify > 0 and not best.get("measured"):
+        changes.append("best.json holds no end-to-end measurement")
+    if not (run.root / str(best.get("spec_dir", ""))).is_dir():
+        changes.append(f"no {run.root / str(best.get('spec_dir', ''))} folder")
+    written = run.best_json(hardware_id).stat().st_mtime
+    changes += [f"{p} changed after best.json" for p in sources if p.stat().st_mtime > written]
+    return changes
 
 
 def _report(run: RunFolder, hardware_id: str) -> tuple[dict[str, Any], bool]:

@@ -94,7 +94,11 @@ def write_spec_dir(folder: Path, c: Candidate, *, target: Mapping[str, Any], sup
 
 def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[str, Any],
                  supernet_hash: str, dtype: str, measured: Mapping[str, Any] | None = None,
-                 verified: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+                 verified: Sequence[Mapping[str, Any]] = (),
+                 inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """best.json's document. `inputs`: what the result was computed from
+    (`nas.stages.search.search_inputs`), the key its reuse is checked against; null when the
+    caller gives none, and then the file is never reused."""
     best = result.best
     if best is None:
         raise ValueError("no feasible subnet: nothing to write to best.json")
@@ -105,6 +109,7 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
         "measured": dict(measured) if measured is not None else None,
         "verified": [dict(v) for v in verified],
         "hardware": dict(hardware), "supernet_hash": supernet_hash, "dtype": dtype,
+        "inputs": dict(inputs) if inputs is not None else None,
         "n_evaluations": result.n_evaluations, "space_size": result.space_size,
         "study_name": result.study_name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -117,10 +122,12 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
                   dtype: str, write_draft: DraftWriter | None = None,
                   measured: Mapping[str, Any] | None = None,
                   verified: Sequence[Mapping[str, Any]] = (),
-                  spec_ids: Sequence[str] | None = None) -> dict[str, Path]:
+                  spec_ids: Sequence[str] | None = None,
+                  inputs: Mapping[str, Any] | None = None) -> dict[str, Path]:
     """Write every file of one search; returns their paths by name.
 
     spec_ids: which candidates get a specs/<id>/ folder (default: the best one and the front).
+    inputs: what the search was computed from, recorded in best.json (`best_payload`).
     """
     paths: dict[str, Path] = {}
     paths["trials"] = write_trials(run.trials_csv(hardware_id), result.candidates,
@@ -140,7 +147,7 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
                                write_draft=write_draft)
         paths["best"] = write_best(run, result, hardware_id=hardware_id, hardware=hardware,
                                    supernet_hash=supernet_hash, dtype=dtype, measured=measured,
-                                   verified=verified)
+                                   verified=verified, inputs=inputs)
         paths["spec_dir"] = run.spec_dir(result.best.spec.id)
     return paths
 
@@ -148,11 +155,12 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
 def write_best(run: RunFolder, result: SearchResult, *, hardware_id: str,
                hardware: Mapping[str, Any], supernet_hash: str, dtype: str,
                measured: Mapping[str, Any] | None = None,
-               verified: Sequence[Mapping[str, Any]] = ()) -> Path:
+               verified: Sequence[Mapping[str, Any]] = (),
+               inputs: Mapping[str, Any] | None = None) -> Path:
     """search/<hw>/best.json, atomically: first with the prediction alone, then again once
     the end-to-end measurement is in."""
     return atomic_write_json(
         run.best_json(hardware_id),
         best_payload(result, hardware_id=hardware_id, hardware=hardware,
                      supernet_hash=supernet_hash, dtype=dtype, measured=measured,
-                     verified=verified))
+                     verified=verified, inputs=inputs))

@@ -65,12 +65,59 @@ def load_latency(run: RunFolder, hardware_id: str, dtype: str | None = None
     return LatencyPredictor.load(run.latency_dir(hardware_id), expect=expect)
 
 
+# --- the run folder ------------------------------------------------------------------------
+def check_run_folder(run: RunFolder) -> RunFolder:
+    """`run`, refused when `--run` names a file (or lies inside one): every stage calls this
+    first, since each would otherwise fail later with a misleading message ("does not exist",
+    "no trained supernet", FileExistsError)."""
+    where = run.root
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if where.exists() and not where.is_dir():
+        inside = "" if where == run.root else f" (it lies inside the file {where})"
+        raise InputError(f"--run {run.root} is a file, not a run folder{inside}; pass a folder "
+                         "(it is created if missing)")
+    return run
+
+
 # --- supernet ------------------------------------------------------------------------------
-def supernet_hash(run: RunFolder) -> str:
-    """Hash of the trained weights (what keys the acceptance cache)."""
+def checked_supernet(run: RunFolder) -> dict[str, Any] | None:
+    """run.json's `supernet` block when the weights on disk are the ones it records; None when
+    the run holds no supernet weights (train one).
+
+    Weights that run.json does not record -- a truncated or replaced model.safetensors, or
+    run.json lost -- are an InputError: training over them would silently replace a supernet
+    that every acceptance row, spec and best.json of the run was computed with."""
     from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
 
-    return file_hash(run.require_supernet() / SUPERNET_WEIGHTS)
+    weights = run.supernet_dir / SUPERNET_WEIGHTS
+    if not weights.is_file():
+        return None
+    block = run.read_run().get("supernet")
+    recorded = block.get("hash") if isinstance(block, dict) else None
+    actual = file_hash(weights)
+    if recorded == actual:
+        return block
+    if not run.run_json.is_file():
+        what = f"{run.run_json} is missing, so nothing records which supernet it is"
+    elif recorded is None:
+        what = f"{run.run_json} records no supernet.hash"
+    else:
+        what = f"{run.run_json} records supernet.hash {recorded}"
+    raise InputError(
+        f"{weights} has hash {actual} but {what}: the weights were truncated or replaced; "
+        f"restore that file (and run.json), or retrain with `dreams-nas train --run {run.root}`, "
+        "which overwrites it")
+
+
+def supernet_hash(run: RunFolder) -> str:
+    """Hash of the trained weights (what keys the acceptance cache), checked against run.json
+    (`checked_supernet`): a supernet that is not the recorded one is refused here rather than
+    blamed on the acceptance rows it no longer matches."""
+    run.require_supernet()
+    block = checked_supernet(run)
+    assert block is not None  # require_supernet: the weights are there
+    return str(block["hash"])
 
 
 def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
@@ -102,17 +149,31 @@ def read_specs(text: str, space: SearchSpace) -> list[SubnetSpec]:
         raise InputError(f"--specs {text!r} is neither 'all' nor a file of subnet ids")
     body = path.read_text(encoding="utf-8")
     if body.lstrip().startswith("["):
-        import json
-
-        items = json.loads(body)
-        specs = [SubnetSpec.from_id(i) if isinstance(i, str) else SubnetSpec.from_dict(i)
-                 for i in items]
+        specs = _specs_of_json(path, body)
     else:
         specs = [SubnetSpec.from_id(line) for line in body.splitlines()
                  if line.strip() and not line.lstrip().startswith("#")]
     if not specs:
         raise InputError(f"--specs file {path} lists no subnet; give one id per line")
     return [space.validate(s) for s in specs]
+
+
+def _specs_of_json(path: Path, body: str) -> list[SubnetSpec]:
+    """The specs of a `--specs` file holding a JSON list of ids and spec objects."""
+    import json
+
+    try:
+        items = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"--specs file {path} is not valid JSON ({exc.msg} at line "
+                         f"{exc.lineno}, column {exc.colno}); fix it, or list one subnet id "
+                         "per line") from None
+    odd = [i for i in items if not isinstance(i, str | dict)]  # a list: the body starts "["
+    if odd:
+        raise InputError(f"--specs file {path} must hold a JSON list of subnet ids and spec "
+                         f"objects; {odd[0]!r} is neither")
+    return [SubnetSpec.from_id(i) if isinstance(i, str) else SubnetSpec.from_dict(i)
+            for i in items]
 
 
 # --- evaluation data -----------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dreams_nas.latency.hardware import HardwareInfo, detect_hardware
-from dreams_nas.latency.plan import KINDS, build_plan
+from dreams_nas.latency.plan import DEFAULT_VERIFY_KS, KINDS, build_plan
 from dreams_nas.latency.predictor import LatencyPredictor
 from dreams_nas.latency.profiler import TimingSettings, run_profile
 from dreams_nas.latency.store import ProfileStore
@@ -47,6 +47,40 @@ class ProfileOptions:
     fit_only: bool = False
     seed: int = 0
     show_progress: bool | None = None
+    budget_option: str = "--budget"  # the flag `budget` came from, named in messages
+
+
+def timing_passes(repeats: int, passes: int) -> int:
+    """The passes a step's repeats are spread over: at most `repeats`, since every pass times
+    at least one repeat and `--repeats` is an upper bound on the samples of a step."""
+    return max(1, min(passes, repeats))
+
+
+def max_context_len(config: Any, verify_ks: Sequence[int] = DEFAULT_VERIFY_KS) -> int | None:
+    """The longest context the target can be timed at: its text config's
+    `max_position_embeddings`, less the positions a verify step appends; None when unknown."""
+    from dreams_nas.latency.steps import text_config
+
+    positions = getattr(text_config(config), "max_position_embeddings", None)
+    return int(positions) - max(verify_ks) if positions else None
+
+
+def check_context_lengths(contexts: Sequence[int], visual_tokens: int, config: Any) -> None:
+    """Refuse context lengths the target cannot hold (past its maximum positions: minutes of
+    allocation failures otherwise) or that leave no text after the image, before timing."""
+    longest = max_context_len(config)
+    too_long = sorted(c for c in contexts if longest is not None and c > longest)
+    if too_long:
+        raise InputError(
+            f"--context-lengths {' '.join(map(str, too_long))} exceed what the target holds: "
+            f"max_position_embeddings {longest + max(DEFAULT_VERIFY_KS)}, less the "
+            f"{max(DEFAULT_VERIFY_KS)} positions a verify step adds; give lengths up to "
+            f"{longest}")
+    too_short = sorted(c for c in contexts if c <= visual_tokens)
+    if too_short:
+        raise InputError(
+            f"--context-lengths {' '.join(map(str, too_short))} leave no text after the "
+            f"{visual_tokens} visual tokens of one image; give lengths above {visual_tokens}")
 
 
 def load_target(target: str, device: str, dtype: Any) -> Any:
@@ -94,12 +128,18 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
     from dreams_nas.latency.steps import ModelSteps, default_context_lengths
+    from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import torch_dtype
 
     started = time.perf_counter()
+    check_run_folder(run)
     device = resolve_device(options.device)
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
+    if options.passes < 1:
+        raise InputError(f"--passes {options.passes} must be at least 1")
+    if options.chunk < 0:
+        raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
     dtype_name = run.dtype(options.dtype, device)
     dtype = torch_dtype(dtype_name)
     if options.clock not in ("wall", "cpu"):
@@ -137,7 +177,13 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         space, supernet = _space_and_supernet(run, adapter.model, options.seed)
         visual_tokens = count_visual_tokens(adapter)
         contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
-        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed)
+        check_context_lengths(contexts, visual_tokens, adapter.model.config)
+        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
+                          budget_option=options.budget_option)
+        passes = timing_passes(options.repeats, options.passes)
+        if passes < options.passes:
+            log.info("--passes %d is more than --repeats %d: each step is timed in %d passes of "
+                     "one repeat", options.passes, options.repeats, passes)
         existing = run.read_run()
         run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()),
                                              ("dtype", dtype_name)) if k not in existing})
@@ -146,16 +192,12 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
             "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
             "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
             "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
-            "passes": options.passes, "chunk": options.chunk,
+            "passes": passes, "chunk": options.chunk,
             "verify_after": space.largest().id, "target": entry.get("id"),
             "architecture_hash": architecture,
         })
-        if options.passes < 1:
-            raise InputError(f"--passes {options.passes} must be at least 1")
-        if options.chunk < 0:
-            raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
         settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
-                                  threads=hw.threads, clock=options.clock, passes=options.passes,
+                                  threads=hw.threads, clock=options.clock, passes=passes,
                                   chunk=options.chunk)
         # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
         steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
@@ -163,9 +205,11 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id,
                  folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
-    predictor = LatencyPredictor.fit(store.ok_rows(), hw.hardware_id, visual_tokens=visual_tokens,
+    fitted = store.ok_rows()
+    predictor = LatencyPredictor.fit(fitted, hw.hardware_id, visual_tokens=visual_tokens,
                                      holdout=options.holdout, seed=options.seed, stat=options.stat,
                                      fingerprint=profile_fingerprint(hw, architecture))
+    warn_partial_fit(store, len(fitted), folder / "plan.json")
     predictor.save(folder)
     report = predictor.report()
     summary: dict[str, Any] = {
@@ -179,6 +223,25 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     if result is not None:
         summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
     return summary
+
+
+def warn_partial_fit(store: ProfileStore, fitted: int, plan_path: Path) -> str | None:
+    """Warn (and return the warning) when the predictor was fitted on fewer rows than the plan
+    has steps: a torn last line is skipped on reading, and `--fit-only` times nothing, so
+    without this the fit would silently rest on part of the grid."""
+    plan = read_json(plan_path) if plan_path.is_file() else {}
+    planned = int(plan.get("n_keys", 0)) if isinstance(plan, dict) else 0
+    if fitted >= planned:
+        return None
+    recorded = len(store.done_keys())
+    if recorded < planned:
+        warning = (f"fitted {fitted} of {planned} planned steps; rerun `dreams-nas profile` "
+                   "without --fit-only to time the missing ones")
+    else:
+        warning = (f"fitted {fitted} of {planned} planned steps; the others could not be "
+                   f"timed (status oom or failed in {store.path})")
+    log.warning("warning: %s", warning)
+    return warning
 
 
 # What a profile's timings depend on besides the hardware id: rows timed under another value of
@@ -242,37 +305,66 @@ def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
 
 def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any] | None:
     """The summary of this device's finished profile (every planned step timed with the same
-    settings, predictor fitted after the last row), or None when `profile` has work to do.
+    settings, predictor fitted after the last row), or None when `profile` has work to do --
+    then the log says why ("profile: redone (repeats 3 -> 5)").
 
     Loads no model: the demo and `search` use it to skip a profile that is already done."""
     device = resolve_device(options.device)
     dtype_name = run.dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
-    folder = run.latency_dir(hw.hardware_id)
     store = ProfileStore(run.profile_csv(hw.hardware_id))
-    plan_path, predictor_path = folder / "plan.json", run.predictor_json(hw.hardware_id)
-    if not (store.exists() and plan_path.is_file() and predictor_path.is_file()):
+    plan_path = run.latency_dir(hw.hardware_id) / "plan.json"
+    predictor_path = run.predictor_json(hw.hardware_id)
+    missing = [p for p in (store.path, plan_path, predictor_path)
+               if not (p.is_file() and p.stat().st_size > 0)]
+    if missing:
+        log.info("profile: nothing to reuse (no %s)", missing[0])
         return None
-    plan = read_json(plan_path)
-    asked = {"budget": options.budget, "repeats": options.repeats, "clock": options.clock,
-             "passes": options.passes, "seed": options.seed}
-    if any(plan.get(key) != value for key, value in asked.items()):
-        return None
-    if options.context_lengths is not None and list(plan.get("context_lengths") or []) != list(
-            options.context_lengths):
-        return None
-    if run.read_run().get("space") not in (None, plan.get("space")):
-        return None  # the run's space changed since: new steps to time
-    rows = store.read()
-    if len(store.done_keys()) < int(plan.get("n_keys", 0)):
-        return None
-    if set(KINDS) - set(rows["kind"]):
-        return None  # a kind of step has no row yet: time it
-    if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
+    changes = profile_changes(run, options, store, read_json(plan_path), predictor_path)
+    if changes:
+        log.info("profile: redone (%s)", "; ".join(changes))
         return None
     report = read_json(predictor_path)
-    if isinstance(report, dict) and report.get("stat", "median_ms") != options.stat:
-        return None  # fitted on another statistic: refit
     return {"hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
-            "rows": int(len(rows)), "predictor": str(predictor_path),
+            "rows": int(len(store.read())), "predictor": str(predictor_path),
             "regressor": report.get("regressor") if isinstance(report, dict) else None}
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, list | tuple):
+        return "[" + " ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore,
+                    plan: Any, predictor_path: Path) -> list[str]:
+    """Why the profile in `store` is not the finished one `options` ask for, each as
+    "name recorded -> asked" or in words; empty when it can be reused."""
+    plan = plan if isinstance(plan, dict) else {}
+    asked: dict[str, Any] = {
+        "budget": options.budget, "repeats": options.repeats, "clock": options.clock,
+        "passes": timing_passes(options.repeats, options.passes), "seed": options.seed}
+    if options.context_lengths is not None:
+        asked["context_lengths"] = list(options.context_lengths)
+    changes = [f"{key} {_show(plan.get(key))} -> {_show(value)}"
+               for key, value in asked.items() if plan.get(key) != value]
+    if run.read_run().get("space") not in (None, plan.get("space")):
+        changes.append("the run's search space changed since the plan")  # new steps to time
+    report = read_json(predictor_path)
+    fitted_stat = report.get("stat", "median_ms") if isinstance(report, dict) else None
+    if fitted_stat != options.stat:
+        changes.append(f"stat {_show(fitted_stat)} -> {options.stat}")
+    if changes:
+        return changes
+    rows = store.read()
+    planned, done = int(plan.get("n_keys", 0)), len(store.done_keys())
+    if done < planned:
+        changes.append(f"{planned - done} of {planned} planned steps not timed yet")
+    absent = [kind for kind in KINDS if kind not in set(rows["kind"])]
+    if absent:
+        changes.append(f"no {', '.join(absent)} step timed yet")
+    if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
+        changes.append("profile.csv has rows newer than the fitted predictor")
+    return changes

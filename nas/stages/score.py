@@ -30,6 +30,7 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     from dreams_nas.nas.stages.inputs import (
         LazyScorer,
         RunModels,
+        check_run_folder,
         dataset_id,
         read_specs,
         supernet_hash,
@@ -38,13 +39,15 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     from dreams_nas.supernet.core.device import resolve_device, torch_threads
 
     start = time.perf_counter()
+    check_run_folder(run)
     if options.temperature < 0:
         raise InputError(f"--temperature {options.temperature} must be >= 0 (0 means greedy)")
     device = resolve_device(options.device)
-    dtype = run.record_dtype(run.dtype(options.dtype, device))
-    digest = supernet_hash(run)
+    dtype = run.dtype(options.dtype, device)
+    digest = supernet_hash(run)  # a supernet run.json does not record is refused: write nothing
     space = run.space()
     specs = read_specs(options.specs, space)
+    run.record_dtype(dtype)
     data_id = dataset_id(options.data, options.limit, options.seed)
     table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, options.temperature,
                             dtype=dtype, max_new_tokens=options.max_new_tokens)

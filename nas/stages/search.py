@@ -45,6 +45,31 @@ def study_name_for(options: SearchOptions, hardware_id: str, data_id: str, diges
     return f"{base}-{hardware_id}-{data_id}-{digest}"
 
 
+def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtype: str
+                  ) -> dict[str, Any]:
+    """best.json's `inputs` block: everything the search's answer depends on besides the
+    supernet (its hash is best.json's `supernet_hash`), objective and method -- the evaluation
+    data and settings, the acceptance file and the latency predictor it read. A best.json is
+    reused only when these equal what is asked (`nas.stages.demo.finished_search`)."""
+    from dreams_nas.nas.stages.inputs import dataset_id
+    from dreams_nas.supernet.core.io import read_json
+
+    data_id = dataset_id(options.data, options.limit, options.seed)
+    predictor_path = run.predictor_json(hardware_id)
+    predictor = read_json(predictor_path) if predictor_path.is_file() else {}
+    if not isinstance(predictor, dict):
+        predictor = {}
+    return {
+        "dataset_id": data_id, "limit": options.limit, "max_new_tokens": options.max_new_tokens,
+        "verify": options.verify, "verify_prompts": options.verify_prompts,
+        "seed": options.seed, "dtype": dtype, "max_draft_ms": options.max_draft_ms,
+        "trials": options.trials,
+        "acceptance": run.acceptance_csv(data_id).relative_to(run.root).as_posix(),
+        "predictor_fingerprint": predictor.get("fingerprint"),
+        "predictor_created": predictor.get("created"),
+    }
+
+
 def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     import optuna
     from dreams_nas.nas.search.scoring import CachedAcceptance
@@ -53,6 +78,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     from dreams_nas.nas.stages.inputs import (
         LazyScorer,
         RunModels,
+        check_run_folder,
         context_len_of,
         dataset_id,
         draft_params_fn,
@@ -65,6 +91,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     from dreams_nas.supernet.acceptance.table import AcceptanceTable
     from dreams_nas.supernet.core.device import resolve_device, torch_threads
 
+    check_run_folder(run)
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it all
     if options.trials is not None and options.trials < 1:
         raise InputError(f"--trials {options.trials} must be at least 1")
@@ -73,7 +100,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     device = resolve_device(options.device)
     dtype = run.dtype(options.dtype, device)
     hardware_id = resolve_hardware(run, options.hardware)
-    if trained_supernet(run) is None:
+    if trained_supernet(run) is None:  # no weights at all; unrecorded weights are refused
         from dataclasses import replace
 
         ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin",
@@ -98,6 +125,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         db.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{db.resolve()}"
     study_name = options.study_name or study_name_for(options, hardware_id, data_id, digest)
+    inputs = search_inputs(run, options, hardware_id, dtype)  # the predictor the search reads
     with torch_threads(options.threads):
         result = _search(
             space, cached, load_latency(run, hardware_id, dtype), draft_params_fn(run),
@@ -120,11 +148,12 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     # Everything the search found is on disk before the (long, fallible) measurement.
     paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
                           target=info, supernet_hash=digest, dtype=dtype,
-                          write_draft=write_draft)
+                          write_draft=write_draft, inputs=inputs)
     measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
     if measured is not None:
         write_best(run, result, hardware_id=hardware_id, hardware=hardware,
-                   supernet_hash=digest, dtype=dtype, measured=measured, verified=verified)
+                   supernet_hash=digest, dtype=dtype, measured=measured, verified=verified,
+                   inputs=inputs)
     report = write_run_report(run, hardware_id) if options.write_report else None
     best = result.best
     summary: dict[str, Any] = {
@@ -173,7 +202,8 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     threads = hardware.get("threads") if here == "cpu" else None
     with torch_threads(int(threads) if threads else None):  # the profile's setting
         results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
-                                     prompts, max_new_tokens=options.max_new_tokens)
+                                     prompts, max_new_tokens=options.max_new_tokens,
+                                     show_progress=options.show_progress)
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,

@@ -2,7 +2,8 @@
 
 `dreams-nas train` always trains (resuming a killed run); `dreams-nas search` and
 `dreams-nas demo` call `ensure_supernet`, which trains with the default settings only when the
-run folder holds no trained supernet of that target.
+run folder holds no supernet weights at all. Weights that run.json does not record (truncated,
+replaced, run.json lost) are refused, never trained over: only `dreams-nas train` overwrites.
 """
 
 from __future__ import annotations
@@ -64,14 +65,44 @@ def load_examples(data: str, n: int | None, seed: int) -> list[Any]:
 
 
 def trained_supernet(run: RunFolder) -> dict[str, Any] | None:
-    """run.json's `supernet` block when its weights are on disk and match its hash, else None."""
-    from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
+    """run.json's `supernet` block when its weights are on disk and match its hash; None when
+    the run has no supernet weights (train one). Weights that do not match run.json (or with
+    run.json gone) are an InputError, never a reason to train over them
+    (`inputs.checked_supernet`)."""
+    from dreams_nas.nas.stages.inputs import checked_supernet
 
-    weights = run.supernet_dir / SUPERNET_WEIGHTS
-    block = run.read_run().get("supernet")
-    if not weights.is_file() or not isinstance(block, dict):
-        return None
-    return block if block.get("hash") == file_hash(weights) else None
+    return checked_supernet(run)
+
+
+def training_changes(block: dict[str, Any], options: TrainOptions) -> list[str]:
+    """The asked training settings (steps, prompts, max_new_tokens) that differ from those the
+    run's supernet was trained with, as "name recorded -> asked"; unknown ones are skipped."""
+    trained = block.get("train") if isinstance(block.get("train"), dict) else {}
+    config = options.config()
+    prompts = options.n_train
+    if prompts is None and options.data == "builtin":
+        prompts = DEFAULT_TRAIN_PROMPTS
+    asked = {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
+             "n_examples": prompts, "max_new_tokens": options.max_new_tokens}
+    names = {"n_examples": "prompts"}
+    return [f"{names.get(key, key)} {trained[key]} -> {value}" for key, value in asked.items()
+            if value is not None and key in trained and trained[key] != value]
+
+
+def retrain_command(run: RunFolder, options: TrainOptions) -> str:
+    """The `dreams-nas train` call that trains `options`' supernet into `run` (overwriting)."""
+    import shlex
+
+    config = options.config()
+    parts = ["dreams-nas", "train", "--run", str(run.root), "--target", options.target]
+    if options.data != "builtin":
+        parts += ["--data", options.data]
+    if options.n_train is not None:
+        parts += ["--n-train", str(options.n_train)]
+    parts += ["--warmup-steps", str(config.warmup_steps),
+              "--multires-steps", str(config.multires_steps),
+              "--max-new-tokens", str(options.max_new_tokens)]
+    return shlex.join(parts)
 
 
 def same_target(info: dict[str, Any], target: str, target_path: str | None) -> bool:
@@ -88,15 +119,28 @@ def ensure_supernet(run: RunFolder, options: TrainOptions, *, target_path: str |
     """(summary, reused): the run's trained supernet, trained first when it is missing.
 
     `target_path` is the folder `options.target` loads from when known (the demo target's
-    cache folder); a run trained on another target is refused rather than overwritten."""
-    info = run.read_run().get("target") or {}
+    cache folder); a run trained on another target is refused rather than overwritten.
+
+    A supernet trained with other settings is reused all the same -- retraining would silently
+    invalidate every acceptance row, profile and search of the run -- with a warning that names
+    the differing settings and the command that retrains."""
+    from dreams_nas.nas.stages.inputs import check_run_folder
+
+    check_run_folder(run)
     block = trained_supernet(run)
+    info = run.read_run().get("target") or {}
     if block is not None:
         if not same_target(info, options.target, target_path):
             raise InputError(
                 f"the run folder {run.root} holds a supernet of target "
                 f"{info.get('path') or info.get('id')}, not of {target_path or options.target}; "
                 "pass another --run folder")
+        changes = training_changes(block, options)
+        if changes:
+            log.warning("warning: reusing the supernet in %s, trained with other settings (%s); "
+                        "everything downstream was computed with it. To retrain with these "
+                        "settings (which redoes scoring and search): `%s`", run.supernet_dir,
+                        ", ".join(changes), retrain_command(run, options))
         return {"supernet": str(run.supernet_dir), "hash": block["hash"],
                 "num_params": block.get("num_params")}, True
     config = options.config()
@@ -111,10 +155,12 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
           ) -> dict[str, Any]:
     """Train the supernet of `options.target` into `run` (resuming a killed run); the summary.
     `examples`: the training prompts when already loaded (else read from `options.data`)."""
+    from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import resolve_device, torch_dtype
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import train_run
 
+    check_run_folder(run)
     config = options.config()  # bad settings fail here, before the (slow) target load
     device = resolve_device(options.device)
     dtype = run.dtype(options.dtype, device)

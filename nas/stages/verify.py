@@ -111,8 +111,11 @@ class Measured:
 
 def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
                        prompts: Sequence[Mapping[str, Any]], *, max_new_tokens: int = 64,
-                       ) -> list[Measured]:
-    """Tokens/s of each spec's extracted draft and of plain decoding, prompt by prompt."""
+                       show_progress: bool | None = None) -> list[Measured]:
+    """Tokens/s of each spec's extracted draft and of plain decoding, prompt by prompt.
+    `show_progress`: a bar over the prompts on stderr (None: when stderr is a terminal; the
+    verification decodes every prompt 1 + len(specs) times, minutes on a CPU)."""
+    from dreams_nas.supernet.core.progress import progress
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.decoding.loop import generate, plain_generate
     from dreams_nas.supernet.draft.extract import extract
@@ -131,7 +134,9 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     parts = {s: {"draft": 0.0, "verify": 0.0, "other": 0.0, "steps": 0} for s in specs}
     cycles: dict[SubnetSpec, list[int]] = {s: [] for s in specs}
     divergences: dict[SubnetSpec, list[Divergence]] = {s: [] for s in specs}
-    for index, prompt in enumerate(prompts):
+    bar = progress(enumerate(prompts), total=len(prompts), desc="verifying end to end",
+                   unit="prompt", disable=None if show_progress is None else not show_progress)
+    for index, prompt in bar:
         plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens, timed=True)
         base_tokens += plain.stats.new_tokens
         base_s += plain.stats.total_s

@@ -7,6 +7,11 @@ max_new_tokens): everything the measured acceptance depends on, so a row scored 
 settings is never reused. A file that holds another supernet's rows is refused, never mixed
 in. A file written before `dtype` and `max_new_tokens` were recorded is migrated once (its
 rows kept with those cells empty: they match no table and are scored again).
+
+Every row is checked when it is made and when it is read (`AcceptanceRow.__post_init__`): a
+row that is impossible (tau outside [1, gamma + 1], a rate outside [0, 1], ...) would win the
+search at a speedup that does not exist, so the file holding one is refused, naming the line.
+Only a last line torn by a kill (no line end) is skipped: it is scored again.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ LEGACY_COLUMNS: tuple[str, ...] = tuple(
     c for c in ACCEPTANCE_COLUMNS if c not in ("dtype", "max_new_tokens")
 )
 METHODS = ("teacher-forced", "sampled", "expected")
+# Slack on the bounds of tau: it is a ratio of token counts, exact up to float rounding.
+TAU_TOLERANCE = 1e-6
 
 
 def _check_dtype(dtype: str, owner: str) -> None:
@@ -46,6 +53,42 @@ def _check_dtype(dtype: str, owner: str) -> None:
 def _check_max_new_tokens(max_new_tokens: int, owner: str) -> None:
     if max_new_tokens < 0:
         raise InputError(f"max_new_tokens={max_new_tokens} of {owner} must be >= 0")
+
+
+def _check_tau(spec: SubnetSpec, tau: float, tau_lo: float, tau_hi: float) -> None:
+    """tau, tokens per target forward with the bonus token, lies in [1, gamma + 1] (no draft
+    token accepted .. all gamma accepted), inside its finite interval [tau_lo, tau_hi]."""
+    owner = f"the acceptance row of {spec.id}"
+    top = spec.draft_len + 1
+    if not math.isfinite(tau) or not 1 - TAU_TOLERANCE <= tau <= top + TAU_TOLERANCE:
+        raise InputError(
+            f"tau={tau} of {owner} is not in [1, {top}]: a target forward yields 1 to "
+            f"draft_len + 1 = {top} tokens")
+    for name, value in (("tau_lo", tau_lo), ("tau_hi", tau_hi)):
+        if not math.isfinite(value):
+            raise InputError(f"{name}={value} of {owner} must be a finite number")
+    if not tau_lo - TAU_TOLERANCE <= tau <= tau_hi + TAU_TOLERANCE:
+        raise InputError(
+            f"tau={tau} of {owner} is outside its interval [tau_lo={tau_lo}, tau_hi={tau_hi}]")
+
+
+def _check_rates(spec: SubnetSpec, rates: tuple[float, ...]) -> None:
+    """One rate per drafted position at most, each a fraction in [0, 1]; NaN where no cycle
+    proposed that position (e.g. every answer ended first)."""
+    owner = f"the acceptance row of {spec.id}"
+    if len(rates) > spec.draft_len:
+        raise InputError(f"{owner} has {len(rates)} accept rates, more than its draft_len "
+                         f"{spec.draft_len} positions")
+    for i, rate in enumerate(rates, start=1):
+        if not math.isnan(rate) and not 0.0 <= rate <= 1.0:
+            raise InputError(f"accept_rate_{i}={rate} of {owner} is not a fraction in [0, 1] "
+                             "(or nan: no cycle proposed that position)")
+
+
+def _check_counts(spec: SubnetSpec, counts: Mapping[str, int]) -> None:
+    for name, value in counts.items():
+        if value < 0:
+            raise InputError(f"{name}={value} of the acceptance row of {spec.id} must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -76,12 +119,16 @@ class AcceptanceRow:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise InputError(f"acceptance method {self.method!r} is not one of {list(METHODS)}")
-        if not math.isfinite(self.tau) or self.tau < 0:
-            raise InputError(f"tau={self.tau} of {self.spec.id} must be a finite number >= 0")
+        for name in ("tau", "tau_lo", "tau_hi", "temperature"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        _check_tau(self.spec, self.tau, self.tau_lo, self.tau_hi)
         _check_dtype(self.dtype, f"the acceptance row of {self.spec.id}")
         _check_max_new_tokens(self.max_new_tokens, f"the acceptance row of {self.spec.id}")
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "accept_rates", tuple(float(r) for r in self.accept_rates))
+        _check_rates(self.spec, self.accept_rates)
+        _check_counts(self.spec, {"n_prompts": self.n_prompts, "n_tokens": self.n_tokens,
+                                  "context_len": self.context_len})
 
     @property
     def tau_ci(self) -> tuple[float, float]:
@@ -125,12 +172,23 @@ class AcceptanceRow:
         )
 
 
+def _text(path: Path) -> str:
+    """The file's text; bytes that are not UTF-8 (damage: the writer writes UTF-8) are one
+    line naming the file, the offset and the fix."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start}): the file is damaged; move it aside and rerun "
+                         "`dreams-nas score`") from None
+
+
 def _read_header(path: Path) -> list[str] | None:
     """The first CSV record of `path`, or None when the file is absent or empty."""
     if not path.exists() or path.stat().st_size == 0:
         return None
-    with path.open(newline="", encoding="utf-8") as handle:
-        return next(csv.reader(handle), [])
+    return next(csv.reader(io.StringIO(_text(path), newline="")), [])
 
 
 def _migrate_legacy(path: Path) -> None:
@@ -148,12 +206,37 @@ def _migrate_legacy(path: Path) -> None:
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=list(ACCEPTANCE_COLUMNS), restval="")
         writer.writeheader()
-        with path.open(newline="", encoding="utf-8") as handle:
-            for raw in csv.DictReader(handle):
-                if None in raw or any(v is None for v in raw.values()):
-                    continue  # torn by a kill
-                writer.writerow(raw)
+        for raw in csv.DictReader(io.StringIO(_text(path), newline="")):
+            if None in raw or any(v is None for v in raw.values()):
+                continue  # torn by a kill
+            writer.writerow(raw)
         atomic_write_text(path, out.getvalue())
+
+
+def _complete_records(path: Path) -> list[tuple[int, dict[str, str]]]:
+    """(line number, cells) of each record of `path` after the header, a torn last one left out.
+
+    The writer ends every row with a line end, so a last line without one was cut by a kill
+    (`append_csv_rows` drops it before appending). Any other record with too few or too many
+    cells is damage, refused naming its line.
+    """
+    text = _text(path)
+    records: list[tuple[int, dict[str, str]]] = []
+    reader = csv.DictReader(io.StringIO(text))
+    for raw in reader:
+        records.append((reader.line_num, raw))
+    if records and not text.endswith("\n"):
+        records.pop()  # torn by a kill mid-append
+    for line, raw in records:
+        if None in raw or any(v is None for v in raw.values()):
+            extra = raw.pop(None, None) or []
+            cells = sum(v is not None for v in raw.values()) + len(extra)
+            raise InputError(
+                f"{path} line {line} has {cells} cells, not the header's "
+                f"{len(reader.fieldnames or [])}: the file is damaged; move it aside and rerun "
+                "`dreams-nas score`"
+            )
+    return records
 
 
 class AcceptanceTable:
@@ -194,32 +277,43 @@ class AcceptanceTable:
     def load(self) -> dict[SubnetSpec, AcceptanceRow]:
         """This table's rows already scored, by spec (the last row wins if a spec was appended
         twice). Rows of other temperatures, dtypes or budgets, and migrated rows whose dtype is
-        empty, are not this table's: they are skipped, and stay in the file."""
+        empty, are not this table's: they are skipped, and stay in the file.
+
+        Every row but a migrated one is checked (`AcceptanceRow`), this table's or not: one that
+        is damaged or impossible is an InputError naming the file and line, never used and never
+        skipped. A last line torn by a kill (the file does not end with a line end) is skipped:
+        its spec is scored again."""
         self._ensure_current_header()
         if not self.path.exists():
             return {}
         out: dict[SubnetSpec, AcceptanceRow] = {}
-        with self.path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            for line, raw in enumerate(reader, start=2):
-                if None in raw or any(v is None for v in raw.values()):
-                    continue  # a line torn by a kill: it is scored again
-                if raw["supernet_hash"] != self.supernet_hash:
-                    raise InputError(
-                        f"{self.path} line {line} was scored with supernet "
-                        f"{raw['supernet_hash']}, not this run's supernet {self.supernet_hash}; "
-                        "acceptance of different supernets cannot be mixed: move the file "
-                        "aside and rerun `dreams-nas score`"
-                    )
-                if raw["dataset_id"] != self.dataset_id or raw["dtype"] != self.dtype:
-                    continue  # another dataset, dtype, or a migrated row (empty dtype)
-                try:
-                    row = AcceptanceRow.from_csv_row(raw)
-                except (KeyError, ValueError):
-                    continue  # torn last line
-                if self._is_mine(row):
-                    out[row.spec] = row
+        for line, raw in _complete_records(self.path):
+            if raw["supernet_hash"] != self.supernet_hash:
+                raise InputError(
+                    f"{self.path} line {line} was scored with supernet "
+                    f"{raw['supernet_hash']}, not this run's supernet {self.supernet_hash}; "
+                    "acceptance of different supernets cannot be mixed: move the file "
+                    "aside and rerun `dreams-nas score`"
+                )
+            if raw["dtype"] == "":
+                continue  # migrated from the old header: scored under unrecorded settings
+            row = self._parse(line, raw)
+            if row.dataset_id == self.dataset_id and self._is_mine(row):
+                out[row.spec] = row
         return out
+
+    def _parse(self, line: int, raw: Mapping[str, str]) -> AcceptanceRow:
+        """The row of one complete record; a damaged or impossible one is refused, naming the
+        file, the line, the spec and what is wrong."""
+        try:
+            return AcceptanceRow.from_csv_row(raw)
+        except (KeyError, ValueError, TypeError) as exc:
+            why = str(exc) if isinstance(exc, InputError) else f"a cell does not parse ({exc})"
+            raise InputError(
+                f"{self.path} line {line} (spec {raw.get('spec_id') or '?'}) is not a valid "
+                f"acceptance row: {why}; move the file aside and rerun `dreams-nas score` "
+                "to measure it again"
+            ) from None
 
     def append(self, rows: Iterable[AcceptanceRow]) -> int:
         """Append rows of this table's supernet, dataset, dtype and budget (another's are

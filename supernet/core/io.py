@@ -1,19 +1,27 @@
 """Files that never lose data: atomic writes (temp file + rename), locked CSV appends, file hashes
-and the cache folder."""
+and the cache folder.
+
+JSON is written strictly (RFC 8259): a non-finite float (NaN, ±inf), which Python would write as
+the bare tokens ``NaN``/``Infinity`` that no other JSON parser reads, is written as ``null``.
+Files are created with the permissions a plain ``open(path, "w")`` gives (0666 less the umask),
+so a run folder shared through a group stays readable to the group.
+"""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import json
+import math
+import numbers
 import os
-import tempfile
+import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from filelock import FileLock
 
 CACHE_ENV = "DREAMS_NAS_CACHE"
@@ -34,19 +42,46 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+_TEMP_ATTEMPTS = 100
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new temporary sibling of `path` (``.<name>.<random>.tmp``), open for writing.
+
+    Created with mode 0666 so the umask (and a default ACL) apply as for any new file;
+    `tempfile.mkstemp` would create it 0600, and the rename would carry that onto `path`.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMP_ATTEMPTS):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name next to {path} after {_TEMP_ATTEMPTS} tries")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write `data` to `path` so that readers see the old file or the new one, never half."""
+    """Write `data` to `path` so that readers see the old file or the new one, never half.
+
+    The new file has the permissions of a freshly created one (0666 less the umask), whatever
+    the old file had."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None:  # a full disk while writing names no file: name it
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -55,16 +90,58 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def finite_or_null(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, ±inf) replaced by None, through nested dicts,
+    lists and tuples (tuples become lists, as JSON writes them). NumPy numbers count as Python
+    ones (json would otherwise write them as strings)."""
+    if isinstance(value, Mapping):
+        return {key: finite_or_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_null(item) for item in value]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    return value
+
+
+def json_text(data: Any) -> str:
+    """`data` as strict JSON, indented with sorted keys: non-finite floats become null
+    (`finite_or_null`) and anything JSON has no type for is written as its str()."""
+    return json.dumps(finite_or_null(data), indent=2, sort_keys=True, default=str,
+                      allow_nan=False) + "\n"
+
+
 def atomic_write_json(path: str | Path, data: Any) -> Path:
-    return atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    """Write `data` as strict JSON (`json_text`: an unknown or non-finite number is null)."""
+    return atomic_write_text(path, json_text(data))
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON document in `path`; a missing, unreadable, non-UTF-8 or malformed file is an
+    InputError (MissingArtefactError when it is missing) naming the file."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise MissingArtefactError(f"{path} does not exist; rerun the command that writes it"
+                                   ) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+            f"{exc.start}): it is damaged; move it aside and rerun the command that wrote it"
+        ) from None
+    except OSError as exc:
+        raise InputError(f"{path} cannot be read ({exc.strerror or exc}); give the path of a "
+                         "readable JSON file") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}") from None
+        raise InputError(f"{path} is not valid JSON (line {exc.lineno}): {exc.msg}; move it "
+                         "aside and rerun the command that wrote it") from None
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,19 +58,34 @@ def load_llava_jsonl(path: str | Path, check_images: bool = True) -> list[Exampl
             f"data file {path} does not exist; pass a LLaVA-style .jsonl file or `builtin`")
     examples: list[Example] = []
     seen: set[str] = set()
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            example = _parse_line(path, lineno, line, check_images)
-            if example.id in seen:
-                raise InputError(f"{path}:{lineno}: id {example.id!r} appears twice; ids must be "
-                                 "unique")
-            seen.add(example.id)
-            examples.append(example)
+    for lineno, line in _text_lines(path):
+        if not line.strip():
+            continue
+        example = _parse_line(path, lineno, line, check_images)
+        if example.id in seen:
+            raise InputError(f"{path}:{lineno}: id {example.id!r} appears twice; ids must be "
+                             "unique")
+        seen.add(example.id)
+        examples.append(example)
     if not examples:
         raise InputError(f"{path} holds no examples; it needs one JSON object per line")
     return examples
+
+
+def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a UTF-8 file; bytes that are not UTF-8 raise one
+    error naming the file, the line and the byte offset (a decoder's error names neither)."""
+    offset = 0
+    with path.open("rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(
+                    f"{path}:{lineno}: byte {offset + exc.start} (0x{raw[exc.start]:02x}) is not "
+                    "UTF-8; save the file as UTF-8 (e.g. `iconv -t UTF-8`)") from None
+            yield lineno, text
+            offset += len(raw)
 
 
 def _parse_line(path: Path, lineno: int, line: str, check_images: bool) -> Example:
@@ -201,7 +216,21 @@ def load_examples(data: str, split: str, n: int | None, default_n: int, seed: in
         raise InputError(f"{option} {n} must be at least 1")
     if data == "builtin":
         return builtin_dataset(split, n or default_n, seed=seed)
-    if not data.endswith(".jsonl"):
-        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")
+    _check_data_name(data)
     examples = load_llava_jsonl(data)
     return examples[:n] if n else examples
+
+
+def check_data(data: str) -> None:
+    """Read and validate `--data` (every line, every image path) without rendering or loading
+    anything else: commands call it first, so a bad file fails in a second, not after the
+    target has loaded. The built-in set needs no check."""
+    if data == "builtin":
+        return
+    _check_data_name(data)
+    load_llava_jsonl(data)
+
+
+def _check_data_name(data: str) -> None:
+    if not data.endswith(".jsonl"):
+        raise InputError(f"--data {data!r} is neither builtin nor a .jsonl file; pass one of those")

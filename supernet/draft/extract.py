@@ -8,7 +8,6 @@ supernet (the target's embedding and LM head are attached at load time, never sa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from torch import Tensor
 
 WEIGHTS_NAME = "draft.safetensors"
 CONFIG_NAME = "config.json"
+REEXPORT = "re-export the spec folder with `dreams-nas search` (it rewrites specs/<spec_id>/)"
 
 
 class CompactDraft(DreamDraft):
@@ -52,7 +52,12 @@ class CompactDraft(DreamDraft):
         """Load a draft written by `save_pretrained`; `shared` = the target's embedding/LM head.
         dtype: None keeps the dtype it was saved in (the run's: a bfloat16 export loads in
         bfloat16)."""
-        from safetensors.torch import load_file
+        from dreams_nas.supernet.draft.store import (
+            draft_config_from,
+            load_state,
+            load_weights,
+            read_config_json,
+        )
 
         directory = Path(directory)
         config_path, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
@@ -62,13 +67,17 @@ class CompactDraft(DreamDraft):
                     f"no extracted draft in {directory} ({path.name} is missing); export one with "
                     "`dreams-nas search` or `extract(supernet, spec).save_pretrained(DIR)`"
                 )
-        data: dict[str, Any] = json.loads(config_path.read_text(encoding="utf-8"))
+        data: dict[str, Any] = read_config_json(config_path, REEXPORT)
         data.pop("kind", None)
-        model = cls(DraftConfig.from_dict(data), shared)
-        state = load_file(str(weights), device=str(device))
+        config = draft_config_from(config_path, data, REEXPORT)
+        if config.spec is None:
+            raise InputError(f"{config_path} names no subnet (spec), so it is not an extracted "
+                             f"draft's config; {REEXPORT}")
+        model = cls(config, shared)
+        state = load_weights(weights, device, REEXPORT)
         saved = next((t.dtype for t in state.values() if t.is_floating_point()), None)
         model.to(device=device, dtype=dtype or saved)
-        model.load_state_dict(state)
+        load_state(model, state, weights, REEXPORT)
         return model.eval()
 
 

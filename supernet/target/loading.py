@@ -61,7 +61,38 @@ def _source(target: str | Path) -> str:
         raise InputError(f"target folder {str(target)!r} does not exist; pass an existing "
                          "checkpoint folder, a hub id such as llava-hf/llava-1.5-7b-hf, "
                          "or builtin")
+    check_hub_reachable(str(target))
     return str(target)
+
+
+def check_hub_reachable(repo_id: str, timeout_s: float = 3.0) -> None:
+    """A hub id that is not in the local cache needs the hub: fail at once, in one line, when
+    it cannot be reached (offline mode, or no connection within `timeout_s`) instead of after
+    the download's retries (about 30 s)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        return
+    why = None
+    if constants.HF_HUB_OFFLINE:
+        why = "offline mode is on (HF_HUB_OFFLINE)"
+    else:
+        url = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+        try:
+            socket.create_connection((url.hostname or "huggingface.co",
+                                      url.port or (443 if url.scheme == "https" else 80)),
+                                     timeout=timeout_s).close()
+        except OSError as exc:
+            why = f"{url.hostname} cannot be reached ({exc.strerror or exc})"
+    if why is not None:
+        raise InputError(f"hub id {repo_id!r} is not in the local Hugging Face cache and {why}; "
+                         "download it once where the hub is reachable, or pass a checkpoint "
+                         "folder")
 
 
 def load_config(target: str | Path) -> Any:

@@ -197,7 +197,7 @@ def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequ
 # --- checkpoints ----------------------------------------------------------------------
 def _save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
                      state: TrainState, fingerprint: str) -> None:
-    from safetensors.torch import save_file
+    from dreams_nas.supernet.draft.store import save_tensors
 
     directory.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -207,7 +207,7 @@ def _save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.
                if torch.is_tensor(val)}
     for name, tensors in (("model", weights), ("optimizer", moments)):
         tmp = directory / f".{name}.safetensors.tmp"
-        save_file(tensors, str(tmp))
+        save_tensors(tensors, tmp, directory / f"{name}.safetensors")
         tmp.replace(directory / f"{name}.safetensors")
     # state.json last: it names the step the two weight files belong to
     atomic_write_json(directory / "state.json", {
@@ -218,7 +218,7 @@ def _save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.
 
 def _load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
                      fingerprint: str) -> TrainState | None:
-    from safetensors.torch import load_file
+    from dreams_nas.supernet.draft.store import load_weights
 
     if not (directory / "state.json").is_file():
         return None
@@ -229,8 +229,9 @@ def _load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.
             "settings differ); use another --run folder or delete that checkpoint folder"
         )
     device = next(model.parameters()).device
-    model.load_state_dict(load_file(str(directory / "model.safetensors"), device=str(device)))
-    flat = load_file(str(directory / "optimizer.safetensors"), device=str(device))
+    fix = f"delete {directory} and rerun `dreams-nas train` to train from the start"
+    model.load_state_dict(load_weights(directory / "model.safetensors", device, fix))
+    flat = load_weights(directory / "optimizer.safetensors", device, fix)
     state: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in flat.items():
         idx, key = name.split(".", 1)

@@ -9,6 +9,7 @@ from dreams_nas.latency.plan import (
     build_plan,
     canonical_spec,
     latin_hypercube_grid,
+    parse_budget,
     resolve_budget,
 )
 from dreams_nas.supernet.core.errors import InputError
@@ -85,6 +86,19 @@ def test_bad_budgets_and_contexts() -> None:
         build_plan(SPACE, CONTEXTS, budget=4)
     with pytest.raises(InputError, match=r"--context-lengths \[0, 64\] must be positive"):
         build_plan(SPACE, [0, 64])
+
+
+def test_budget_messages_name_the_option_that_gave_it() -> None:
+    """The demo's flag is --profile-budget: its messages said --budget, which it has not."""
+    with pytest.raises(InputError, match=r"^--profile-budget 'lots' is not a number"):
+        build_plan(SPACE, CONTEXTS, budget="lots", budget_option="--profile-budget")
+    with pytest.raises(InputError, match=r"^--profile-budget 4 gives 4 draft measurements, "
+                                         r"fewer than the 10"):
+        build_plan(SPACE, CONTEXTS, budget=4, budget_option="--profile-budget")
+    with pytest.raises(InputError, match=r"^--profile-budget '2.5' above 1 must be a whole"):
+        parse_budget("2.5", "--profile-budget")
+    assert parse_budget(None) is None and parse_budget("0.3") == 0.3 and parse_budget(40) == 40
+    assert resolve_budget("0.3", 80, "--profile-budget") == 24
 
 
 def test_step_keys_validate() -> None:

@@ -218,3 +218,86 @@ def test_a_predictor_saved_before_fingerprints_takes_its_profiles_dtype(tmp_path
     assert LatencyPredictor.load(tmp_path, expect={"architecture_hash": "abc"}).decode_ms(50) > 0
     with pytest.raises(InputError, match="timed with dtype float32"):
         LatencyPredictor.load(tmp_path, expect={"dtype": "bfloat16"})
+
+
+def test_missing_or_unreadable_training_rows_are_one_line_naming_the_file(tmp_path) -> None:
+    LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                         holdout=0.0).save(tmp_path)
+    train = tmp_path / "predictor_train.csv"
+    train.unlink()
+    with pytest.raises(MissingArtefactError, match=r"no predictor training rows in "
+                                                   r".*predictor_train\.csv; rerun `dreams-nas "
+                                                   r"profile --fit-only`") as err:
+        LatencyPredictor.load(tmp_path)
+    assert "\n" not in str(err.value) and "Errno" not in str(err.value)
+    for garbage in (b"\xff\xfe\x00garbage", b"", b"kind,k\ndraft,1\n"):
+        train.write_bytes(garbage)
+        with pytest.raises(InputError, match=r"predictor_train\.csv cannot be read as predictor "
+                                             r"training rows \(.+\); rerun `dreams-nas profile "
+                                             r"--fit-only`") as err:
+            LatencyPredictor.load(tmp_path)
+        assert "\n" not in str(err.value)
+
+
+def test_a_garbage_pickle_is_refitted_once_and_rewritten(tmp_path, caplog) -> None:
+    import joblib
+
+    LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                         holdout=0.0).save(tmp_path)
+    (tmp_path / "predictor.joblib").write_bytes(b"not a pickle")
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        first = LatencyPredictor.load(tmp_path)
+    assert "does not match the hash" in caplog.text and "refitting" in caplog.text
+    # a predictor saved before the hash was kept: the pickle is tried, and refitted on failure
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    (tmp_path / "predictor.json").write_text(json.dumps({k: v for k, v in doc.items()
+                                                         if k != "joblib_sha256"}))
+    (tmp_path / "predictor.joblib").write_bytes(b"not a pickle")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        first = LatencyPredictor.load(tmp_path)
+    assert "cannot read" in caplog.text and "refitting" in caplog.text
+    joblib.load(tmp_path / "predictor.joblib")  # rewritten: a real pickle again
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        second = LatencyPredictor.load(tmp_path)
+    assert caplog.text == ""  # not refitted a second time
+    assert second.verify_ms(4, 96) == pytest.approx(first.verify_ms(4, 96))
+
+
+def test_a_one_row_holdout_keeps_nan_in_memory_and_writes_null(tmp_path) -> None:
+    """`profile --holdout 0.02` printed and saved "kendall_tau": NaN, which is not JSON."""
+    pred = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                                holdout=0.01)  # one draft row of 80; no decode/verify row
+    assert pred.n_holdout == 1 and np.isnan(pred.metrics["kendall_tau"])
+    pred.save(tmp_path)
+    text = (tmp_path / "predictor.json").read_text()
+    assert "NaN" not in text
+
+    def refuse(token: str):
+        raise ValueError(f"{token} is not JSON")
+
+    doc = json.loads(text, parse_constant=refuse)
+    assert doc["metrics"]["kendall_tau"] is None and doc["metrics"]["mape"] >= 0
+    loaded = LatencyPredictor.load(tmp_path)
+    assert np.isnan(loaded.metrics["kendall_tau"])
+    assert loaded.metrics["mape"] == pytest.approx(pred.metrics["mape"])
+
+
+def test_a_swapped_pickle_is_refitted_not_unpickled(tmp_path, caplog) -> None:
+    import joblib
+
+    good = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                                holdout=0.0)
+    good.save(tmp_path)
+    other = LatencyPredictor.fit(synthetic_rows(noise=0.3, seed=5), "cpu-test-1t",
+                                 visual_tokens=32, holdout=0.0)
+    joblib.dump(other.model, tmp_path / "predictor.joblib")  # a valid pickle, not its own
+    assert other.decode_ms(144) != pytest.approx(good.decode_ms(144), rel=1e-9)
+    with caplog.at_level("WARNING"):
+        loaded = LatencyPredictor.load(tmp_path)
+    assert "does not match the hash predictor.json records" in caplog.text
+    assert loaded.decode_ms(144) == pytest.approx(good.decode_ms(144), rel=1e-9)
+    caplog.clear()
+    LatencyPredictor.load(tmp_path)  # rewritten after the refit: loads without a word
+    assert "does not match" not in caplog.text

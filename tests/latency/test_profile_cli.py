@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from dreams_nas.latency.hardware import detect_hardware
@@ -56,8 +58,9 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava,
                      "--clock", "cpu", *FAST]) == 2
     assert "was timed with --clock wall, this run asks for --clock cpu" in capsys.readouterr().err
-    # --fit-only with another thread count names what is profiled
-    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "7"]) == 2
+    # --fit-only with another thread count names what is profiled (2: a count any machine
+    # that runs the tests has, since --threads above the logical cores is refused first)
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", "--threads", "2"]) == 2
     assert f"profiled in this run: {hw['hardware_id']}" in capsys.readouterr().err
     # rows timed on another software stack are another machine's: refused, not merged
     (folder / "hardware.json").write_text(json.dumps({**hw, "torch": "1.13.1"}))
@@ -78,6 +81,94 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     err = capsys.readouterr().err
     assert f"timed a target of architecture {'0' * 16}" in err
     assert len(err.strip().splitlines()) == 1 and store.path.read_text() == before
+
+
+class _Logged(list):
+    """The messages the `dreams_nas` loggers emit at INFO and above once `listen` was called
+    (the CLI replaces the logger's handlers and level: listen again after it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handler = logging.Handler(logging.INFO)
+        self.handler.emit = lambda record: self.append(record.getMessage())
+
+    def listen(self) -> None:
+        logger = logging.getLogger("dreams_nas")
+        if self.handler not in logger.handlers:
+            logger.addHandler(self.handler)
+        logger.setLevel(logging.INFO)
+
+
+@pytest.fixture
+def logged():
+    collected = _Logged()
+    logger = logging.getLogger("dreams_nas")
+    level = logger.level
+    yield collected
+    logger.removeHandler(collected.handler)
+    logger.setLevel(level)
+
+
+def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_llava, capsys,
+                                                             logged) -> None:
+    """--repeats is "at most": with the default 10 passes, 2 repeats took 10 samples a step.
+    A torn last line was skipped and --fit-only fitted the rest without a word."""
+    from dreams_nas.nas.stages.profile import ProfileOptions, completed_profile
+
+    argv = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--device", "cpu",
+            "--threads", "1", "--repeats", "2", "--context-lengths", "12", "--json", "-q"]
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 16  # 2 x 4 drafts, decode, 7 verify
+    folder, store = _profile_dir(small_run)
+    rows = store.read()
+    assert set(rows["n_samples"]) == {2}
+    assert json.loads((folder / "plan.json").read_text())["passes"] == 2
+
+    # the demo's reuse check says which setting differs
+    logged.listen()
+    same = ProfileOptions(target=tiny_llava, device="cpu", threads=1, repeats=2,
+                          context_lengths=[12], stat="p10_ms")
+    assert completed_profile(small_run, same) is not None
+    assert completed_profile(small_run, replace(same, repeats=3)) is None
+    assert logged[-1] == "profile: redone (repeats 2 -> 3; passes 2 -> 3)"
+    assert completed_profile(small_run, replace(same, context_lengths=[12, 20], seed=1)) is None
+    assert logged[-1] == "profile: redone (seed 0 -> 1; context_lengths [12] -> [12 20])"
+    assert completed_profile(small_run, replace(same, stat="median_ms")) is None
+    assert logged[-1] == "profile: redone (stat p10_ms -> median_ms)"
+
+    # a kill tore the last row: --fit-only fits the others and says so
+    raw = store.path.read_bytes()
+    store.path.write_bytes(raw[: raw.rstrip(b"\n").rfind(b"\n") + 20])
+    assert cli.main(["profile", "--run", str(small_run.root), "--device", "cpu", "--threads",
+                     "1", "--fit-only", "--json", "-q"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["rows"] == 15
+    assert ("warning: fitted 15 of 16 planned steps; rerun `dreams-nas profile` without "
+            "--fit-only to time the missing ones") in err
+    logged.listen()
+    assert completed_profile(small_run, same) is None
+    assert logged[-1] == "profile: redone (1 of 16 planned steps not timed yet)"
+
+
+@pytest.mark.parametrize("contexts, message", [
+    (["12", "100000"], "--context-lengths 100000 exceed what the target holds: "
+                       "max_position_embeddings 1024, less the 8 positions a verify step adds; "
+                       "give lengths up to 1016"),
+    (["3", "12"], "--context-lengths 3 leave no text after the 4 visual tokens of one image; "
+                  "give lengths above 4"),
+])
+def test_context_lengths_the_target_cannot_hold_are_refused_first(
+        small_run, tiny_llava, capsys, contexts, message) -> None:
+    """100000 tokens spent minutes in allocation failures before the profile gave up."""
+    before = small_run.run_json.read_text()
+    assert cli.main(["profile", "--run", str(small_run.root), "--target", tiny_llava,
+                     "--device", "cpu", "--threads", "1", "--repeats", "2",
+                     "--context-lengths", *contexts, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"dreams-nas profile: error: {message}" in err
+    assert not list(small_run.root.rglob("profile.csv"))
+    assert not list(small_run.root.rglob("plan.json"))
+    assert small_run.run_json.read_text() == before
 
 
 def test_unknown_device_is_a_one_line_error(small_run, capsys) -> None:

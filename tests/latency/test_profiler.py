@@ -81,3 +81,12 @@ def test_whole_grid_interleaving_visits_every_step_once_per_pass(tmp_path) -> No
     assert sorted(visits[:n]) == sorted(visits[n:]) == sorted(k.ident for k in keys)
     assert visits[n:] == visits[:n][::-1]  # the second pass runs backwards
     assert (store.ok_rows().n_samples == 4).all()
+
+
+def test_the_repeats_split_over_the_passes_add_up() -> None:
+    from dreams_nas.latency.profiler import _part
+
+    for total in range(1, 40):
+        for parts in range(1, total + 1):
+            shares = [_part(total, parts, p) for p in range(parts)]
+            assert sum(shares) == total and max(shares) - min(shares) <= 1

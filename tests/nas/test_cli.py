@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import types
@@ -134,3 +136,92 @@ def test_numbers_out_of_range_are_refused_before_anything_loads(capsys, argv, me
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_version_prints_the_installed_distributions_version(capsys) -> None:
+    from importlib.metadata import version
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"dreams-nas {version('dreams-nas')}\n"
+
+
+def _strict(text: str):
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_summary_is_strict_json_with_null_for_non_finite(fake, capsys) -> None:
+    import numpy as np
+
+    fake(lambda a: {"kendall_tau": float("nan"), "worst": [float("inf"), 1.5],
+                    "nested": {"mae": np.float64("nan"), "r2": np.float32(0.5),
+                               "n": np.int64(3)}, "ok": True})
+    assert cli.main(["fake", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "Infinity" not in out
+    assert _strict(out) == {"kendall_tau": None, "worst": [None, 1.5],
+                            "nested": {"mae": None, "r2": 0.5, "n": 3}, "ok": True}
+
+
+@pytest.mark.parametrize(("code", "fix"), [
+    (errno.EROFS, "pass a folder on a writable disk"),
+    (errno.EACCES, "permissions"),
+    (errno.ENOSPC, "free some disk space"),
+    (errno.EISDIR, "pass the path of a file"),
+])
+def test_os_errors_of_the_environment_are_one_line_exit_2(fake, capsys, tmp_path, code,
+                                                          fix) -> None:
+    path = tmp_path / "run" / "run.json"
+
+    def boom(_):
+        raise OSError(code, os.strerror(code), str(path))
+
+    fake(boom)
+    assert cli.main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"dreams-nas fake: error: {path}: {os.strerror(code)} "
+                   f"({errno.errorcode[code]}); {err.split('; ', 1)[1]}")
+    assert err.count("\n") == 1 and fix in err and "internal error" not in err
+
+
+def test_an_os_error_that_is_no_user_mistake_stays_internal(fake, capsys) -> None:
+    def boom(_):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), "/dev/sda")
+
+    fake(boom)
+    assert cli.main(["fake"]) == 1
+    assert "internal error: OSError" in capsys.readouterr().err
+
+
+def test_a_read_only_output_folder_is_one_line_exit_2(capsys, monkeypatch, tmp_path) -> None:
+    """`data synth` into a folder it may not write: a real chmod where it bites, else (root) the
+    writer raises EROFS as a read-only mount would."""
+    out = tmp_path / "out"
+    (out / "images").mkdir(parents=True)
+    os.chmod(out / "images", 0o555)
+    if os.geteuid() == 0 or os.access(out / "images", os.W_OK):  # chmod does not bind root
+        def read_only(path, data):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+        monkeypatch.setattr("dreams_nas.supernet.data.prompts.atomic_write_bytes", read_only)
+    try:
+        code = cli.main(["data", "synth", "--out", str(out), "--n", "1", "-q"])
+    finally:
+        os.chmod(out / "images", 0o755)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("dreams-nas data: error: ") and err.count("\n") == 1
+    assert str(out / "images") in err
+    assert os.strerror(errno.EROFS) in err or os.strerror(errno.EACCES) in err
+
+
+def test_threads_above_the_logical_cores_are_refused(capsys, monkeypatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    for command in ("profile", "score", "search", "demo", "target"):
+        argv = [command, "--threads", "99"] + (["build-demo"] if command == "target" else [])
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "argument --threads: 99 threads is more than this machine's 4 logical cores: " \
+               "give at most 4" in err and err.count("\n") == 1, err

@@ -81,6 +81,48 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> Non
     assert _counts(run, hw)[0] > counts[0]
 
 
+def test_demo_redoes_the_search_when_its_data_change(cmd, tmp_path) -> None:
+    """best.json was reused whenever it was newer than its input files: back to another
+    --max-new-tokens (or --limit) whose rows were cached, the demo answered with the search of
+    the previous settings."""
+    run = RunFolder(tmp_path / "run")
+    base = ["demo", "--run", str(run.root), "--device", "cpu", "--profile-budget", "4",
+            *TRAIN, *PROFILE, "--verify-prompts", "1"]
+
+    def demo(limit: str, tokens: str) -> tuple[dict, str]:
+        code, summary, err = cmd(*base, "--limit", limit, "--max-new-tokens", tokens,
+                                 quiet=False)
+        assert code == 0, err
+        return summary, err
+
+    first, _ = demo("2", "5")
+    best = json.loads(run.best_json(first["hardware_id"]).read_text())
+    assert best["inputs"]["max_new_tokens"] == 5 and best["inputs"]["limit"] == 2
+    assert best["inputs"]["acceptance"] == "acceptance/builtin-eval-n2.csv"
+    longer, err = demo("2", "8")
+    assert {k: longer["stages"][k] for k in ("train", "profile", "score", "search")} == {
+        "train": "reused", "profile": "reused", "score": "done", "search": "done"}
+    assert "search: redone (max_new_tokens 5 -> 8" in err
+    assert "score: redone (" in err
+    # the supernet stays (retraining would invalidate the run), with a warning saying so
+    assert "warning: reusing the supernet" in err and "max_new_tokens 5 -> 8" in err
+    assert f"`dreams-nas train --run {run.root} --target builtin --n-train 3" in err
+
+    again, err = demo("2", "5")  # every row cached, best.json newer than every input file
+    assert again["stages"]["score"] == "reused" and again["stages"]["search"] == "done"
+    assert "search: redone (max_new_tokens 8 -> 5" in err
+    keys = ("best", "predicted_speedup", "predicted_tau")
+    assert {k: again[k] for k in keys} == {k: first[k] for k in keys}  # the 5-token answer
+
+    more, err = demo("3", "5")
+    assert more["stages"]["score"] == "done" and more["stages"]["search"] == "done"
+    assert "dataset_id builtin-eval-n2 -> builtin-eval-n3; limit 2 -> 3" in err
+    _, err = demo("2", "5")
+    assert "search: redone (" in err and "limit 3 -> 2" in err
+    repeat, err = demo("2", "5")
+    assert set(repeat["stages"].values()) == {"reused"} and "redone" not in err
+
+
 def test_demo_in_bfloat16_keeps_one_dtype_end_to_end(cmd, tmp_path) -> None:
     import pandas as pd
     from safetensors import safe_open
@@ -162,3 +204,14 @@ def test_missing_cuda_device_is_one_line(command, cmd, tmp_path, monkeypatch) ->
     assert (f"dreams-nas {command}: error: --device cuda:0 does not exist on this machine; the "
             "devices here are: cpu (torch sees no CUDA device)") in err
     assert not (tmp_path / "dreams-run").exists()
+
+
+def test_quiet_means_only_warnings_and_errors(cache, monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("DREAMS_NAS_CACHE", str(cache))
+    monkeypatch.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
+    code = cli.main(["demo", "--run", str(tmp_path / "run"), "--device", "cpu",
+                     "--profile-budget", "4", *TRAIN, *PROFILE, *EVAL, "-q"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "best subnet" in out  # the command's answer is its output, on stdout
+    assert [line for line in err.splitlines() if not line.startswith("warning: ")] == []

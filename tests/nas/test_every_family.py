@@ -8,16 +8,14 @@ goes the day the bug is fixed), never skipped.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from _support.checkpoints import save_checkpoint, serve_processors
+from _support.cli import call_cli
 from _support.models import FAMILIES
-from dreams_nas.nas import cli
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.target.families import SUPPORTED_FAMILIES
 
@@ -39,15 +37,6 @@ KNOWN_BUGS: dict[tuple[str, str], str] = {}
 def _families(command: str) -> list:
     return [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[f, command]))
             if (f, command) in KNOWN_BUGS else f for f in FAMILIES]
-
-
-def _cli(*argv: str) -> tuple[int, dict | None, str]:
-    """(exit code, the --json summary or None, stderr) of one `dreams-nas` call."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([*argv, "--json", "-q"])
-    lines = out.getvalue().strip().splitlines()
-    return code, (json.loads(lines[-1]) if code == 0 and lines else None), err.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +77,7 @@ def trained(family, dtype, data, served_processors, tmp_path_factory):
     if processor is not None:
         served_processors[target.resolve()] = processor
     run = root / "run"
-    code, summary, err = _cli("train", "--run", str(run), "--target", str(target),
+    code, summary, err = call_cli("train", "--run", str(run), "--target", str(target),
                               "--data", str(data["train"]), "--dtype", dtype, *TRAIN)
     return target, run, code, summary, err
 
@@ -123,7 +112,7 @@ def test_train(family, dtype, trained) -> None:
 @pytest.mark.parametrize("family", _families("profile"), indirect=True)
 def test_profile(family, dtype, trained) -> None:
     target, run = _supernet(trained)
-    code, summary, err = _cli("profile", "--run", str(run), "--target", str(target), *PROFILE)
+    code, summary, err = call_cli("profile", "--run", str(run), "--target", str(target), *PROFILE)
     assert code == 0, err
     folder = run / "latency" / summary["hardware_id"]
     rows = pd.read_csv(folder / "profile.csv")
@@ -138,7 +127,7 @@ def test_score(family, dtype, trained, data, tmp_path) -> None:
     _, run = _supernet(trained)
     specs = tmp_path / "specs.txt"
     specs.write_text(SPEC.id + "\n")
-    code, summary, err = _cli("score", "--run", str(run), "--data", str(data["eval"]),
+    code, summary, err = call_cli("score", "--run", str(run), "--data", str(data["eval"]),
                               "--limit", "1", "--max-new-tokens", "4", "--specs", str(specs),
                               "--device", "cpu")
     assert code == 0, err
@@ -164,7 +153,7 @@ def test_generate_with_an_extracted_spec_folder(family, dtype, trained, data) ->
             "--prompt", "what color is the car ?", "--max-new-tokens", "4", "--device", "cpu"]
     outputs = []
     for drafter in (["--drafter", "none", "--dtype", dtype], ["--drafter", str(folder)]):
-        code, summary, err = _cli(*base, *drafter)
+        code, summary, err = call_cli(*base, *drafter)
         assert code == 0, err
         outputs.append(summary)
     plain, drafted = outputs

@@ -81,3 +81,20 @@ def test_history_only_for_optuna(exported) -> None:
     assert len(rows) == result.n_evaluations
     bests = [float(r["best_so_far"]) for r in rows]
     assert bests == sorted(bests)
+
+
+def test_best_json_records_the_inputs_it_was_computed_from(run_dir) -> None:
+    """`inputs` is the key `finished_search` reuses best.json on; null when none is given."""
+    result = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                    show_progress=False)
+    inputs = {"dataset_id": "builtin-eval-n2", "limit": 2, "max_new_tokens": 5, "verify": 1,
+              "verify_prompts": None, "seed": 0, "dtype": "float32", "max_draft_ms": None,
+              "trials": None, "acceptance": "acceptance/builtin-eval-n2.csv",
+              "predictor_fingerprint": {"hardware_id": "cpu-test-2t"},
+              "predictor_created": "2025-01-01T00:00:00Z"}
+    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
+                          target=TARGET, supernet_hash="abc123", dtype="float32", inputs=inputs)
+    assert json.loads(paths["best"].read_text())["inputs"] == inputs
+    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
+                          target=TARGET, supernet_hash="abc123", dtype="float32")
+    assert json.loads(paths["best"].read_text())["inputs"] is None

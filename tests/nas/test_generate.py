@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import struct
+import zlib
 
 import pytest
 from dreams_nas.nas import cli
@@ -54,16 +56,39 @@ def test_generate_json_matches_plain_decoding(checkpoint, capsys) -> None:
     (["--drafter", "eagle"], "unknown drafter 'eagle'"),
     (["--draft-len", "0"], "argument --draft-len: 0 is out of range: give a number from 1 to 64"),
     (["--draft-len", "1000"], "argument --draft-len: 1000 is out of range"),
+    (["--image", "{root}/bomb.png"], r"image file .*bomb.png' is too large to decode "
+                                     r"\(400,000,000 pixels, .*; resize it"),
+    (["--image", "{root}"], r"image file .*' is a folder"),
+    # HF_HUB_OFFLINE=1 (tests/conftest.py): a hub id not in the cache fails at once, no retries
+    (["--target", "nobody/not-in-the-cache"], r"hub id 'nobody/not-in-the-cache' is not in the "
+                                               r"local Hugging Face cache and offline mode is on"),
+    (["--max-new-tokens", "5000"], r"the prompt's \d+ tokens \(image included\) \+ "
+                                   r"--max-new-tokens 5000 = \d+ exceeds the target's 1024 "
+                                   r"positions \(max_position_embeddings\); give "
+                                   r"--max-new-tokens \d+ or fewer"),
 ])
 def test_bad_input_is_one_line_exit_2(checkpoint, capsys, extra, match) -> None:
     folder, image = checkpoint
     root = folder.parent
     (root / "broken.png").write_text("not a png")
+    (root / "bomb.png").write_bytes(png_header(20000, 20000))
     args = {"--target": str(folder), "--image": str(image), "--prompt": "hi"}
     for key, value in zip(extra[::2], extra[1::2], strict=True):
         args[key] = value.format(root=root)
-    argv = ["generate"] + [x for kv in args.items() for x in kv]
+    argv = ["generate", "-q"] + [x for kv in args.items() for x in kv]  # -q: no load bars
     code, out, err = _run(capsys, *argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("dreams-nas generate: error: ")
     assert re.search(match, err), err
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that declares width x height pixels in under 100 bytes: Pillow reads the size from
+    the header before decoding anything, so this is a 20000 x 20000 image as far as it knows."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))

@@ -53,6 +53,20 @@ def test_read_specs(tmp_path) -> None:
         read_specs("best", SPACE)
 
 
+def test_read_specs_with_broken_json_is_one_line(tmp_path) -> None:
+    """A file starting with `[` whose JSON is broken crashed with a JSONDecodeError."""
+    broken = tmp_path / "specs.json"
+    broken.write_text('["h2-v0.50-l1-g3",\n "h4-v1.00-l2-g1"\n')
+    with pytest.raises(InputError, match=rf"^--specs file {broken} is not valid JSON \(Expecting "
+                                         r"',' delimiter at line 3, column 1\); fix it, or "
+                                         r"list one subnet id per line$"):
+        read_specs(str(broken), SPACE)
+    broken.write_text('["h2-v0.50-l1-g3", 7]')
+    with pytest.raises(InputError, match=r"must hold a JSON list of subnet ids and spec "
+                                         r"objects; 7 is neither"):
+        read_specs(str(broken), SPACE)
+
+
 def test_dataset_ids(tmp_path) -> None:
     assert dataset_id("builtin", None) == "builtin-eval-n32"
     assert dataset_id("builtin", 8, seed=3) == "builtin-eval-n8-s3"

@@ -86,3 +86,74 @@ def test_generate_with_an_extracted_spec_folder(setup, trained, capsys):
         outputs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
     assert outputs[1]["tokens"] == outputs[0]["tokens"]
     assert outputs[1]["draft_len"] == 3
+
+
+@pytest.fixture
+def no_target_load(monkeypatch):
+    """Fail the test if anything loads the target: the checks must come before it."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the target was loaded before the arguments were checked")
+
+    monkeypatch.setattr("dreams_nas.supernet.target.adapter.TargetAdapter.load", refuse)
+
+
+def test_a_non_utf8_data_file_fails_before_the_target_loads(setup, tmp_path, capsys,
+                                                             no_target_load):
+    root, target, jsonl = setup
+    lines = jsonl.read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(lines[0] + lines[1].replace(b'"gpt"', b'"gpt\xe9"'))
+    for image in (jsonl.parent / "images").iterdir():  # the lines' image paths resolve here too
+        (tmp_path / "images").mkdir(exist_ok=True)
+        (tmp_path / "images" / image.name).write_bytes(image.read_bytes())
+    argv = ["train", "--run", str(tmp_path / "run"), "--target", str(target), "--data", str(bad)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"error: {bad}:2: byte {len(lines[0]) + lines[1].index(b'gpt') + 3} (0xe9) is not " \
+           "UTF-8" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lambda-kl", "0", "--lambda-distill", "0", "--lambda-feat", "0"],
+     "--lambda-kl 0 --lambda-feat 0 with --lambda-distill 0 leaves no loss to train on"),
+    (["--lambda-kl", "0", "--lambda-feat", "0", "--distill", "none"],
+     "--lambda-kl 0 --lambda-feat 0 with --distill none leaves no loss to train on"),
+])
+def test_a_loss_of_zero_weights_is_refused_before_anything_loads(setup, capsys, no_target_load,
+                                                                 argv, message):
+    root, target, jsonl = setup
+    base = ["train", "--run", str(root / "zero"), "--target", str(target), "--data", str(jsonl)]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (root / "zero").exists()
+
+
+def test_a_read_only_run_folder_is_one_line_exit_2(setup, tmp_path, capsys, monkeypatch):
+    """A run folder on a read-only disk: a real chmod where it binds, else (root, which chmod
+    does not stop) every atomic write raises EROFS as a read-only mount would."""
+    import errno
+    import os
+
+    _, target, jsonl = setup
+    run = tmp_path / "run"
+    run.mkdir()
+    os.chmod(run, 0o555)
+    if os.geteuid() == 0 or os.access(run, os.W_OK):
+        def read_only(path, data):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+
+        monkeypatch.setattr("dreams_nas.supernet.core.io.atomic_write_bytes", read_only)
+    argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
+            "--warmup-steps", "1", "--multires-steps", "0", "--batch-size", "2",
+            "--max-new-tokens", "2", "--device", "cpu", "-q"]
+    try:
+        code = main(argv)
+    finally:
+        os.chmod(run, 0o755)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("dreams-nas train: error: ") and err.count("\n") == 1
+    assert str(run) in err and "internal error" not in err
+    assert os.strerror(errno.EROFS) in err or os.strerror(errno.EACCES) in err

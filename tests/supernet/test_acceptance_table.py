@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
+import re
 
 import pytest
 from dreams_nas.supernet.acceptance.table import (
@@ -11,11 +13,14 @@ from dreams_nas.supernet.acceptance.table import (
     AcceptanceTable,
 )
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import append_csv_rows
 from dreams_nas.supernet.core.space import SubnetSpec
 
 
-def _row(spec, tau=2.5, supernet="abc", dataset="builtin", temperature=0.0, dtype="float32",
+def _row(spec, tau=None, supernet="abc", dataset="builtin", temperature=0.0, dtype="float32",
          max_new_tokens=64):
+    """A possible row: tau in [1, draft_len + 1] (by default halfway)."""
+    tau = 1 + 0.5 * spec.draft_len if tau is None else tau
     return AcceptanceRow(spec=spec, tau=tau, tau_lo=tau - 0.2, tau_hi=tau + 0.2,
                          supernet_hash=supernet, dataset_id=dataset, temperature=temperature,
                          dtype=dtype, max_new_tokens=max_new_tokens,
@@ -127,7 +132,7 @@ def test_an_old_header_file_is_migrated_on_append(tmp_path) -> None:
     old = [_row(SubnetSpec(1, 1.0, 1, 1), tau=1.1), _row(SubnetSpec(2, 0.5, 1, 2), tau=1.9)]
     _write_legacy(path, old)
     table = AcceptanceTable(path, "abc", "builtin")
-    new = _row(SubnetSpec(1, 1.0, 1, 1), tau=3.0)
+    new = _row(SubnetSpec(1, 1.0, 1, 1), tau=1.8)
     assert table.append([new]) == 1
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
@@ -135,7 +140,7 @@ def test_an_old_header_file_is_migrated_on_append(tmp_path) -> None:
         lines = list(reader)
     assert [(r["spec_id"], r["tau"], r["dtype"], r["max_new_tokens"]) for r in lines] == [
         ("h1-v1.00-l1-g1", "1.1", "", ""), ("h2-v0.50-l1-g2", "1.9", "", ""),
-        ("h1-v1.00-l1-g1", "3.0", "float32", "64"),
+        ("h1-v1.00-l1-g1", "1.8", "float32", "64"),
     ]
     assert table.load() == {new.spec: new}  # the old rows match no table: scored again
     table.append([_row(SubnetSpec(2, 0.5, 1, 2), tau=2.4)])
@@ -155,3 +160,99 @@ def test_an_old_header_file_is_migrated_on_load_and_others_are_refused(tmp_path)
         AcceptanceTable(other, "abc", "builtin").load()
     with pytest.raises(InputError, match="is not an acceptance file"):
         AcceptanceTable(other, "abc", "builtin").append([_row(SubnetSpec(1, 1.0, 1, 1))])
+
+
+def _write_cells(path, *rows: dict) -> None:
+    """Rows written as cells, past `AcceptanceRow`'s checks: as an old version, a hand edit or
+    damage would leave them."""
+    append_csv_rows(path, rows, ACCEPTANCE_COLUMNS)
+
+
+def test_an_impossible_tau_is_refused_on_read_naming_the_line(tmp_path) -> None:
+    """tau = 50 for gamma = 7 once loaded and won the search at a predicted 6.35x."""
+    path = tmp_path / "a.csv"
+    good, bad = _row(SubnetSpec(2, 0.5, 1, 2)), _row(SubnetSpec(4, 0.5, 12, 7))
+    _write_cells(path, good.to_csv_row(), {**bad.to_csv_row(), "tau": "50.0", "tau_hi": "51.0"})
+    with pytest.raises(InputError) as err:
+        AcceptanceTable(path, "abc", "builtin").load()
+    message = str(err.value)
+    assert re.search(r"a\.csv line 3 \(spec h4-v0\.50-l12-g7\) is not a valid acceptance row: "
+                     r"tau=50\.0 .* is not in \[1, 8\].*move the file aside and rerun "
+                     r"`dreams-nas score`", message), message
+    assert "\n" not in message
+    with pytest.raises(InputError, match=r"tau=50\.0 of the acceptance row of h4-v0.50-l12-g7 is "
+                                         r"not in \[1, 8\]"):
+        _row(SubnetSpec(4, 0.5, 12, 7), tau=50)
+
+
+@pytest.mark.parametrize(("cells", "match"), [
+    ({"tau": "0.5", "tau_lo": "0.4"}, r"tau=0\.5 .* not in \[1, 4\]"),
+    ({"tau_lo": "2.7"}, r"tau=2\.5 .* outside its interval \[tau_lo=2\.7, tau_hi=2\.7\]"),
+    ({"tau_hi": "inf"}, r"tau_hi=inf .* must be a finite number"),
+    ({"tau_lo": "nan"}, r"tau_lo=nan .* must be a finite number"),
+    ({"accept_rate_2": "1.5"}, r"accept_rate_2=1\.5 .* not a fraction in \[0, 1\]"),
+    ({"accept_rate_1": "-0.1"}, r"accept_rate_1=-0\.1 .* not a fraction"),
+    ({"accept_rate_4": "0.2"}, r"has 4 accept rates, more than its draft_len 3"),
+    ({"n_prompts": "-1"}, r"n_prompts=-1 .* must be >= 0"),
+    ({"n_tokens": "-5"}, r"n_tokens=-5 .* must be >= 0"),
+    ({"tau": "many"}, r"a cell does not parse \(could not convert string to float: 'many'\)"),
+    ({"dtype": "half"}, r"dtype 'half'"),
+])
+def test_every_value_is_checked_on_read(tmp_path, cells, match) -> None:
+    path = tmp_path / "a.csv"
+    row = _row(SubnetSpec(4, 0.5, 12, 3))  # tau 2.5 in [2.3, 2.7], rates 0.9 0.7 0.5
+    _write_cells(path, {**row.to_csv_row(), **cells})
+    with pytest.raises(InputError, match=r"a\.csv line 2 \(spec h4-v0\.50-l12-g3\) is not a "
+                                         r"valid acceptance row: .*" + match) as err:
+        AcceptanceTable(path, "abc", "builtin").load()
+    assert "rerun `dreams-nas score`" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_row_of_another_table_is_checked_too(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    other = _row(SubnetSpec(1, 1.0, 1, 1), temperature=0.7).to_csv_row()
+    _write_cells(path, {**other, "tau": "9.0", "tau_hi": "9.0"})
+    with pytest.raises(InputError, match=r"line 2 .* tau=9\.0"):
+        AcceptanceTable(path, "abc", "builtin").load()
+
+
+def test_nan_rates_of_positions_no_cycle_reached_are_legal(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    spec = SubnetSpec(2, 0.5, 1, 3)
+    row = AcceptanceRow(spec=spec, tau=1.5, tau_lo=1.5, tau_hi=1.5, supernet_hash="abc",
+                        dataset_id="builtin", max_new_tokens=64, n_prompts=1, n_tokens=2,
+                        accept_rates=(0.5, math.nan, math.nan))
+    AcceptanceTable(path, "abc", "builtin").append([row])
+    loaded = AcceptanceTable(path, "abc", "builtin").load()[spec]
+    assert loaded.accept_rates[0] == 0.5 and all(math.isnan(r) for r in loaded.accept_rates[1:])
+    # tau exactly at its bounds, up to float rounding
+    _row(SubnetSpec(1, 1.0, 1, 1), tau=2.0 + 1e-12)
+    _row(SubnetSpec(1, 1.0, 1, 1), tau=1.0 - 1e-12)
+
+
+def test_a_damaged_line_is_refused_but_a_torn_last_line_is_skipped(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    first, second = _row(SubnetSpec(1, 1.0, 1, 2)), _row(SubnetSpec(2, 1.0, 1, 2), tau=1.9)
+    AcceptanceTable(path, "abc", "builtin").append([first])
+    text = io.StringIO()
+    csv.DictWriter(text, fieldnames=list(ACCEPTANCE_COLUMNS)).writerow(second.to_csv_row())
+    line = text.getvalue().rstrip("\r\n")
+    assert line.endswith(",30")  # context_len, the last cell
+    with path.open("a", newline="") as handle:
+        handle.write(line[:-1])  # a kill inside the last cell: every cell there, no line end
+    assert AcceptanceTable(path, "abc", "builtin").load() == {first.spec: first}
+    with path.open("a", newline="") as handle:  # a line cut short in the middle: damage
+        handle.write("0\r\nabc,builtin,h2-v1.00-l1-g2,2\r\n" + line + "\r\n")
+    with pytest.raises(InputError, match=r"a\.csv line 4 has 4 cells, not the header's 24: the "
+                                         r"file is damaged; move it aside"):
+        AcceptanceTable(path, "abc", "builtin").load()
+
+
+def test_bytes_that_are_not_utf8_are_one_line_naming_the_file(tmp_path) -> None:
+    path = tmp_path / "acc.csv"
+    table = AcceptanceTable(path, "abc", "builtin", dtype="float32", max_new_tokens=64)
+    table.append([_row(SubnetSpec(1, 1.0, 1, 1), 1.5)])
+    data = path.read_bytes()
+    path.write_bytes(data[:40] + b"\x80\xff" + data[42:])
+    with pytest.raises(InputError, match=r"acc.csv is not UTF-8 text \(byte 0x80 at offset 40\)"):
+        table.load()

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -108,3 +109,27 @@ def _wide_shared():
     from torch import nn
 
     return SharedTargetModules(nn.Embedding(50, 64), nn.Linear(64, 50, bias=False))
+
+
+@pytest.mark.parametrize(("damage", "match"), [
+    (lambda folder: (folder / "draft.safetensors").write_bytes(
+        (folder / "draft.safetensors").read_bytes()[:-64]),
+     r"draft\.safetensors is not a readable safetensors file, likely cut short"),
+    (lambda folder: (folder / "config.json").write_text("{oops"),
+     r"config\.json is not valid JSON \(line 1: "),
+    (lambda folder: (folder / "config.json").write_text('{"kind": "dreams-nas-compact-draft"}'),
+     r"config\.json is not a valid draft config \(.*missing"),
+    (lambda folder: (folder / "config.json").write_text(json.dumps(
+        {**json.loads((folder / "config.json").read_text()), "spec": None})),
+     r"config\.json names no subnet \(spec\)"),
+], ids=["truncated-weights", "cut-config", "empty-config", "no-spec"])
+def test_a_damaged_spec_folder_is_one_line_naming_file_and_fix(tmp_path, damage, match):
+    folder = tmp_path / "spec"
+    extract(tiny_draft(), SPECS[1]).save_pretrained(folder)
+    damage(folder)
+    with pytest.raises(InputError, match=match) as info:
+        CompactDraft.from_pretrained(folder, tiny_shared(0))
+    message = str(info.value)
+    assert "\n" not in message and str(folder) in message
+    assert message.endswith("re-export the spec folder with `dreams-nas search` (it rewrites "
+                            "specs/<spec_id>/)")

@@ -7,6 +7,7 @@ from dreams_nas.nas import cli
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.data.prompts import (
     builtin_dataset,
+    check_data,
     load_llava_jsonl,
     strip_image_marker,
     write_synthetic,
@@ -129,6 +130,38 @@ def test_malformed_jsonl_names_file_and_line(tmp_path, line, match) -> None:
     path.write_text(good + "\n" + line + "\n")
     with pytest.raises(InputError, match=match):
         load_llava_jsonl(path)
+
+
+_GOOD = ('{"id": "ok", "image": "a.png", "conversations": [{"from": "human", "value": '
+         '"<image>\\nq"}, {"from": "gpt", "value": "a"}]}')
+
+
+def test_non_utf8_jsonl_names_file_line_and_byte(tmp_path) -> None:
+    (tmp_path / "a.png").write_bytes(b"")
+    path = tmp_path / "data.jsonl"
+    first = (_GOOD + "\n").encode()
+    bad = _GOOD.replace('"ok"', '"caf\xe9"').encode("latin-1") + b"\n"  # a Latin-1 e-acute
+    path.write_bytes(first + bad)
+    at = len(first) + bad.index(b"\xe9")
+    with pytest.raises(InputError, match=rf"data\.jsonl:2: byte {at} \(0xe9\) is not UTF-8; "
+                                         "save the file as UTF-8"):
+        load_llava_jsonl(path)
+    path.write_bytes(first + first.replace(b'"ok"', b'"two"'))  # UTF-8 reads as before
+    assert [e.id for e in load_llava_jsonl(path)] == ["ok", "two"]
+
+
+def test_check_data_reads_the_whole_file_and_skips_builtin(tmp_path) -> None:
+    check_data("builtin")  # nothing to read: renders nothing either
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(InputError, match="neither builtin nor a .jsonl file"):
+        check_data(str(tmp_path / "notes.txt"))
+    (tmp_path / "a.png").write_bytes(b"")
+    path = tmp_path / "data.jsonl"
+    path.write_text(_GOOD + "\n" * 40 + "{broken\n")
+    with pytest.raises(InputError, match=r"data\.jsonl:41: not valid JSON"):
+        check_data(str(path))
+    path.write_text(_GOOD + "\n")
+    check_data(str(path))
 
 
 def test_missing_image_and_missing_file(tmp_path) -> None:

@@ -127,6 +127,28 @@ def test_build_inputs_rejects_bad_images(tiny_target, tmp_path) -> None:
         adapter.build_inputs(bad, "hi")
 
 
+def test_open_image_names_too_large_truncated_and_folder_paths(tmp_path, monkeypatch) -> None:
+    from dreams_nas.supernet.target.adapter import open_image
+    from PIL import Image
+
+    png = tmp_path / "big.png"
+    tiny_image(0, (64, 64)).save(png)
+    # Pillow refuses past twice its limit before decoding; a limit of 1000 pixels makes this
+    # 64 x 64 image one (a 20000 x 20000 photo is one at the default limit).
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with pytest.raises(InputError, match=r"big\.png' is too large to decode \(4,096 pixels, over "
+                                         r"Pillow's safety limit of 2,000: .*; resize it"):
+        open_image(png)
+    monkeypatch.undo()
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(png.read_bytes()[:200])
+    with pytest.raises(InputError, match=r"cut\.png' cannot be read as an image \(\w+"):
+        open_image(cut)
+    with pytest.raises(InputError, match="is a folder; pass the path of a PNG/JPEG file"):
+        open_image(tmp_path)
+    assert open_image(png).size == (64, 64)
+
+
 @pytest.mark.parametrize("family", ("llava", "qwen2_5_vl"))
 def test_teacher_forced_prefill_equals_incremental_logits(family, tiny_target) -> None:
     adapter = tiny_target(family)
@@ -149,3 +171,27 @@ def test_text_only_prefill_after_an_image_prompt(tiny_vlm, tiny_target) -> None:
     with torch.inference_mode():
         full = model(input_ids=text).logits
     torch.testing.assert_close(step.logits, full[:, 8:].float(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_uncached_hub_id_fails_at_once_when_the_hub_cannot_be_reached(monkeypatch) -> None:
+    import socket
+
+    from dreams_nas.supernet.target import loading
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    calls = []
+
+    def unreachable(address, timeout):
+        calls.append((address, timeout))
+        raise OSError(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    with pytest.raises(InputError, match=r"hub id 'nobody/uncached' is not in the local Hugging "
+                                         r"Face cache and huggingface.co cannot be reached "
+                                         r"\(Name or service not known\)"):
+        loading.load_config("nobody/uncached")
+    assert calls == [(("huggingface.co", 443), 3.0)]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(InputError, match="offline mode is on"):
+        loading.load_config("nobody/uncached")
