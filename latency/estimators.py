@@ -1,7 +1,7 @@
 """The latency predictor: (kind of step, spec fields, context length, k) -> milliseconds.
 
-It is an ordinary scikit-learn pipeline so that it clones, cross-validates and pickles like
-any other model::
+It is an ordinary scikit-learn pipeline so that it clones and cross-validates like any other
+model, and is saved with skops (`SKOPS_TRUSTED_TYPES`), never pickled::
 
     Pipeline([
         ("features",  StepFeatures(visual_tokens=...)),          # rows -> numeric array
@@ -39,6 +39,15 @@ FEATURE_NAMES = (
 )
 
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
+
+# What a saved predictor (skops) holds beyond skops's default-trusted types (scikit-learn's
+# estimators, numpy): our two classes, defined below, and the trees of the two ensembles. Loading
+# trusts these names and nothing else, so a file naming any other type is refused unread.
+SKOPS_TRUSTED_TYPES = (
+    "dreams_nas.latency.estimators.CVSelectedRegressor",
+    "dreams_nas.latency.estimators.StepFeatures",
+    "sklearn.tree._tree.Tree",
+)
 
 
 class StepFeatures(TransformerMixin, BaseEstimator):

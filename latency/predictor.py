@@ -2,14 +2,19 @@
 
 Saved next to the profile, in ``latency/<hardware-id>/``:
 
-* ``predictor.joblib``     the fitted pipeline (fast to load, tied to the scikit-learn version);
+* ``predictor.skops``      the fitted pipeline, saved with skops (fast to load, no pickle);
 * ``predictor_train.csv``  the rows it was fitted on (what makes it reproducible);
 * ``predictor.json``       regressor, CV scores, held-out metrics and rows, library versions.
 
-Pickles break across scikit-learn versions (nn-Meter's did), so `LatencyPredictor.load` refits
-from the saved rows when the recorded version differs from the installed one, when the joblib
-file cannot be read, or when its schema version differs, and rewrites the joblib file (so the
-refit is paid once, not on every run).
+Nothing in a run folder is unpickled: a run folder someone sends you could carry a pickle that
+runs their code when loaded, and a hash beside it proves nothing (they can write that too).
+`LatencyPredictor.load` reads predictor.skops with skops, trusting only scikit-learn's and
+numpy's types and ours (`estimators.SKOPS_TRUSTED_TYPES`); a file naming any other type is
+refused before anything in it is built. A folder saved before (``predictor.joblib``) is
+never read: the predictor is refitted from its saved rows. So is one whose recorded
+scikit-learn or schema version differs from this one, or whose skops file is missing, damaged,
+swapped or refused; the refit is saved in the current format (so it is paid once, not on every
+run).
 
 A metric that is undefined (Kendall's tau of a single held-out row) is NaN in memory and null in
 predictor.json, which is strict JSON (`supernet.core.io.atomic_write_json`).
@@ -30,13 +35,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from dreams_nas.latency.estimators import chosen_regressor, latency_metrics, make_latency_model
+from dreams_nas.latency.estimators import (
+    SKOPS_TRUSTED_TYPES,
+    chosen_regressor,
+    latency_metrics,
+    make_latency_model,
+)
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
-    file_sha256,
     read_json,
 )
 from dreams_nas.supernet.core.space import SubnetSpec
@@ -45,7 +54,10 @@ from dreams_nas.supernet.core.versions import library_versions
 log = logging.getLogger("dreams_nas.latency")
 TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
                  "context_len", "k", "median_ms")
-PREDICTOR_SCHEMA_VERSION = 2
+# 3: the model is predictor.skops (skops), no longer predictor.joblib (a pickle)
+PREDICTOR_SCHEMA_VERSION = 3
+MODEL_FILE = "predictor.skops"
+LEGACY_PICKLE = "predictor.joblib"  # saved before schema 3; never unpickled, removed on save
 
 
 def holdout_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -196,28 +208,24 @@ class LatencyPredictor:
         }
 
     def save(self, directory: str | Path) -> Path:
-        import io
-
-        import joblib
-
+        """Write predictor_train.csv, predictor.skops and predictor.json (with the skops
+        file's hash) to `directory`; remove a pickle (predictor.joblib) saved there before."""
         directory = Path(directory)
         atomic_write_text(directory / "predictor_train.csv", self.train_rows.to_csv(index=False))
-        buffer = io.BytesIO()
-        joblib.dump(self.model, buffer)
-        payload = buffer.getvalue()
-        atomic_write_bytes(directory / "predictor.joblib", payload)
-        # the pickle's hash: a damaged or swapped file is refitted, never unpickled
+        payload = _dump_model(self.model)
+        atomic_write_bytes(directory / MODEL_FILE, payload)
+        # the file's hash: a damaged or swapped file is refitted, never loaded
         atomic_write_json(directory / "predictor.json",
-                          {**self.report(), "joblib_sha256": hashlib.sha256(payload).hexdigest()})
+                          {**self.report(), "skops_sha256": hashlib.sha256(payload).hexdigest()})
+        (directory / LEGACY_PICKLE).unlink(missing_ok=True)
         return directory
 
     @classmethod
     def load(cls, directory: str | Path, expect: Mapping[str, Any] | None = None
              ) -> LatencyPredictor:
-        """Load the saved predictor; refit it from its rows when scikit-learn's version changed.
-        expect: fingerprint values the caller needs (`check_fingerprint`), checked first."""
-        import joblib
-
+        """Load the saved predictor, or refit it from its saved rows when the saved model cannot
+        be used (`_saved_model`). expect: fingerprint values the caller needs
+        (`check_fingerprint`), checked first."""
         directory = Path(directory)
         meta_path = directory / "predictor.json"
         if not meta_path.is_file():
@@ -232,25 +240,6 @@ class LatencyPredictor:
         fingerprint = dict(meta.get("fingerprint") or _legacy_fingerprint(directory))
         check_fingerprint(fingerprint, expect or {}, directory)
         rows = _read_train_rows(directory / "predictor_train.csv")
-        saved = (meta.get("versions") or {}).get("scikit-learn")
-        installed = library_versions().get("scikit-learn")
-        model = None
-        schema = meta.get("schema_version", 1)
-        if schema != PREDICTOR_SCHEMA_VERSION:
-            log.info("predictor in %s has schema %s, this is %s; refitting from its %d saved rows",
-                     directory, schema, PREDICTOR_SCHEMA_VERSION, len(rows))
-        elif saved != installed:
-            log.warning("predictor in %s was fitted with scikit-learn %s, this is %s; refitting "
-                        "from its %d saved rows", directory, saved, installed, len(rows))
-        elif not _joblib_matches(directory / "predictor.joblib", meta.get("joblib_sha256")):
-            log.warning("%s does not match the hash predictor.json records (damaged or "
-                        "replaced); refitting from the saved rows", directory / "predictor.joblib")
-        else:
-            try:
-                model = joblib.load(directory / "predictor.joblib")
-            except Exception as exc:  # noqa: BLE001 - any unreadable pickle means: refit
-                log.warning("cannot read %s (%s); refitting from the saved rows",
-                            directory / "predictor.joblib", exc)
         try:
             seed = int(meta.get("seed", 0))
             visual_tokens = int(meta.get("visual_tokens", 0))
@@ -259,6 +248,7 @@ class LatencyPredictor:
             raise InputError(f"{meta_path} holds a non-integer seed, visual_tokens or n_holdout "
                              f"({exc}); rerun `dreams-nas profile --fit-only` to write it "
                              "again") from None
+        model = _saved_model(directory, meta, len(rows))
         refit = model is None
         if refit:
             model = make_latency_model(visual_tokens, random_state=seed)
@@ -289,15 +279,55 @@ def _metrics_of(raw: Any) -> dict[str, float]:
     return {str(k): float("nan") if v is None else float(v) for k, v in raw.items()}
 
 
-def _joblib_matches(path: Path, recorded: Any) -> bool:
-    """Whether the pickle is the one predictor.json recorded (True when it records none: a
-    predictor saved before the hash was kept)."""
-    if not recorded:
-        return True
-    try:
-        return file_sha256(path) == str(recorded)
-    except OSError:
-        return False
+def _dump_model(model: Any) -> bytes:
+    """predictor.skops's bytes; a warning when the model holds a type `load` will not trust
+    (a custom candidate regressor): then every load refits, with the default candidates."""
+    import zipfile
+
+    import skops.io as sio
+
+    payload = sio.dumps(model, compression=zipfile.ZIP_DEFLATED)
+    extra = sorted(set(sio.get_untrusted_types(data=payload)) - set(SKOPS_TRUSTED_TYPES))
+    if extra:
+        log.warning("the latency model holds type(s) %s that loading does not trust; it will be "
+                    "refitted from its rows, with the default regressors, when loaded", extra)
+    return payload
+
+
+def _saved_model(directory: Path, meta: Mapping[str, Any], n_rows: int) -> Any:
+    """The fitted pipeline of predictor.skops, or None (and one log line saying why) when it
+    must be refitted: a pickle-only folder (never unpickled), another schema or scikit-learn
+    version, a missing, damaged or swapped file, or one naming a type we do not trust."""
+    import skops.io as sio
+
+    path = directory / MODEL_FILE
+    schema = meta.get("schema_version", 1)
+    saved = (meta.get("versions") or {}).get("scikit-learn")
+    installed = library_versions().get("scikit-learn")
+    why = ""
+    if not path.is_file() and (directory / LEGACY_PICKLE).is_file():
+        why = (f"{directory / LEGACY_PICKLE} is a pickle, which is never unpickled (it could "
+               "run code)")
+    elif schema != PREDICTOR_SCHEMA_VERSION:
+        why = f"predictor in {directory} has schema {schema}, this is {PREDICTOR_SCHEMA_VERSION}"
+    elif saved != installed:
+        why = (f"predictor in {directory} was fitted with scikit-learn {saved}, this is "
+               f"{installed}")
+    else:
+        try:
+            payload = path.read_bytes()
+        except OSError as exc:
+            payload, why = b"", f"cannot read {path} ({exc})"
+        recorded = meta.get("skops_sha256")
+        if not why and recorded and hashlib.sha256(payload).hexdigest() != str(recorded):
+            why = f"{path} does not match the hash predictor.json records (damaged or replaced)"
+        if not why:
+            try:
+                return sio.loads(payload, trusted=list(SKOPS_TRUSTED_TYPES))
+            except Exception as exc:  # noqa: BLE001 - an unreadable or refused file means: refit
+                why = f"cannot read {path} ({' '.join(str(exc).split())[:300]})"
+    log.warning("%s; refitting from its %d saved rows", why, n_rows)
+    return None
 
 
 def _read_train_rows(path: Path) -> pd.DataFrame:

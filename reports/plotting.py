@@ -20,6 +20,9 @@ HEAD_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h", "p", "<", ">")
 BEST_COLOR = "#d62728"
 FRONT_EDGE = "#1a1a1a"
 INFEASIBLE = "#b0b0b0"
+# Above this many subnets the ones off the front are drawn as a density, not as points.
+DENSE_ABOVE = 3000
+DENSITY_GRID = 48
 STYLE = {
     "font.family": "sans-serif",
     "font.sans-serif": ["DejaVu Sans", "Helvetica", "Arial", "sans-serif"],
@@ -80,6 +83,10 @@ def scatter_subnets(ax, data: ReportData, x: Callable[[Subnet], float | None],
     """
     colors = keep_colors([s.visual_keep for s in data.subnets])
     markers = head_markers([s.heads for s in data.subnets])
+    if len(data.subnets) > DENSE_ABOVE:
+        _density(ax, data, x, y)
+        _front_and_best(ax, data, x, y, colors, markers)
+        return
     bad = [(x(s), y(s)) for s in data.subnets
            if not s.feasible and x(s) is not None and y(s) is not None]
     if bad:
@@ -99,6 +106,33 @@ def scatter_subnets(ax, data: ReportData, x: Callable[[Subnet], float | None],
             else:
                 ax.scatter(xs, ys, s=22, marker=markers[heads], color=colors[keep], alpha=0.28,
                            linewidths=0, zorder=2)
+    best = data.best_subnet
+    if best is not None and x(best) is not None and y(best) is not None:
+        ax.scatter([x(best)], [y(best)], s=340, marker="*", color=BEST_COLOR,
+                   edgecolors="white", linewidths=1.0, zorder=6)
+
+
+def _density(ax, data: ReportData, x: Callable[[Subnet], float | None],
+             y: Callable[[Subnet], float | None]) -> None:
+    """Every subnet off the front as a 2-D histogram (hexagons, log count): past a few
+    thousand points a scatter is a blot and an inline SVG of them weighs megabytes."""
+    pts = [(x(s), y(s)) for s in data.subnets
+           if not s.on_front and x(s) is not None and y(s) is not None]
+    if not pts:
+        return
+    xs, ys = zip(*pts, strict=True)
+    cells = ax.hexbin(xs, ys, gridsize=DENSITY_GRID, bins="log", mincnt=1, cmap="Greys",
+                      linewidths=0, zorder=1)
+    ax.figure.colorbar(cells, ax=ax, pad=0.01, fraction=0.04, label="subnets per cell")
+
+
+def _front_and_best(ax, data: ReportData, x: Callable[[Subnet], float | None],
+                    y: Callable[[Subnet], float | None], colors: dict, markers: dict) -> None:
+    """The front's points (solid, dark edge) and the best (red star) over the density."""
+    for s in data.front:
+        if x(s) is not None and y(s) is not None:
+            ax.scatter([x(s)], [y(s)], s=58, marker=markers[s.heads], color=colors[s.visual_keep],
+                       edgecolors=FRONT_EDGE, linewidths=1.1, zorder=4)
     best = data.best_subnet
     if best is not None and x(best) is not None and y(best) is not None:
         ax.scatter([x(best)], [y(best)], s=340, marker="*", color=BEST_COLOR,

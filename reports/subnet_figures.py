@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib
 from dreams_nas.reports.plotting import (
     BEST_COLOR,
+    DENSE_ABOVE,
     baseline,
     encoding_legend,
     frontier,
@@ -23,9 +24,10 @@ def pareto_latency_figure(data: ReportData) -> Figure:
     frontier(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
     scatter_subnets(ax, data, lambda s: s.draft_ms, lambda s: s.speedup)
     b = data.best_subnet
+    near = data.front if len(data.subnets) > DENSE_ABOVE else data.subnets  # what a label hides
     mark_best(ax, data, b.draft_ms if b else None, b.speedup if b else None,
               [(s.draft_ms, s.speedup, 20.0 if s.on_front else 1.0)
-               for s in data.subnets if s is not b])
+               for s in near if s is not b])
     ax.set_xlabel("draft step latency (ms, predicted)")
     ax.set_ylabel("expected speedup over target alone (×)")
     ax.set_title(f"Expected speedup vs draft latency — {data.hardware_id}", loc="left")

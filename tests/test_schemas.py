@@ -43,7 +43,7 @@ ARTEFACTS = (
     "run.json", "supernet/config.json", "supernet/model.safetensors", "supernet/selfdistill.json",
     "supernet/checkpoint/state.json", "latency/<hardware-id>/hardware.json",
     "latency/<hardware-id>/plan.json", "latency/<hardware-id>/profile.csv",
-    "latency/<hardware-id>/predictor.joblib", "latency/<hardware-id>/predictor_train.csv",
+    "latency/<hardware-id>/predictor.skops", "latency/<hardware-id>/predictor_train.csv",
     "latency/<hardware-id>/predictor.json", "acceptance/<dataset-id>.csv",
     "search/<hardware-id>/study.db", "search/<hardware-id>/trials.csv",
     "search/<hardware-id>/pareto.csv", "search/<hardware-id>/history.csv",

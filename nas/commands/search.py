@@ -28,8 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="optuna: distinct subnets to evaluate in the study, reruns and "
                              "workers together (default: a quarter of the space)")
     parser.add_argument("--storage", default=None, metavar="URL",
-                        help="Optuna storage URL shared by workers, e.g. postgresql://... "
-                             "(default: SQLite study.db in the run folder for optuna)")
+                        help="Optuna storage shared by workers: a database URL "
+                             "(postgresql+psycopg2://user@host/db; its password from PGPASSWORD or "
+                             "~/.pgpass rather than the command line) or journal:PATH (a file "
+                             "journal, several processes without a server; a path ending .log "
+                             "or .journal too). Default: $DREAMS_NAS_STORAGE, else for optuna "
+                             "SQLite study.db in the run folder. Passwords are never printed")
     parser.add_argument("--study-name", default=None, metavar="NAME",
                         help="study name in the storage (default: derived from the run)")
     parser.add_argument("--hardware", default=None, metavar="ID",
@@ -60,6 +64,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="steps of each training phase (default 300 + 300)")
 
 
+def storage_of(args: argparse.Namespace) -> str | None:
+    """--storage, else $DREAMS_NAS_STORAGE (a URL with a password stays off the command line,
+    where `ps` and the shell history would show it), else None (the stage's default)."""
+    import os
+
+    from dreams_nas.nas.search.storage import ENV
+
+    if args.storage is not None:
+        return args.storage
+    return os.environ.get(ENV) or None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.nas.stages.search import SearchOptions, search_run
     from dreams_nas.nas.stages.train import TrainOptions
@@ -72,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
                          multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens)
     options = SearchOptions(
-        objective=args.objective, method=args.method, trials=args.trials, storage=args.storage,
+        objective=args.objective, method=args.method, trials=args.trials, storage=storage_of(args),
         study_name=args.study_name, hardware=args.hardware, max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
         verify_prompts=args.verify_prompts, device=args.device, dtype=args.dtype,

@@ -9,6 +9,11 @@ scorer and latency predictor as well as with deterministic ones in tests:
   step of `spec`), "draft_first" (the cycle's first draft step, right after the target's
   verify), "verify" (one target pass over k positions) or "decode" (one plain target step);
   `spec` is None for the target's kinds. `dreams_nas.latency.LatencyPredictor` is the real one.
+
+A model that also predicts many steps per call (`BatchLatencyModel`: `draft_ms(specs, ...)`,
+`first_draft_ms(specs, ...)`, `target_ms(ks, ...)`, as `LatencyPredictor` does) is asked once
+per kind for every distinct step a table of subnets needs, so evaluating 10^6 subnets costs
+three predictor calls; any other `LatencyModel` is asked once per distinct step.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
+from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
+from numpy.typing import ArrayLike
 
 
 @runtime_checkable
@@ -33,6 +40,22 @@ class AcceptanceScorer(Protocol):
 @runtime_checkable
 class LatencyModel(Protocol):
     def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+        ...
+
+
+@runtime_checkable
+class BatchLatencyModel(LatencyModel, Protocol):
+    """A latency model that also predicts many steps in one call. Its draft steps depend on a spec's
+    heads and visual_keep only (not inject_layer, not draft_len), which is what lets the cache
+    share one prediction between every subnet with the same two."""
+
+    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        ...
+
+    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        ...
+
+    def target_ms(self, k: Sequence[int], context_len: int) -> np.ndarray | float:
         ...
 
 
@@ -95,32 +118,182 @@ class Candidate:
         }
 
 
+@dataclass(frozen=True)
+class SubnetFields:
+    """The four `SubnetSpec` fields of n subnets as columns: what the vectorised evaluation
+    reads, so a table of 10^6 subnets need not exist as 10^6 objects."""
+
+    heads: np.ndarray  # (n,) int64
+    visual_keep: np.ndarray  # (n,) float64
+    inject_layer: np.ndarray  # (n,) int64
+    draft_len: np.ndarray  # (n,) int64
+
+    def __post_init__(self) -> None:
+        cast = {"heads": np.int64, "visual_keep": np.float64, "inject_layer": np.int64,
+                "draft_len": np.int64}
+        for name, dtype in cast.items():
+            object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dtype))
+        sizes = {getattr(self, name).shape for name in cast}
+        if len(sizes) != 1 or len(next(iter(sizes))) != 1:
+            raise InputError(f"SubnetFields columns must be 1-d and of one length, got {sizes}")
+
+    @classmethod
+    def of(cls, specs: Sequence[SubnetSpec]) -> SubnetFields:
+        return cls(heads=[s.heads for s in specs], visual_keep=[s.visual_keep for s in specs],
+                   inject_layer=[s.inject_layer for s in specs],
+                   draft_len=[s.draft_len for s in specs])
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+
 class LatencyCache:
-    """Memoises predictions: a draft step depends on (heads, visual_keep, inject_layer) only,
-    a verify pass on k only, so a whole space needs few predictor calls."""
+    """Memoises step predictions by what they depend on.
+
+    A `BatchLatencyModel`'s draft step depends on (heads, visual_keep) and a target pass on k
+    only, so a whole space needs one prediction per distinct pair and per gamma, asked in one
+    call per kind. Any other `LatencyModel` gets the whole spec (draft_len set to 1) and is
+    asked once per distinct (heads, visual_keep, inject_layer): its `predict_ms` may read
+    inject_layer (recorded tables do), so collapsing it would make answers order-dependent.
+    """
 
     def __init__(self, predictor: LatencyModel, context_len: int) -> None:
         self.predictor = predictor
         self.context_len = int(context_len)
+        self._batch = predictor if isinstance(predictor, BatchLatencyModel) else None
+        self.n_calls = 0  # predictor calls made so far (tests and benchmarks read it)
         self._memo: dict[tuple[Any, ...], float] = {}
 
-    def _get(self, kind: str, spec: SubnetSpec | None, k: int) -> float:
-        key = (kind, None if spec is None else spec.replace(draft_len=1), k)
-        if key not in self._memo:
-            self._memo[key] = float(self.predictor.predict_ms(kind, spec, self.context_len, k))
-        return self._memo[key]
+    @property
+    def batched(self) -> bool:
+        """Whether the predictor is asked for many steps per call."""
+        return self._batch is not None
 
+    # --- tables -------------------------------------------------------------------------
+    def draft_steps(self, fields: SubnetFields, kind: str = "draft") -> np.ndarray:
+        """(n,) ms of one draft step of each subnet; kind ``draft`` (a hot step) or
+        ``draft_first`` (the cycle's first, right after the verify)."""
+        if kind not in ("draft", "draft_first"):
+            raise ValueError(f"draft kind {kind!r} is not one of draft, draft_first")
+        columns = [fields.heads, fields.visual_keep]
+        if not self.batched:
+            columns.append(fields.inject_layer)
+        first, inverse = _distinct(columns)
+        keys = [(kind, int(fields.heads[i]), float(fields.visual_keep[i]))
+                + (() if self.batched else (int(fields.inject_layer[i]),)) for i in first]
+        missing = [(key, int(i)) for key, i in zip(keys, first, strict=True)
+                   if key not in self._memo]
+        if missing:
+            specs = [SubnetSpec(heads=int(fields.heads[i]),
+                                visual_keep=float(fields.visual_keep[i]),
+                                inject_layer=int(fields.inject_layer[i]), draft_len=1)
+                     for _, i in missing]
+            values = self._predict_draft(kind, specs)
+            self._memo.update(zip((key for key, _ in missing), values, strict=True))
+        per_key = np.array([self._memo[key] for key in keys], dtype=np.float64)
+        return per_key[inverse]
+
+    def target_steps(self, ks: ArrayLike) -> np.ndarray:
+        """(len(ks),) ms of one target pass over k positions: k = 1 a plain decoding step,
+        k = gamma + 1 the verify of gamma drafted tokens."""
+        ks = np.asarray(ks, dtype=np.int64).reshape(-1)
+        distinct, inverse = np.unique(ks, return_inverse=True)
+        missing = [int(k) for k in distinct if ("target", int(k)) not in self._memo]
+        if missing:
+            values = self._predict_target(missing)
+            self._memo.update(zip((("target", k) for k in missing), values, strict=True))
+        per_key = np.array([self._memo[("target", int(k))] for k in distinct], dtype=np.float64)
+        return per_key[inverse]
+
+    # --- one step -----------------------------------------------------------------------
     def draft(self, spec: SubnetSpec) -> float:
-        return self._get("draft", spec.replace(draft_len=1), 1)
+        return float(self.draft_steps(SubnetFields.of([spec]))[0])
 
     def first_draft(self, spec: SubnetSpec) -> float:
-        return self._get("draft_first", spec.replace(draft_len=1), 1)
+        return float(self.draft_steps(SubnetFields.of([spec]), kind="draft_first")[0])
 
     def verify(self, draft_len: int) -> float:
-        return self._get("verify", None, draft_len + 1)
+        return float(self.target_steps([draft_len + 1])[0])
 
     def decode(self) -> float:
-        return self._get("decode", None, 1)
+        return float(self.target_steps([1])[0])
+
+    # --- the predictor ------------------------------------------------------------------
+    def _predict_draft(self, kind: str, specs: list[SubnetSpec]) -> list[float]:
+        if self._batch is not None:
+            self.n_calls += 1
+            ask = self._batch.draft_ms if kind == "draft" else self._batch.first_draft_ms
+            return _as_floats(ask(specs, self.context_len), len(specs), kind)
+        self.n_calls += len(specs)
+        return [float(self.predictor.predict_ms(kind, s, self.context_len, 1)) for s in specs]
+
+    def _predict_target(self, ks: list[int]) -> list[float]:
+        if self._batch is not None:
+            self.n_calls += 1
+            return _as_floats(self._batch.target_ms(ks, self.context_len), len(ks), "target")
+        self.n_calls += len(ks)
+        return [float(self.predictor.predict_ms("decode" if k == 1 else "verify", None,
+                                                self.context_len, k)) for k in ks]
+
+
+def _distinct(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of equal-length columns: (first index of each distinct row, (n,) index of
+    each row's distinct row). Sort-based, O(n log n); never builds tuples per row."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        values, inverse = np.unique(column, return_inverse=True)
+        code = code * len(values) + inverse.reshape(-1)
+        code = np.unique(code, return_inverse=True)[1].reshape(-1)  # keep the code small
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse.reshape(-1)
+
+
+def _as_floats(values: Any, n: int, kind: str) -> list[float]:
+    out = np.atleast_1d(np.asarray(values, dtype=np.float64))
+    if out.shape != (n,):
+        raise ValueError(f"the latency model returned {out.shape} {kind} predictions for {n} "
+                         "steps; a batched model must return one per step asked")
+    return out.tolist()
+
+
+@dataclass(frozen=True)
+class CandidateArrays:
+    """The figures of n evaluated subnets as columns (the vectorised form of `Candidate`)."""
+
+    draft_ms: np.ndarray  # (n,) one hot draft step
+    first_draft_ms: np.ndarray  # (n,) the cycle's first draft step
+    verify_ms: np.ndarray  # (n,) one target pass over draft_len + 1 positions
+    decode_ms: float  # one plain target step
+    speedup: np.ndarray  # (n,)
+    feasible: np.ndarray  # (n,) bool
+
+
+def evaluate_fields(
+    tau: ArrayLike,
+    fields: SubnetFields,
+    latency: LatencyCache,
+    *,
+    max_draft_ms: float | None = None,
+) -> CandidateArrays:
+    """Latencies, expected speedup and feasibility of n subnets, all vectorised: the
+    predictor is asked for every distinct step at once (`LatencyCache`).
+
+    tau: (n,) tokens per cycle of each subnet (its acceptance row's tau).
+    """
+    tau = np.asarray(tau, dtype=np.float64)
+    if tau.shape != (len(fields),):
+        raise InputError(f"{tau.shape[0] if tau.ndim else 0} tau value(s) for {len(fields)} "
+                         "subnets; give one per subnet")
+    draft = latency.draft_steps(fields)  # (n,)
+    first = latency.draft_steps(fields, kind="draft_first")  # (n,)
+    target = latency.target_steps(np.concatenate([[1], fields.draft_len + 1]))  # (1 + n,)
+    decode, verify = float(target[0]), target[1:]
+    speedup = expected_speedup(tau, fields.draft_len, draft, verify, decode,
+                               first_draft_ms=first)  # (n,)
+    feasible = (np.ones(len(fields), dtype=bool) if max_draft_ms is None
+                else draft <= max_draft_ms)
+    return CandidateArrays(draft_ms=draft, first_draft_ms=first, verify_ms=verify,
+                           decode_ms=decode, speedup=speedup, feasible=feasible)
 
 
 def evaluate(
@@ -131,25 +304,22 @@ def evaluate(
     max_draft_ms: float | None = None,
     numbers: Sequence[int] | None = None,
 ) -> list[Candidate]:
-    """Candidates for acceptance rows, vectorised over the rows."""
+    """Candidates for acceptance rows, vectorised over the rows (`evaluate_fields`)."""
     if not rows:
         return []
-    tau = np.array([r.tau for r in rows], dtype=np.float64)  # (n,)
-    gamma = np.array([r.spec.draft_len for r in rows], dtype=np.float64)  # (n,)
-    draft = np.array([latency.draft(r.spec) for r in rows], dtype=np.float64)  # (n,)
-    first = np.array([latency.first_draft(r.spec) for r in rows], dtype=np.float64)  # (n,)
-    verify = np.array([latency.verify(r.spec.draft_len) for r in rows], dtype=np.float64)
-    decode = latency.decode()
-    speedup = expected_speedup(tau, gamma, draft, verify, decode, first_draft_ms=first)  # (n,)
-    feasible = np.ones(len(rows), dtype=bool) if max_draft_ms is None else draft <= max_draft_ms
+    specs = [r.spec for r in rows]
+    arrays = evaluate_fields([r.tau for r in rows], SubnetFields.of(specs), latency,
+                             max_draft_ms=max_draft_ms)
     numbers = list(numbers) if numbers is not None else list(range(len(rows)))
+    columns = zip(rows, arrays.draft_ms.tolist(), arrays.first_draft_ms.tolist(),
+                  arrays.verify_ms.tolist(), arrays.speedup.tolist(), arrays.feasible.tolist(),
+                  numbers, strict=True)
     return [
         Candidate(
             spec=r.spec, tau=float(r.tau), tau_ci=(float(r.tau_lo), float(r.tau_hi)),
-            draft_ms=float(draft[i]), first_draft_ms=float(first[i]),
-            verify_ms=float(verify[i]), decode_ms=float(decode),
-            speedup=float(speedup[i]), draft_params=int(draft_params(r.spec)),
-            feasible=bool(feasible[i]), number=int(numbers[i]),
+            draft_ms=draft, first_draft_ms=first, verify_ms=verify,
+            decode_ms=arrays.decode_ms, speedup=speedup, draft_params=int(draft_params(r.spec)),
+            feasible=feasible, number=int(number),
         )
-        for i, r in enumerate(rows)
+        for r, draft, first, verify, speedup, feasible, number in columns
     ]

@@ -7,6 +7,11 @@ sample the same subnet at once. Before scoring, a worker INSERTs a row keyed by
 loser gets an IntegrityError and does not score. A claim whose worker died (same host and
 its pid gone, or no heartbeat for `stale_after_s`) is taken over with a compare-and-delete,
 so a killed run's subnet is scored again by whoever comes next, once.
+
+A study kept in Optuna's file journal has no database: its claims go to an SQLite file beside
+the journal (`storage.claims_url`). Each worker also takes the next ordinal of the study in
+`dreams_nas_workers` when it joins, so workers sample with different seeds while a lone worker
+with a given ``--seed`` stays reproducible (`study.worker_seed`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,18 @@ _claims = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),  # "running" | "done"
     sa.Column("trial_number", sa.Integer, nullable=True),
     sa.Column("heartbeat", sa.Float, nullable=False),  # unix time of the last sign of life
+)
+
+WORKERS_TABLE = "dreams_nas_workers"
+_workers = sa.Table(
+    WORKERS_TABLE,
+    _metadata,
+    sa.Column("study_name", sa.String(512), primary_key=True),
+    sa.Column("ordinal", sa.Integer, primary_key=True),  # 0 for the study's first worker
+    sa.Column("worker", sa.String(256), nullable=False),
+    sa.Column("host", sa.String(256), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    sa.Column("joined", sa.Float, nullable=False),  # unix time
 )
 
 
@@ -75,12 +92,33 @@ class ClaimLedger:
             try:
                 _metadata.create_all(self._engine, checkfirst=True)
                 break
-            except (sa_exc.IntegrityError, sa_exc.ProgrammingError):
-                # another worker created the table between our check and our CREATE
+            except (sa_exc.IntegrityError, sa_exc.ProgrammingError,
+                    sa_exc.OperationalError) as exc:
+                # another worker created the table between our check and our CREATE (SQLite
+                # says so with an OperationalError; anything else is a real failure)
+                if isinstance(exc, sa_exc.OperationalError) and "already exists" not in str(exc):
+                    raise
                 time.sleep(0.2 * (attempt + 1))
 
     def close(self) -> None:
         self._engine.dispose()
+
+    def join(self) -> int:
+        """This worker's ordinal in the study: 0 for the first to join, then 1, 2, ...
+        (atomic: the primary key refuses a second worker the same number)."""
+        for _ in range(100):
+            with self._engine.connect() as conn:
+                taken = conn.execute(sa.select(sa.func.count()).select_from(_workers).where(
+                    _workers.c.study_name == self.study_name)).scalar_one()
+            try:
+                with self._engine.begin() as conn:
+                    conn.execute(sa.insert(_workers).values(
+                        study_name=self.study_name, ordinal=int(taken), worker=self.worker,
+                        host=self.host, pid=self.pid, joined=time.time()))
+            except sa_exc.IntegrityError:
+                continue  # another worker took this number first
+            return int(taken)
+        raise RuntimeError(f"could not join study {self.study_name!r}: 100 workers raced")
 
     # --- claiming -------------------------------------------------------------------
     def claim(self, spec_id: str) -> bool:
@@ -160,6 +198,12 @@ class ClaimLedger:
                      state=row.state, trial_number=row.trial_number,
                      heartbeat=float(row.heartbeat))
 
+    def orphans(self) -> list[str]:
+        """Subnets whose scoring was interrupted: running claims of dead or silent workers
+        (the next worker should score them first, so a kill costs one subnet once)."""
+        return sorted(sid for sid, c in self.all().items()
+                      if c.state == "running" and self._stale(c))
+
     def wait_until_done(self, spec_ids: set[str] | None = None, *, timeout_s: float = 600.0,
                         poll_s: float = 0.5) -> dict[str, Claim]:
         """Wait for other workers' running claims to finish (stale ones are not waited for)."""
@@ -198,3 +242,48 @@ class ClaimLedger:
         finally:
             stop.set()
             thread.join()
+
+
+class LocalClaims:
+    """In-process claims for an in-memory study (one worker, nothing to share)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, Claim] = {}
+
+    def join(self) -> int:
+        return 0
+
+    def claim(self, spec_id: str) -> bool:
+        if spec_id in self._claims:
+            return False
+        self._claims[spec_id] = Claim(spec_id, "local", socket.gethostname(), os.getpid(),
+                                      "running", None, time.time())
+        return True
+
+    def done(self, spec_id: str, trial_number: int) -> None:
+        old = self._claims[spec_id]
+        self._claims[spec_id] = Claim(spec_id, old.worker, old.host, old.pid, "done",
+                                      int(trial_number), time.time())
+
+    def release(self, spec_id: str) -> None:
+        self._claims.pop(spec_id, None)
+
+    def get(self, spec_id: str) -> Claim | None:
+        return self._claims.get(spec_id)
+
+    def all(self) -> dict[str, Claim]:
+        return dict(self._claims)
+
+    def orphans(self) -> list[str]:
+        return []
+
+    def wait_until_done(self, spec_ids: set[str] | None = None, *, timeout_s: float = 0.0,
+                        poll_s: float = 0.5) -> dict[str, Claim]:
+        return self.all()
+
+    @contextmanager
+    def keepalive(self) -> Iterator[None]:
+        yield
+
+    def close(self) -> None:
+        pass

@@ -6,7 +6,8 @@
 * ``optuna`` runs a real Optuna study (TPE; multi-objective TPE for ``pareto``), seeded, with
   the largest and smallest subnets enqueued first; each trial scores one subnet's tau and
   predicts its latency. Storage is any Optuna URL (SQLite in the run folder by default from
-  the CLI; ``postgresql://...`` lets several workers share one study); a rerun continues it.
+  the CLI; ``postgresql://...`` or ``journal:PATH`` lets several workers share one study,
+  see `storage.py`); a rerun continues it, and workers do not propose each other's subnets.
 
 Objectives: ``speedup`` (maximise) and ``pareto`` (maximise speedup, minimise draft
 parameters); ``max_draft_ms`` makes subnets whose draft step is slower infeasible.
@@ -14,8 +15,9 @@ parameters); ``max_draft_ms`` makes subnets whose draft step is slower infeasibl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from dreams_nas.nas.search.candidate import (
@@ -46,7 +48,7 @@ class SearchResult:
     space_size: int
     n_scored: int  # acceptance rows this process had to compute (cache misses)
     study_name: str | None = None
-    storage: str | None = None
+    storage: str | None = None  # redacted: no password
     history: tuple[tuple[int, float, float], ...] = field(default=())  # number, value, best
 
     @property
@@ -99,6 +101,7 @@ def search(
     seed: int = 0,
     show_progress: bool | None = None,
     wait_s: float = 600.0,
+    study_key: Mapping[str, Any] | None = None,
 ) -> SearchResult:
     """Search `space` for the subnet(s) with the best expected speedup.
 
@@ -109,8 +112,12 @@ def search(
                   the eval prompts' length plus half their answers, see `inputs.context_len_of`).
     n_trials:     optuna: distinct subnets to evaluate in the study, all workers and reruns
                   together (default: a quarter of the space).
-    storage:      Optuna storage URL; None = in memory (exhaustive: in this process).
+    storage:      Optuna storage URL or ``journal:PATH``; None = in memory (exhaustive: in this
+                  process).
     wait_s:       distributed runs: how long to wait for other workers' subnets at the end.
+    study_key:    the inputs the figures depend on beyond the space and objective (latency
+                  predictor, context, dtype...): stored with the study, a study of another key
+                  is refused, and it ends the default study name (new inputs, new study).
     """
     if objective not in OBJECTIVES:
         raise InputError(f"objective {objective!r} is not one of {list(OBJECTIVES)}")
@@ -126,23 +133,30 @@ def search(
     if method == "exhaustive" and storage is None:
         return _exhaustive_local(space, cached, lat, draft_params, objective=objective,
                                  max_draft_ms=max_draft_ms, show_progress=show_progress)
+    from dreams_nas.nas.search.sampler import key_digest
+    from dreams_nas.nas.search.storage import redact, secrets_hidden
     from dreams_nas.nas.search.study import StudyRunner
 
-    runner = StudyRunner(
-        space, cached, lat, draft_params, objective=objective, max_draft_ms=max_draft_ms,
-        storage=storage, study_name=study_name or default_study_name(objective, max_draft_ms),
-        seed=seed, show_progress=show_progress,
-    )
-    try:
-        if method == "exhaustive":
-            candidates = runner.sweep(wait_s=wait_s)
-        else:
-            budget = n_trials if n_trials is not None else max(1, space.size // 4)
-            candidates = runner.optimize(min(budget, space.size), wait_s=wait_s)
-    finally:
-        runner.close()
+    if study_name is None:
+        study_name = default_study_name(objective, max_draft_ms)
+        if study_key is not None:
+            study_name = f"{study_name}-{key_digest(study_key)}"
+    with secrets_hidden(storage):
+        runner = StudyRunner(
+            space, cached, lat, draft_params, objective=objective, max_draft_ms=max_draft_ms,
+            storage=storage, study_name=study_name, seed=seed, show_progress=show_progress,
+            key=study_key,
+        )
+        try:
+            if method == "exhaustive":
+                candidates = runner.sweep(wait_s=wait_s)
+            else:
+                budget = n_trials if n_trials is not None else max(1, space.size // 4)
+                candidates = runner.optimize(min(budget, space.size), wait_s=wait_s)
+        finally:
+            runner.close()
     return _result(objective, method, candidates, space.size, cached.n_scored,
-                   study_name=runner.study_name, storage=storage,
+                   study_name=runner.study_name, storage=redact(storage),
                    history=method == "optuna")
 
 

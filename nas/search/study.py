@@ -4,23 +4,32 @@ Every evaluated subnet is one COMPLETE trial carrying its figures in user attrib
 worker (or `optuna-dashboard`) reads the same results. A subnet is scored only by the worker
 that won its claim (`claims.py`); a trial that samples an already-scored subnet copies its
 values (user attribute ``duplicate_of``) instead of scoring it again.
+
+Workers sharing a study do not propose one another's subnets: each samples with its own seed
+(`worker_seed`: the study, ``--seed`` and the worker's ordinal in the study), TPE's constant
+liar counts the subnets being scored elsewhere as bad, and `DistinctSampler` steers a proposal
+the study already holds to an unevaluated subnet. The study records the inputs its figures
+were computed from (user attribute ``key``); a study of other inputs is refused, never mixed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import optuna
 from dreams_nas.nas.search.candidate import Candidate, DraftParams, LatencyCache
 from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
-from dreams_nas.nas.search.claims import Claim, ClaimLedger, _pid_alive
+from dreams_nas.nas.search.claims import ClaimLedger, LocalClaims, _pid_alive
+from dreams_nas.nas.search.sampler import DistinctSampler, worker_seed
 from dreams_nas.nas.search.scoring import CachedAcceptance
+from dreams_nas.nas.search.storage import claims_url, open_storage, storage_errors
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SPEC_FIELDS, SearchSpace, SubnetSpec
@@ -30,52 +39,13 @@ from optuna.trial import FrozenTrial, TrialState
 MAX_CONSECUTIVE_DUPLICATES = 200  # the sampler has converged: stop instead of spinning
 
 
-class LocalClaims:
-    """In-process claims for an in-memory study (one worker, nothing to share)."""
-
-    def __init__(self) -> None:
-        self._claims: dict[str, Claim] = {}
-
-    def claim(self, spec_id: str) -> bool:
-        if spec_id in self._claims:
-            return False
-        self._claims[spec_id] = Claim(spec_id, "local", socket.gethostname(), os.getpid(),
-                                      "running", None, time.time())
-        return True
-
-    def done(self, spec_id: str, trial_number: int) -> None:
-        old = self._claims[spec_id]
-        self._claims[spec_id] = Claim(spec_id, old.worker, old.host, old.pid, "done",
-                                      int(trial_number), time.time())
-
-    def release(self, spec_id: str) -> None:
-        self._claims.pop(spec_id, None)
-
-    def get(self, spec_id: str) -> Claim | None:
-        return self._claims.get(spec_id)
-
-    def all(self) -> dict[str, Claim]:
-        return dict(self._claims)
-
-    def wait_until_done(self, spec_ids: set[str] | None = None, *, timeout_s: float = 0.0,
-                        poll_s: float = 0.5) -> dict[str, Claim]:
-        return self.all()
-
-    @contextmanager
-    def keepalive(self) -> Iterator[None]:
-        yield
-
-    def close(self) -> None:
-        pass
-
-
 class StudyRunner:
     """One worker's view of one study."""
 
     def __init__(self, space: SearchSpace, acceptance: CachedAcceptance, latency: LatencyCache,
                  draft_params: DraftParams, *, objective: str, max_draft_ms: float | None,
                  storage: str | None, study_name: str, seed: int,
-                 show_progress: bool | None) -> None:
+                 show_progress: bool | None, key: Mapping[str, Any] | None = None) -> None:
         self.space = space
         self.acceptance = acceptance
         self.latency = latency
@@ -89,10 +59,16 @@ class StudyRunner:
         self.distributions = {
             name: CategoricalDistribution(list(getattr(space, name))) for name in SPEC_FIELDS
         }
-        self.storage = _make_storage(storage)
-        self.ledger: ClaimLedger | LocalClaims = (
-            LocalClaims() if storage is None else ClaimLedger(storage, study_name)
-        )
+        # JSON round trip: the key compares equal to the copy the storage gives back
+        self.key = None if key is None else json.loads(json.dumps(dict(key), default=str))
+        self.storage = open_storage(storage)
+        with storage_errors(storage):
+            self.ledger: ClaimLedger | LocalClaims = (
+                LocalClaims() if storage is None else ClaimLedger(claims_url(storage), study_name)
+            )
+            self.ordinal = self.ledger.join()
+        self.worker_seed = worker_seed(study_name, seed, self.ordinal)
+        self._reserved: set[str] = set()  # claimed by the sampler, not yet scored
         self.study, self.created = self._open_study()
         self.study_id = self.storage.get_study_id_from_name(study_name)
         self._fail_dead_local_trials()
@@ -103,7 +79,25 @@ class StudyRunner:
     # --- the study ------------------------------------------------------------------
     def _sampler(self) -> optuna.samplers.BaseSampler:
         # Feasibility reaches TPE through each trial's constraints (Trial.set_constraint).
-        return optuna.samplers.TPESampler(seed=self.seed, multivariate=True)
+        # TPE is multi-objective too (pareto); the constant liar scores the subnets other
+        # workers are evaluating as bad, so this one looks elsewhere.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            tpe = optuna.samplers.TPESampler(seed=self.worker_seed, multivariate=True,
+                                             constant_liar=True)
+        # first the subnets a killed worker was scoring, then the extremes
+        by_id = {spec.id: spec for spec in self.space.enumerate()}
+        orphans = [by_id[sid] for sid in self.ledger.orphans() if sid in by_id]
+        first = [s.to_fields() for s in (*orphans, self.space.largest(), self.space.smallest())]
+        return DistinctSampler(tpe, self.distributions, self.worker_seed, self._reserve, first)
+
+    def _reserve(self, params: dict[str, Any]) -> bool:
+        """Claim the subnet the sampler proposes: the trial then scores it without asking."""
+        spec_id = SubnetSpec(**params).id
+        if self.ledger.claim(spec_id):
+            self._reserved.add(spec_id)
+            return True
+        return False
 
     def _constraints(self, cand: Candidate) -> dict[str, float]:
         """Optuna's convention: <= 0 is feasible; here the draft step within the limit."""
@@ -120,6 +114,8 @@ class StudyRunner:
             study.set_user_attr("space", self.space.to_dict())
             study.set_user_attr("objective", self.objective)
             study.set_user_attr("max_draft_ms", self.max_draft_ms)
+            if self.key is not None:
+                study.set_user_attr("key", self.key)
             names = ["speedup", "draft_params"] if self.objective == "pareto" else ["speedup"]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -142,7 +138,20 @@ class StudyRunner:
                     f"study {self.study_name!r} in the storage searched another space {stored}; "
                     "use a new --storage (or delete the study) to search this space"
                 ) from None
+            self._check_key(study.user_attrs.get("key"))
         return study, created
+
+    def _check_key(self, stored: Any) -> None:
+        """Refuse a study whose figures came from other inputs (another latency predictor,
+        context length, dtype...): its speedups are not this search's."""
+        if self.key is None or not isinstance(stored, dict) or stored == self.key:
+            return
+        changed = sorted(k for k in set(stored) | set(self.key) if stored.get(k) != self.key.get(k))
+        diff = ", ".join(f"{k}: {stored.get(k)!r} -> {self.key.get(k)!r}" for k in changed[:4])
+        raise InputError(
+            f"study {self.study_name!r} in the storage was computed from other inputs ({diff}); "
+            "omit --study-name (the default name follows the inputs) or give a new one"
+        )
 
     def _fail_dead_local_trials(self) -> None:
         """A SIGKILLed run leaves RUNNING trials; fail those whose process on this host is gone."""
@@ -183,9 +192,6 @@ class StudyRunner:
     # --- strategy: Optuna -----------------------------------------------------------
     def optimize(self, budget: int, *, wait_s: float) -> list[Candidate]:
         """Run trials until `budget` distinct subnets of the study are scored."""
-        if self.created:
-            for spec in (self.space.largest(), self.space.smallest()):
-                self.study.enqueue_trial(spec.to_fields(), skip_if_exists=True)
         done = self._n_done()
         bar = progress(total=budget, desc=f"optuna ({self.objective})", unit="subnet",
                        disable=None if self.show_progress is None else not self.show_progress)
@@ -229,12 +235,17 @@ class StudyRunner:
             self.ledger.wait_until_done(timeout_s=wait_s)
         finally:
             bar.close()
+            for spec_id in self._reserved:  # proposed but never scored (an interrupted trial)
+                self.ledger.release(spec_id)
+            self._reserved.clear()
         return self.candidates()
 
     def _claim_or_copy(self, spec: SubnetSpec, number: int) -> tuple[Candidate, int | None]:
         """Score `spec` if this worker wins its claim; otherwise the owner's figures."""
         while True:
-            if self.ledger.claim(spec.id):
+            mine = spec.id in self._reserved
+            self._reserved.discard(spec.id)
+            if mine or self.ledger.claim(spec.id):
                 try:
                     with self.ledger.keepalive():
                         return self._evaluate(spec, number), None
@@ -252,7 +263,7 @@ class StudyRunner:
     # --- strategy: distributed exhaustive ---------------------------------------------
     def sweep(self, *, wait_s: float) -> list[Candidate]:
         """Claim and score subnets until every one of the space is scored by some worker."""
-        rng = np.random.default_rng([self.seed, self.pid])
+        rng = np.random.default_rng(self.worker_seed)
         specs = list(self.space.enumerate())
         bar = progress(total=len(specs), desc="exhaustive (shared)", unit="subnet",
                        disable=None if self.show_progress is None else not self.show_progress)
@@ -296,27 +307,3 @@ class StudyRunner:
         tid = self.storage.create_new_trial(self.study_id, template_trial=frozen)
         self.ledger.done(spec.id, self.storage.get_trial_number_from_id(tid))
 
-
-def _make_storage(url: str | None) -> optuna.storages.BaseStorage:
-    if url is None:
-        return optuna.storages.InMemoryStorage()
-    for attempt in range(5):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=60,
-                    grace_period=300,
-                )
-        except Exception as exc:  # noqa: BLE001 - any driver/connection error becomes one line
-            # Workers starting together on a fresh database race to create Optuna's tables;
-            # the losers see a unique violation and find the tables there on the next try.
-            if "UniqueViolation" in repr(exc) or "already exists" in str(exc):
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            raise InputError(
-                f"cannot open the Optuna storage {url!r}: {type(exc).__name__}: {exc}; give a "
-                "storage URL such as sqlite:///dreams-run/search/<hw>/study.db or "
-                "postgresql://user:pass@host/db"
-            ) from None
-    raise InputError(f"cannot create Optuna's tables in {url!r} after 5 tries; retry the command")

@@ -1,7 +1,7 @@
 """`dreams-nas profile` as one library call: identify, plan, time (resumable), fit, save.
 
 Files in ``<run>/latency/<hardware-id>/``: hardware.json, plan.json (what was asked for:
-context lengths, visual tokens, budget), profile.csv (append-only), predictor.joblib,
+context lengths, visual tokens, budget), profile.csv (append-only), predictor.skops,
 predictor_train.csv, predictor.json.
 """
 

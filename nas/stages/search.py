@@ -7,6 +7,7 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dreams_nas.nas.search.storage import check_storage, redact
 from dreams_nas.nas.stages.train import TrainOptions
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.runfolder import RunFolder
@@ -38,11 +39,52 @@ class SearchOptions:
     train: TrainOptions = field(default_factory=TrainOptions)
 
 
-def study_name_for(options: SearchOptions, hardware_id: str, data_id: str, digest: str) -> str:
+def study_name_for(options: SearchOptions, hardware_id: str, data_id: str, digest: str,
+                   key: dict[str, Any] | None = None) -> str:
+    """The default study name: the objective, constraint, hardware, data and supernet, then a
+    digest of `key` (`study_key`), so a study is continued only with the inputs it was
+    computed from."""
     from dreams_nas.nas.search.strategies import default_study_name
 
     base = default_study_name(options.objective, options.max_draft_ms)
-    return f"{base}-{hardware_id}-{data_id}-{digest}"
+    name = f"{base}-{hardware_id}-{data_id}-{digest}"
+    if key is None:
+        return name
+    from dreams_nas.nas.search.sampler import key_digest
+
+    return f"{name}-{key_digest(key)}"
+
+
+def predictor_meta(run: RunFolder, hardware_id: str) -> dict[str, Any]:
+    """predictor.json of `hardware_id` ({} when absent or unreadable as an object)."""
+    from dreams_nas.supernet.core.io import read_json
+
+    path = run.predictor_json(hardware_id)
+    meta = read_json(path) if path.is_file() else {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def study_key(run: RunFolder, options: SearchOptions, *, hardware_id: str, data_id: str,
+              digest: str, dtype: str, context_len: int, temperature: float) -> dict[str, Any]:
+    """Everything a study's stored speedups depend on besides the space and the objective
+    (which the study checks itself): a re-profiled or refitted predictor, another context,
+    token budget, temperature or dtype makes another study."""
+    import hashlib
+    import json
+
+    predictor = predictor_meta(run, hardware_id)
+    # the whole predictor.json (its model file's hash, metrics...): a refit within the second
+    # of `created` changes it too
+    document = json.dumps(predictor, sort_keys=True, default=str).encode()
+    return {
+        "hardware_id": hardware_id, "dataset_id": data_id, "supernet_hash": digest,
+        "predictor_fingerprint": predictor.get("fingerprint"),
+        "predictor_created": predictor.get("created"),
+        "predictor_stat": predictor.get("stat", "median_ms"),
+        "predictor_sha256": hashlib.sha256(document).hexdigest()[:16],
+        "context_len": int(context_len), "max_new_tokens": int(options.max_new_tokens),
+        "temperature": float(temperature), "dtype": dtype,
+    }
 
 
 def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtype: str
@@ -52,13 +94,9 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
     data and settings, the acceptance file and the latency predictor it read. A best.json is
     reused only when these equal what is asked (`nas.stages.demo.finished_search`)."""
     from dreams_nas.nas.stages.inputs import dataset_id
-    from dreams_nas.supernet.core.io import read_json
 
     data_id = dataset_id(options.data, options.limit, options.seed)
-    predictor_path = run.predictor_json(hardware_id)
-    predictor = read_json(predictor_path) if predictor_path.is_file() else {}
-    if not isinstance(predictor, dict):
-        predictor = {}
+    predictor = predictor_meta(run, hardware_id)
     return {
         "dataset_id": data_id, "limit": options.limit, "max_new_tokens": options.max_new_tokens,
         "verify": options.verify, "verify_prompts": options.verify_prompts,
@@ -97,6 +135,8 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         raise InputError(f"--trials {options.trials} must be at least 1")
     if options.verify < 0 or (options.verify_prompts is not None and options.verify_prompts < 1):
         raise InputError("--verify must be >= 0 and --verify-prompts >= 1")
+    if options.storage is not None:
+        check_storage(options.storage)  # unreachable: fail now, not after training and scoring
     device = resolve_device(options.device)
     dtype = run.dtype(options.dtype, device)
     hardware_id = resolve_hardware(run, options.hardware)
@@ -124,14 +164,20 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         db = run.study_db(hardware_id)
         db.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{db.resolve()}"
-    study_name = options.study_name or study_name_for(options, hardware_id, data_id, digest)
-    inputs = search_inputs(run, options, hardware_id, dtype)  # the predictor the search reads
     with torch_threads(options.threads):
+        latency = load_latency(run, hardware_id, dtype)  # may refit: what follows reads it after
+        inputs = search_inputs(run, options, hardware_id, dtype)  # the predictor it reads
+        context_len = context_len_of(table, scorer)
+        key = study_key(run, options, hardware_id=hardware_id, data_id=data_id, digest=digest,
+                        dtype=dtype, context_len=context_len, temperature=table.temperature)
+        study_name = options.study_name or study_name_for(options, hardware_id, data_id,
+                                                          digest, key)
         result = _search(
-            space, cached, load_latency(run, hardware_id, dtype), draft_params_fn(run),
-            context_len=context_len_of(table, scorer), objective=options.objective,
+            space, cached, latency, draft_params_fn(run),
+            context_len=context_len, objective=options.objective,
             method=options.method, max_draft_ms=options.max_draft_ms, n_trials=options.trials,
             storage=storage, study_name=study_name, seed=options.seed, show_progress=show,
+            study_key=key,
         )
     if result.best is None:
         raise InputError(f"no subnet meets --max-draft-ms {options.max_draft_ms}; the fastest "
@@ -262,12 +308,3 @@ def write_run_report(run: RunFolder, hardware_id: str) -> str | None:
                     "run `dreams-nas report` to retry", type(exc).__name__, exc)
         return None
 
-
-def redact(url: str | None) -> str | None:
-    """A storage URL without its password (the summary is printed and logged)."""
-    if url is None or "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    creds, host = rest.rsplit("@", 1)
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in creds else url

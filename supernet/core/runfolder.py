@@ -5,7 +5,7 @@ dreams-run/
   run.json                       target, space, supernet (training settings, loss), aifd, versions
   supernet/                      config.json + model.safetensors (+ selfdistill.json, checkpoint/)
   latency/<hardware-id>/         hardware.json, plan.json, profile.csv (append-only rows),
-                                 predictor.joblib, predictor_train.csv, predictor.json
+                                 predictor.skops, predictor_train.csv, predictor.json
   acceptance/<dataset-id>.csv    one row per (supernet, dataset, subnet, temperature)
   search/<hardware-id>/          study.db (Optuna), trials.csv, pareto.csv, history.csv, best.json
   specs/<spec-id>/               spec.json (deployable) + config.json + draft.safetensors
@@ -68,7 +68,7 @@ class RunFolder:
 
     # The files of one hardware id's latency folder: method(hardware_id) -> Path.
     profile_csv = partialmethod(_latency_file, "profile.csv")
-    predictor_joblib = partialmethod(_latency_file, "predictor.joblib")
+    predictor_skops = partialmethod(_latency_file, "predictor.skops")
     predictor_json = partialmethod(_latency_file, "predictor.json")
 
     def acceptance_csv(self, dataset_id: str) -> Path:

@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import hashlib
 import json
+import pathlib
+import pickle
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -8,8 +12,11 @@ import pytest
 from dreams_nas.latency import predictor as fitting
 from dreams_nas.latency.estimators import (
     FEATURE_NAMES,
+    SKOPS_TRUSTED_TYPES,
     CVSelectedRegressor,
     StepFeatures,
+    chosen_regressor,
+    default_candidates,
     latency_metrics,
     make_latency_model,
 )
@@ -167,12 +174,12 @@ def test_a_different_sklearn_version_refits_from_the_saved_rows(tmp_path, monkey
     doc = json.loads((tmp_path / "predictor.json").read_text())
     doc["versions"]["scikit-learn"] = "0.24.2"
     (tmp_path / "predictor.json").write_text(json.dumps(doc))
-    (tmp_path / "predictor.joblib").write_bytes(b"a pickle from another version")
+    (tmp_path / "predictor.skops").write_bytes(b"a model file from another version")
     loads = []
-    monkeypatch.setattr("joblib.load", lambda *a: loads.append(a))
+    monkeypatch.setattr("skops.io.loads", lambda *a, **kw: loads.append(a))
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         pred = LatencyPredictor.load(tmp_path)
-    assert loads == []  # the stale pickle is never unpickled
+    assert loads == []  # the stale file is never read
     assert "fitted with scikit-learn 0.24.2" in caplog.text and "refitting" in caplog.text
     assert pred.verify_ms(4, 96) == pytest.approx(3.0 + 1.2 + 0.192 + 0.0768, rel=0.05)
     fresh = json.loads((tmp_path / "predictor.json").read_text())
@@ -239,25 +246,26 @@ def test_missing_or_unreadable_training_rows_are_one_line_naming_the_file(tmp_pa
         assert "\n" not in str(err.value)
 
 
-def test_a_garbage_pickle_is_refitted_once_and_rewritten(tmp_path, caplog) -> None:
-    import joblib
+def test_a_garbage_model_file_is_refitted_once_and_rewritten(tmp_path, caplog) -> None:
+    import skops.io as sio
 
     LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
                          holdout=0.0).save(tmp_path)
-    (tmp_path / "predictor.joblib").write_bytes(b"not a pickle")
+    (tmp_path / "predictor.skops").write_bytes(b"not a skops file")
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         first = LatencyPredictor.load(tmp_path)
     assert "does not match the hash" in caplog.text and "refitting" in caplog.text
-    # a predictor saved before the hash was kept: the pickle is tried, and refitted on failure
+    # a predictor.json without the hash: the file is tried, and refitted on failure
     doc = json.loads((tmp_path / "predictor.json").read_text())
     (tmp_path / "predictor.json").write_text(json.dumps({k: v for k, v in doc.items()
-                                                         if k != "joblib_sha256"}))
-    (tmp_path / "predictor.joblib").write_bytes(b"not a pickle")
+                                                         if k != "skops_sha256"}))
+    (tmp_path / "predictor.skops").write_bytes(b"not a skops file")
     caplog.clear()
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         first = LatencyPredictor.load(tmp_path)
     assert "cannot read" in caplog.text and "refitting" in caplog.text
-    joblib.load(tmp_path / "predictor.joblib")  # rewritten: a real pickle again
+    # rewritten: a real skops file again
+    sio.loads((tmp_path / "predictor.skops").read_bytes(), trusted=list(SKOPS_TRUSTED_TYPES))
     caplog.clear()
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         second = LatencyPredictor.load(tmp_path)
@@ -284,20 +292,125 @@ def test_a_one_row_holdout_keeps_nan_in_memory_and_writes_null(tmp_path) -> None
     assert loaded.metrics["mape"] == pytest.approx(pred.metrics["mape"])
 
 
-def test_a_swapped_pickle_is_refitted_not_unpickled(tmp_path, caplog) -> None:
-    import joblib
-
+def test_a_swapped_model_file_is_refitted_not_loaded(tmp_path, caplog) -> None:
     good = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
                                 holdout=0.0)
-    good.save(tmp_path)
+    good.save(tmp_path / "good")
     other = LatencyPredictor.fit(synthetic_rows(noise=0.3, seed=5), "cpu-test-1t",
                                  visual_tokens=32, holdout=0.0)
-    joblib.dump(other.model, tmp_path / "predictor.joblib")  # a valid pickle, not its own
+    other.save(tmp_path / "other")
+    # a valid skops file, not its own
+    shutil.copy(tmp_path / "other" / "predictor.skops", tmp_path / "good" / "predictor.skops")
     assert other.decode_ms(144) != pytest.approx(good.decode_ms(144), rel=1e-9)
     with caplog.at_level("WARNING"):
-        loaded = LatencyPredictor.load(tmp_path)
+        loaded = LatencyPredictor.load(tmp_path / "good")
     assert "does not match the hash predictor.json records" in caplog.text
     assert loaded.decode_ms(144) == pytest.approx(good.decode_ms(144), rel=1e-9)
     caplog.clear()
-    LatencyPredictor.load(tmp_path)  # rewritten after the refit: loads without a word
+    LatencyPredictor.load(tmp_path / "good")  # rewritten after the refit: loads without a word
     assert "does not match" not in caplog.text
+
+
+# --- no pickle is trusted (issue #17) -------------------------------------------------------
+def _refit_predictions(directory, rows: pd.DataFrame) -> np.ndarray:
+    """What a refit from `directory`'s saved rows predicts for `rows`."""
+    saved = fitting._read_train_rows(directory / "predictor_train.csv")
+    model = make_latency_model(32, random_state=0).fit(saved, saved["median_ms"].to_numpy())
+    return model.predict(rows)
+
+
+class _Touch:
+    """Unpickling it touches `path`: what a crafted pickle in a run folder could do."""
+
+    def __init__(self, path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.path),))
+
+
+def test_a_crafted_pickle_with_a_matching_hash_is_never_unpickled(tmp_path, caplog) -> None:
+    rows = synthetic_rows(noise=0.01)
+    LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
+    proof = tmp_path / "proof"
+    pickle.loads(pickle.dumps(_Touch(proof)))
+    assert proof.exists()  # the crafted object runs its code when unpickled
+    # an old-format folder (schema 2: predictor.joblib) whose pickle is crafted, hash and all
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Touch(marker))
+    (tmp_path / "predictor.skops").unlink()
+    (tmp_path / "predictor.joblib").write_bytes(payload)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    del doc["skops_sha256"]
+    doc.update(schema_version=2, joblib_sha256=hashlib.sha256(payload).hexdigest())
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    with caplog.at_level("INFO", logger="dreams_nas.latency"):
+        loaded = LatencyPredictor.load(tmp_path)
+    assert not marker.exists()
+    (record,) = caplog.records  # one line saying why
+    assert "predictor.joblib is a pickle, which is never unpickled" in record.getMessage()
+    assert "refitting from its 120 saved rows" in record.getMessage()
+    np.testing.assert_array_equal(loaded.predict_rows(rows), _refit_predictions(tmp_path, rows))
+    # saved in the new format; the pickle is gone
+    assert not (tmp_path / "predictor.joblib").exists()
+    assert (tmp_path / "predictor.skops").is_file()
+    fresh = json.loads((tmp_path / "predictor.json").read_text())
+    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 3
+    assert "joblib_sha256" not in fresh and len(fresh["skops_sha256"]) == 64
+
+
+class _Planted(BaseEstimator):
+    """Building it from a skops file (its __setstate__) touches `path`."""
+
+    def __init__(self, path: str = "") -> None:
+        self.path = path
+
+    def __setstate__(self, state) -> None:
+        pathlib.Path(state["path"]).touch()
+        super().__setstate__(state)
+
+
+def test_a_crafted_skops_file_with_an_untrusted_type_is_refused(tmp_path, caplog) -> None:
+    import skops.io as sio
+
+    rows = synthetic_rows(noise=0.01)
+    LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
+    planted = f"{_Planted.__module__}._Planted"
+    proof = tmp_path / "proof"
+    sio.loads(sio.dumps(_Planted(str(proof))), trusted=[planted])
+    assert proof.exists()  # trusted, the planted type runs its code when loaded
+    marker = tmp_path / "pwned"
+    payload = sio.dumps(_Planted(str(marker)))
+    (tmp_path / "predictor.skops").write_bytes(payload)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    doc["skops_sha256"] = hashlib.sha256(payload).hexdigest()  # the crafted folder's own hash
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        loaded = LatencyPredictor.load(tmp_path)
+    assert not marker.exists()
+    (record,) = caplog.records
+    assert "cannot read" in record.getMessage() and planted in record.getMessage()
+    assert "refitting" in record.getMessage()
+    np.testing.assert_array_equal(loaded.predict_rows(rows), _refit_predictions(tmp_path, rows))
+
+
+@pytest.mark.parametrize("name", [name for name, _ in default_candidates()])
+def test_save_then_load_predicts_the_same_for_every_regressor_family(tmp_path, caplog,
+                                                                    name) -> None:
+    import skops.io as sio
+
+    rows = synthetic_rows(noise=0.01)
+    forced = [c for c in default_candidates() if c[0] == name]
+    pred = LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0,
+                                candidates=forced)
+    pred.save(tmp_path)
+    assert not (tmp_path / "predictor.joblib").exists()
+    payload = (tmp_path / "predictor.skops").read_bytes()
+    assert set(sio.get_untrusted_types(data=payload)) <= set(SKOPS_TRUSTED_TYPES)
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        loaded = LatencyPredictor.load(tmp_path)
+    assert caplog.text == ""  # loaded, not refitted
+    assert chosen_regressor(loaded.model)[0] == name
+    probe = pd.concat([rows, rows.assign(context_len=rows.context_len + 7, k=rows.k + 1)])
+    np.testing.assert_allclose(loaded.predict_rows(probe), pred.predict_rows(probe),
+                               rtol=1e-12, atol=0)

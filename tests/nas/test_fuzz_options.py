@@ -76,7 +76,7 @@ def no_gpu(monkeypatch, tmp_path):
     return tmp_path
 
 
-@settings(max_examples=150, deadline=None,
+@settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(choice=st.sampled_from(OPTIONS), value=VALUES)
 def test_any_value_of_any_option_is_one_line_exit_2(no_gpu, choice, value) -> None:

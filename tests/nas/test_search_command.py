@@ -214,7 +214,7 @@ def test_the_search_measures_only_on_the_profiled_machine(tiny_run, cmd) -> None
     hardware = json.loads((run.latency_dir(HW) / "hardware.json").read_text())
     other = "nvidia-a100-sxm4-40gb"
     (run.latency_dir(other)).mkdir(parents=True)
-    for name in ("profile.csv", "predictor.json", "predictor.joblib", "predictor_train.csv"):
+    for name in ("profile.csv", "predictor.json", "predictor.skops", "predictor_train.csv"):
         shutil.copy(run.latency_dir(HW) / name, run.latency_dir(other) / name)
     (run.latency_dir(other) / "hardware.json").write_text(json.dumps(
         {**hardware, "hardware_id": other, "kind": "cuda"}))
@@ -225,3 +225,36 @@ def test_the_search_measures_only_on_the_profiled_machine(tiny_run, cmd) -> None
     assert any(f"not verified: the latency profile is of {other} and this run decodes on {HW}"
                in w for w in out["warnings"])
     assert json.loads(run.best_json(other).read_text())["measured"] is None
+
+
+def test_a_reprofiled_machine_gets_a_new_study_not_the_stored_speedups(tiny_run, cmd) -> None:
+    """search (optuna) -> refit the latency predictor on other timings -> search again: the
+    second search computes its speedups with the new predictor instead of resuming the study."""
+    import optuna
+    from dreams_nas.latency.predictor import LatencyPredictor
+
+    run, _ = tiny_run
+    args = ("search", "--method", "optuna", "--trials", "4", "--limit", "4",
+            "--max-new-tokens", "12", "--device", "cpu", "--verify", "0")
+    code, first, err = cmd(*args)
+    assert code == 0, err
+    folder = run.latency_dir(HW)
+    rows = pd.read_csv(folder / "predictor_train.csv")
+    slower = rows.assign(median_ms=rows["median_ms"] * (rows["kind"] == "draft").map(
+        {True: 3.0, False: 1.0}))
+    LatencyPredictor.fit(slower, HW, holdout=0.0).save(folder)  # a re-profile, in effect
+    code, second, err = cmd(*args)
+    assert code == 0, err
+    assert second["study_name"] != first["study_name"]
+    assert second["n_evaluations"] == 4  # a new study: nothing resumed
+    storage = f"sqlite:///{run.study_db(HW)}"
+    stored = {t.user_attrs["spec_id"]: t.user_attrs["speedup"] for t in optuna.load_study(
+        study_name=first["study_name"], storage=storage).trials}
+    fresh = {t.user_attrs["spec_id"]: t.user_attrs["speedup"] for t in optuna.load_study(
+        study_name=second["study_name"], storage=storage).trials}
+    assert all(fresh[s] < stored[s] for s in set(fresh) & set(stored))  # slower drafts
+    assert second["predicted"]["speedup"] < first["predicted"]["speedup"]
+    key = optuna.load_study(study_name=second["study_name"], storage=storage).user_attrs["key"]
+    predictor = json.loads((folder / "predictor.json").read_text())
+    assert key["predictor_created"] == predictor["created"]
+    assert key["max_new_tokens"] == 12 and key["dtype"] == "float32"

@@ -135,3 +135,20 @@ def test_stale_figure_copies_are_removed(tmp_path) -> None:
 def test_out_must_be_html(rendered, tmp_path) -> None:
     with pytest.raises(ReportError, match=r"must end in \.html"):
         render_report(rendered["bare"][2], tmp_path / "report.pdf")
+
+
+def test_a_large_search_is_drawn_as_a_density_around_its_front(tmp_path) -> None:
+    from dreams_nas.reports.plotting import DENSE_ABOVE
+
+    from .fixtures import Space
+
+    space = Space(heads=(1, 2, 3, 4, 5, 6, 7, 8), visual_keep=(0.25, 0.375, 0.5, 0.625, 0.75, 1.0),
+                  inject_layer=(2, 4, 6, 8, 10, 12, 14, 16), draft_len=(1, 2, 3, 4, 5, 6, 7, 8))
+    assert len(space.specs()) > DENSE_ABOVE
+    run = make_run(tmp_path / "run", space=space, aifd=False, acceptance=False)
+    page = write_report(run).read_text(encoding="utf-8")
+    data = build_report_data(run)
+    assert len(data.subnets) == len(space.specs()) and data.front
+    figure = page.split('data-figure="pareto_latency"', 1)[1].split("</svg>", 1)[0]
+    assert "subnets per cell" in figure  # the density's colour bar, not thousands of points
+    assert len(page.encode()) < 800_000  # 1.3 MB when every subnet was a point

@@ -14,7 +14,7 @@ def test_paths_follow_the_layout(run_dir: RunFolder) -> None:
     root = run_dir.root
     assert run_dir.run_json == root / "run.json"
     assert run_dir.profile_csv("cpu-x-2t") == root / "latency/cpu-x-2t/profile.csv"
-    assert run_dir.predictor_joblib("gpu") == root / "latency/gpu/predictor.joblib"
+    assert run_dir.predictor_skops("gpu") == root / "latency/gpu/predictor.skops"
     assert run_dir.acceptance_csv("synth-eval") == root / "acceptance/synth-eval.csv"
     assert run_dir.study_db("gpu") == root / "search/gpu/study.db"
     assert run_dir.best_json("gpu") == root / "search/gpu/best.json"

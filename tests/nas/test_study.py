@@ -1,0 +1,139 @@
+"""The Optuna study: workers that do not duplicate each other, keys that follow the inputs,
+the file journal as a server-less shared storage."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import optuna
+import pytest
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from dreams_nas.nas.search.sampler import key_digest, worker_seed
+from dreams_nas.nas.search.strategies import search
+from dreams_nas.supernet.core.errors import InputError
+
+
+class SlowScorer(FakeScorer):
+    """Scores like FakeScorer, slowly enough that parallel workers overlap."""
+
+    def score(self, specs):
+        time.sleep(0.01)
+        return super().score(specs)
+
+
+class SlowerLatency(FakeLatency):
+    """Another latency profile: every draft step 1 ms slower (a re-profiled machine)."""
+
+    def predict_ms(self, kind, spec, context_len, k):
+        extra = 1.0 if kind in ("draft", "draft_first") else 0.0
+        return super().predict_ms(kind, spec, context_len, k) + extra
+
+
+def _search(storage, *, latency=None, **kwargs):
+    kwargs.setdefault("method", "optuna")
+    return search(SMALL_SPACE, kwargs.pop("scorer", FakeScorer()), latency or FakeLatency(),
+                  fake_params, context_len=32, storage=storage, show_progress=False,
+                  wait_s=60, **kwargs)
+
+
+def _parallel(storage: str, n_workers: int, **kwargs) -> list:
+    results, errors = [None] * n_workers, []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = _search(storage, scorer=SlowScorer(), **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=240)
+    assert not errors, "\n".join(str(e) for e in errors)
+    return results
+
+
+def _duplicates(storage, study_name: str) -> tuple[int, int]:
+    """(trials that proposed an already-held subnet, trials) of the study."""
+    trials = optuna.load_study(study_name=study_name, storage=storage).get_trials(
+        states=(optuna.trial.TrialState.COMPLETE,))
+    return sum("duplicate_of" in t.user_attrs for t in trials), len(trials)
+
+
+@pytest.mark.parametrize(("kind", "objective"), [
+    ("journal", "speedup"),
+    pytest.param("sqlite", "pareto", marks=pytest.mark.slow),  # SQLite's lock waits: ~15 s
+])
+def test_parallel_workers_rarely_propose_the_same_subnet(tmp_path, kind, objective) -> None:
+    """4 workers, 40 subnets of 48: before per-worker seeds, the constant liar and reserved
+    proposals, about 60% of their trials proposed a subnet already held."""
+    storage = (f"journal:{tmp_path / 'study.log'}" if kind == "journal"
+               else f"sqlite:///{tmp_path / 'study.db'}")
+    results = _parallel(storage, 4, n_trials=40, seed=0, study_name="w", objective=objective)
+    dup, total = _duplicates(_optuna(storage), "w")
+    assert total >= 40
+    assert dup <= 0.05 * total, (dup, total)
+    assert all(r.n_evaluations >= 40 for r in results)
+    assert len({r.best.spec for r in results}) == 1
+
+
+def _optuna(storage: str):
+    """An Optuna storage object for a test to read `storage` with."""
+    from dreams_nas.nas.search.storage import open_storage
+
+    return open_storage(storage)
+
+
+def test_workers_of_one_study_get_their_own_seeds_and_a_lone_worker_repeats(tmp_path) -> None:
+    assert worker_seed("s", 0, 0) != worker_seed("s", 0, 1)
+    assert worker_seed("s", 0, 0) != worker_seed("t", 0, 0) != worker_seed("s", 1, 0)
+    a = _search(f"sqlite:///{tmp_path / 'a.db'}", n_trials=12, seed=5)
+    b = _search(f"sqlite:///{tmp_path / 'b.db'}", n_trials=12, seed=5)
+    assert [c.spec for c in a.candidates] == [c.spec for c in b.candidates]
+
+
+def test_a_lone_worker_never_proposes_a_subnet_twice() -> None:
+    scorer = FakeScorer()
+    result = _search(None, scorer=scorer, n_trials=SMALL_SPACE.size, seed=1)
+    assert len(result.candidates) == SMALL_SPACE.size  # converged TPE still covers the space
+    assert len(scorer.calls) == SMALL_SPACE.size
+
+
+def test_journal_storage_resumes_and_keeps_its_claims_beside_it(tmp_path) -> None:
+    journal = tmp_path / "study.journal"  # a bare path ending .journal is a journal too
+    first = _search(str(journal), n_trials=5, study_name="j")
+    again_scorer = FakeScorer()
+    again = _search(f"journal:{journal}", n_trials=7, study_name="j", scorer=again_scorer)
+    assert journal.is_file() and (tmp_path / "study.journal.claims.db").is_file()
+    assert len(again.candidates) == 7 and len(again_scorer.calls) == 2
+    assert [c.spec for c in again.candidates[:5]] == [c.spec for c in first.candidates]
+
+
+def test_a_study_of_other_inputs_is_refused_by_name(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    old = {"predictor_created": "2025-01-01T00:00:00Z", "context_len": 32}
+    new = {**old, "predictor_created": "2025-02-01T00:00:00Z"}
+    _search(url, n_trials=4, study_name="fixed", study_key=old)
+    _search(url, n_trials=4, study_name="fixed", study_key=old)  # same inputs: continues
+    with pytest.raises(InputError, match=r"study 'fixed' in the storage was computed from other "
+                       r"inputs \(predictor_created: '2025-01-01T00:00:00Z' -> "
+                       r"'2025-02-01T00:00:00Z'\); omit --study-name"):
+        _search(url, n_trials=4, study_name="fixed", study_key=new)
+
+
+def test_new_inputs_make_a_new_study_whose_speedups_are_recomputed(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    old = {"predictor_created": "2025-01-01T00:00:00Z"}
+    new = {"predictor_created": "2025-02-01T00:00:00Z"}
+    first = _search(url, n_trials=6, study_key=old)
+    second = _search(url, n_trials=6, study_key=new, latency=SlowerLatency())
+    assert first.study_name.endswith(key_digest(old))
+    assert second.study_name != first.study_name
+    fresh = {c.spec: c.speedup for c in _search(None, n_trials=6,
+                                                 latency=SlowerLatency()).candidates}
+    stored = {c.spec: c.speedup for c in first.candidates}
+    for c in second.candidates:
+        assert c.speedup < stored.get(c.spec, float("inf"))
+        assert c.spec not in fresh or c.speedup == pytest.approx(fresh[c.spec])
