@@ -106,6 +106,12 @@ def scatter_subnets(ax, data: ReportData, x: Callable[[Subnet], float | None],
             else:
                 ax.scatter(xs, ys, s=22, marker=markers[heads], color=colors[keep], alpha=0.28,
                            linewidths=0, zorder=2)
+    _best_star(ax, data, x, y)
+
+
+def _best_star(ax, data: ReportData, x: Callable[[Subnet], float | None],
+               y: Callable[[Subnet], float | None]) -> None:
+    """The best subnet as a red star, over everything else."""
     best = data.best_subnet
     if best is not None and x(best) is not None and y(best) is not None:
         ax.scatter([x(best)], [y(best)], s=340, marker="*", color=BEST_COLOR,
@@ -133,10 +139,7 @@ def _front_and_best(ax, data: ReportData, x: Callable[[Subnet], float | None],
         if x(s) is not None and y(s) is not None:
             ax.scatter([x(s)], [y(s)], s=58, marker=markers[s.heads], color=colors[s.visual_keep],
                        edgecolors=FRONT_EDGE, linewidths=1.1, zorder=4)
-    best = data.best_subnet
-    if best is not None and x(best) is not None and y(best) is not None:
-        ax.scatter([x(best)], [y(best)], s=340, marker="*", color=BEST_COLOR,
-                   edgecolors="white", linewidths=1.0, zorder=6)
+    _best_star(ax, data, x, y)
 
 
 def frontier(ax, data: ReportData, x: Callable[[Subnet], float | None],
