@@ -20,8 +20,14 @@ HELP = "search the subnets for the best expected speedup on one profiled hardwar
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=("speedup", "pareto"), default="speedup",
-                        help="speedup (maximise) or pareto (maximise speedup, minimise draft "
-                             "parameters)")
+                        help="speedup (maximise it) or pareto (optimise the --front pair, both "
+                             "objectives at once); either way the front of --front is recorded")
+    parser.add_argument("--front", choices=("tau-latency", "speedup-memory", "speedup-params"),
+                        default="tau-latency",
+                        help="the Pareto front's pair: tau-latency (acceptance tau vs the "
+                             "cycle's latency, the default), speedup-memory (speedup vs the "
+                             "draft's weights + KV at the context) or speedup-params (speedup "
+                             "vs draft parameters)")
     parser.add_argument("--method", choices=("exhaustive", "optuna"), default="exhaustive",
                         help="every subnet, or an Optuna TPE study")
     parser.add_argument("--trials", type=whole(1), default=None, metavar="N",
@@ -51,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-prompts", type=whole(1), default=None, metavar="N",
                         help="evaluation prompts decoded for the verification (default: all the "
                              "scored ones, so measured and scored tau come from the same prompts)")
+    parser.add_argument("--no-report", action="store_true",
+                        help="do not write report.html (e.g. on all but one of several "
+                             "workers; `dreams-nas report` writes it later)")
     add_device(parser, "to score and verify on")
     add_dtype(parser)
     add_threads(parser, "while scoring missing rows; verification always uses the profiled "
@@ -88,10 +97,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
                          multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens)
     options = SearchOptions(
-        objective=args.objective, method=args.method, trials=args.trials, storage=storage_of(args),
+        objective=args.objective, front=args.front, method=args.method, trials=args.trials,
+        storage=storage_of(args),
         study_name=args.study_name, hardware=args.hardware, max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
         verify_prompts=args.verify_prompts, device=args.device, dtype=args.dtype,
         threads=args.threads,
-        seed=args.seed, show_progress=show, train=train)
+        seed=args.seed, show_progress=show, write_report=not args.no_report, train=train)
     return search_run(RunFolder(args.run), options)

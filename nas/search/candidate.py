@@ -60,6 +60,29 @@ class BatchLatencyModel(LatencyModel, Protocol):
 
 
 DraftParams = Callable[[SubnetSpec], int]
+# front name -> (figure maximised, figure minimised); figures are `Candidate` attributes
+FRONTS: dict[str, tuple[str, str]] = {
+    "tau-latency": ("tau", "cycle_ms"),  # model quality vs hardware cost
+    "speedup-memory": ("speedup", "draft_bytes"),  # weights + KV at the context
+    "speedup-params": ("speedup", "draft_params"),
+}
+DEFAULT_FRONT = "tau-latency"
+DraftMemory = Callable[[SubnetSpec], int]  # bytes of a subnet's draft at the search's context
+
+
+class DraftCost:
+    """What a draft costs besides time: its parameters and, when known, its memory in bytes.
+    It is a `DraftParams` itself (calling it gives the parameters)."""
+
+    def __init__(self, params: DraftParams, memory: DraftMemory | None = None) -> None:
+        self.params, self.memory = params, memory
+
+    @classmethod
+    def of(cls, cost: DraftParams | DraftCost) -> DraftCost:
+        return cost if isinstance(cost, DraftCost) else cls(cost)
+
+    def __call__(self, spec: SubnetSpec) -> int:
+        return int(self.params(spec))
 
 
 @dataclass(frozen=True)
@@ -77,11 +100,21 @@ class Candidate:
     draft_params: int
     feasible: bool  # meets the constraints (--max-draft-ms)
     number: int = -1  # evaluation order: Optuna trial number or enumeration index
+    draft_bytes: int = 0  # draft memory at the context: weights + KV (0: not estimated)
 
     @property
     def cycle_draft_ms(self) -> float:
         """Draft time per cycle: the first step after the verify and draft_len - 1 hot ones."""
         return self.first_draft_ms + (self.spec.draft_len - 1) * self.draft_ms
+
+    @property
+    def cycle_ms(self) -> float:
+        """One speculative cycle: its draft steps and the target's verify pass."""
+        return self.cycle_draft_ms + self.verify_ms
+
+    def value(self, name: str) -> float:
+        """The figure a front axis names (`strategies.FRONTS`)."""
+        return float(getattr(self, name))
 
     @property
     def spec_id(self) -> str:
@@ -93,7 +126,8 @@ class Candidate:
                 "tau_hi": self.tau_ci[1], "draft_ms": self.draft_ms,
                 "first_draft_ms": self.first_draft_ms, "verify_ms": self.verify_ms,
                 "decode_ms": self.decode_ms, "speedup": self.speedup,
-                "draft_params": self.draft_params, "feasible": self.feasible}
+                "draft_params": self.draft_params, "draft_bytes": self.draft_bytes,
+                "feasible": self.feasible}
 
     @classmethod
     def from_attrs(cls, spec: SubnetSpec, attrs: Mapping[str, Any], number: int) -> Candidate:
@@ -104,7 +138,8 @@ class Candidate:
             draft_ms=float(attrs["draft_ms"]), first_draft_ms=float(attrs["first_draft_ms"]),
             verify_ms=float(attrs["verify_ms"]), decode_ms=float(attrs["decode_ms"]),
             speedup=float(attrs["speedup"]), draft_params=int(attrs["draft_params"]),
-            feasible=bool(attrs["feasible"]), number=number)
+            feasible=bool(attrs["feasible"]), number=number,
+            draft_bytes=int(attrs.get("draft_bytes", 0)))
 
     def to_row(self) -> dict[str, Any]:
         """The SCHEMAS.md trials.csv columns this candidate fills."""
@@ -114,6 +149,7 @@ class Candidate:
             "draft_ms": self.draft_ms, "first_draft_ms": self.first_draft_ms,
             "verify_ms": self.verify_ms, "decode_ms": self.decode_ms,
             "speedup": self.speedup, "draft_params": self.draft_params,
+            "draft_bytes": self.draft_bytes, "cycle_ms": self.cycle_ms,
             "feasible": int(self.feasible),
         }
 
@@ -303,8 +339,10 @@ def evaluate(
     *,
     max_draft_ms: float | None = None,
     numbers: Sequence[int] | None = None,
+    draft_memory: DraftMemory | None = None,
 ) -> list[Candidate]:
-    """Candidates for acceptance rows, vectorised over the rows (`evaluate_fields`)."""
+    """Candidates for acceptance rows, vectorised over the rows (`evaluate_fields`);
+    `draft_memory` fills `draft_bytes` (0 without it)."""
     if not rows:
         return []
     specs = [r.spec for r in rows]
@@ -320,6 +358,7 @@ def evaluate(
             draft_ms=draft, first_draft_ms=first, verify_ms=verify,
             decode_ms=arrays.decode_ms, speedup=speedup, draft_params=int(draft_params(r.spec)),
             feasible=feasible, number=int(number),
+            draft_bytes=int(draft_memory(r.spec)) if draft_memory is not None else 0,
         )
         for r, draft, first, verify, speedup, feasible, number in columns
     ]

@@ -5,8 +5,11 @@ sample the same subnet at once. Before scoring, a worker INSERTs a row keyed by
 (study name, spec id) into `dreams_nas_claims`, a table next to Optuna's in the same database
 (SQLite or PostgreSQL/MySQL through SQLAlchemy). The primary key makes the insert atomic: the
 loser gets an IntegrityError and does not score. A claim whose worker died (same host and
-its pid gone, or no heartbeat for `stale_after_s`) is taken over with a compare-and-delete,
-so a killed run's subnet is scored again by whoever comes next, once.
+its pid gone, or no heartbeat for `stale_after_s`) is taken over with a compare-and-delete
+on the heartbeat the taker saw, so a killed run's subnet is scored again by whoever comes
+next, once. Heartbeats and staleness use the database's clock (`now()`), never a worker's,
+and "same host" means the same hostname, boot and PID namespace (`host_identity`): a
+container on the host network shares the hostname but not the PIDs.
 
 A study kept in Optuna's file journal has no database: its claims go to an SQLite file beside
 the journal (`storage.claims_url`). Each worker also takes the next ordinal of the study in
@@ -39,7 +42,7 @@ _claims = sa.Table(
     sa.Column("pid", sa.Integer, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),  # "running" | "done"
     sa.Column("trial_number", sa.Integer, nullable=True),
-    sa.Column("heartbeat", sa.Float, nullable=False),  # unix time of the last sign of life
+    sa.Column("heartbeat", sa.Float, nullable=False),  # database time of the last sign of life
 )
 
 WORKERS_TABLE = "dreams_nas_workers"
@@ -66,6 +69,54 @@ class Claim:
     heartbeat: float
 
 
+def create_tables(metadata: sa.MetaData, engine: sa.Engine) -> None:
+    """Create `metadata`'s tables unless they exist; workers starting together race to create
+    them, and the losers find them there (SQLite says so with an OperationalError; anything
+    else is a real failure)."""
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine, checkfirst=True)
+            return
+        except (sa_exc.IntegrityError, sa_exc.ProgrammingError,
+                sa_exc.OperationalError) as exc:
+            if isinstance(exc, sa_exc.OperationalError) and "already exists" not in str(exc):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def host_identity() -> str:
+    """This process's host as claims see it: hostname, boot id and PID namespace. Two
+    processes with the same identity see each other's PIDs (so a dead PID is a dead worker);
+    a container sharing the host's network (and hostname) has another PID namespace."""
+    boot = _read("/proc/sys/kernel/random/boot_id")[:8]
+    try:
+        pidns = f"{os.stat('/proc/self/ns/pid').st_ino:x}"
+    except OSError:
+        pidns = ""
+    return ":".join(p for p in (socket.gethostname(), boot, pidns) if p)
+
+
+def db_now(engine: sa.Engine) -> sa.ColumnElement[float]:
+    """The database's clock in unix seconds, as an SQL expression (every worker reads one
+    clock; a client's own may be off by minutes)."""
+    name = engine.dialect.name
+    if name == "sqlite":
+        return sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)", sa.Float)
+    if name == "postgresql":
+        return sa.cast(sa.func.extract("epoch", sa.func.clock_timestamp()), sa.Float)
+    if name in ("mysql", "mariadb"):
+        return sa.cast(sa.func.unix_timestamp(sa.func.now(6)), sa.Float)
+    return sa.literal(time.time(), sa.Float)  # an unknown dialect: this client's clock
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -83,22 +134,13 @@ class ClaimLedger:
         self.url = url
         self.study_name = study_name
         self.stale_after_s = float(stale_after_s)
-        self.host = socket.gethostname()
+        self.host = host_identity()
         self.pid = os.getpid()
         self.worker = f"{self.host}:{self.pid}:{id(self):x}"
         connect_args = {"timeout": 60} if url.startswith("sqlite") else {}
         self._engine = sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-        for attempt in range(5):
-            try:
-                _metadata.create_all(self._engine, checkfirst=True)
-                break
-            except (sa_exc.IntegrityError, sa_exc.ProgrammingError,
-                    sa_exc.OperationalError) as exc:
-                # another worker created the table between our check and our CREATE (SQLite
-                # says so with an OperationalError; anything else is a real failure)
-                if isinstance(exc, sa_exc.OperationalError) and "already exists" not in str(exc):
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        self._now = db_now(self._engine)
+        create_tables(_metadata, self._engine)
 
     def close(self) -> None:
         self._engine.dispose()
@@ -114,7 +156,7 @@ class ClaimLedger:
                 with self._engine.begin() as conn:
                     conn.execute(sa.insert(_workers).values(
                         study_name=self.study_name, ordinal=int(taken), worker=self.worker,
-                        host=self.host, pid=self.pid, joined=time.time()))
+                        host=self.host, pid=self.pid, joined=self._now))
             except sa_exc.IntegrityError:
                 continue  # another worker took this number first
             return int(taken)
@@ -129,6 +171,8 @@ class ClaimLedger:
         if current is None:  # released between our insert and read: try once more
             return self._insert(spec_id)
         if current.state != "done" and current.worker != self.worker and self._stale(current):
+            # compare-and-delete: only the claim we judged stale, at the heartbeat we saw (a
+            # beat since then, or another taker first, leaves it in place)
             with self._engine.begin() as conn:
                 taken = conn.execute(
                     sa.delete(_claims).where(
@@ -136,6 +180,7 @@ class ClaimLedger:
                         _claims.c.spec_id == spec_id,
                         _claims.c.worker == current.worker,
                         _claims.c.state == "running",
+                        _claims.c.heartbeat == current.heartbeat,
                     )
                 ).rowcount
             if taken == 1:
@@ -148,19 +193,24 @@ class ClaimLedger:
                 conn.execute(sa.insert(_claims).values(
                     study_name=self.study_name, spec_id=spec_id, worker=self.worker,
                     host=self.host, pid=self.pid, state="running", trial_number=None,
-                    heartbeat=time.time(),
+                    heartbeat=self._now,
                 ))
         except sa_exc.IntegrityError:
             return False
         return True
 
-    def _stale(self, claim: Claim) -> bool:
+    def now(self) -> float:
+        """The database's clock (unix seconds)."""
+        with self._engine.connect() as conn:
+            return float(conn.execute(sa.select(self._now)).scalar_one())
+
+    def _stale(self, claim: Claim, now: float | None = None) -> bool:
         if claim.host == self.host and not _pid_alive(claim.pid):
             return True
-        return time.time() - claim.heartbeat > self.stale_after_s
+        return (self.now() if now is None else now) - claim.heartbeat > self.stale_after_s
 
     def done(self, spec_id: str, trial_number: int) -> None:
-        self._update(spec_id, state="done", trial_number=int(trial_number), heartbeat=time.time())
+        self._update(spec_id, state="done", trial_number=int(trial_number), heartbeat=self._now)
 
     def release(self, spec_id: str) -> None:
         """Give up an unfinished claim (the scoring failed) so another worker may retry."""
@@ -168,6 +218,14 @@ class ClaimLedger:
             conn.execute(sa.delete(_claims).where(
                 _claims.c.study_name == self.study_name, _claims.c.spec_id == spec_id,
                 _claims.c.worker == self.worker, _claims.c.state == "running",
+            ))
+
+    def release_done(self, spec_id: str) -> None:
+        """Reopen a finished claim (what it produced is not enough): the next claim wins it."""
+        with self._engine.begin() as conn:
+            conn.execute(sa.delete(_claims).where(
+                _claims.c.study_name == self.study_name, _claims.c.spec_id == spec_id,
+                _claims.c.state == "done",
             ))
 
     def _update(self, spec_id: str, **values: object) -> None:
@@ -201,18 +259,26 @@ class ClaimLedger:
     def orphans(self) -> list[str]:
         """Subnets whose scoring was interrupted: running claims of dead or silent workers
         (the next worker should score them first, so a kill costs one subnet once)."""
+        now = self.now()
         return sorted(sid for sid, c in self.all().items()
-                      if c.state == "running" and self._stale(c))
+                      if c.state == "running" and self._stale(c, now))
+
+    def count_done(self) -> int:
+        """How many of the study's claims are done (one COUNT, not every row)."""
+        with self._engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(_claims).where(
+                _claims.c.study_name == self.study_name, _claims.c.state == "done")
+            ).scalar_one())
 
     def wait_until_done(self, spec_ids: set[str] | None = None, *, timeout_s: float = 600.0,
                         poll_s: float = 0.5) -> dict[str, Claim]:
         """Wait for other workers' running claims to finish (stale ones are not waited for)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            claims = self.all()
+            claims, now = self.all(), self.now()
             pending = [c for sid, c in claims.items()
                        if c.state == "running" and (spec_ids is None or sid in spec_ids)
-                       and not self._stale(c)]
+                       and not self._stale(c, now)]
             if not pending or time.monotonic() > deadline:
                 return claims
             time.sleep(poll_s)
@@ -231,7 +297,7 @@ class ClaimLedger:
                         conn.execute(sa.update(_claims).where(
                             _claims.c.study_name == self.study_name,
                             _claims.c.worker == self.worker, _claims.c.state == "running",
-                        ).values(heartbeat=time.time()))
+                        ).values(heartbeat=self._now))
                 except sa_exc.SQLAlchemyError:
                     pass  # a missed beat only risks a takeover, never a wrong result
 
@@ -276,6 +342,9 @@ class LocalClaims:
 
     def orphans(self) -> list[str]:
         return []
+
+    def count_done(self) -> int:
+        return sum(c.state == "done" for c in self._claims.values())
 
     def wait_until_done(self, spec_ids: set[str] | None = None, *, timeout_s: float = 0.0,
                         poll_s: float = 0.5) -> dict[str, Claim]:

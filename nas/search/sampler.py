@@ -12,11 +12,41 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 PROPOSALS = 3  # tries of the inner sampler before a held subnet is replaced by a random one
 _HELD = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
+
+
+def distribution_of(values: Sequence[Any]) -> BaseDistribution:
+    """How a subnet field is sampled: integers that form an arithmetic progression (draft
+    lengths 1..7, layers 4, 8, 12, 16) as an ordinal `IntDistribution`, so TPE's kernel carries
+    what it learns to neighbouring values; anything else (visual_keep fractions, heads 1, 2, 4,
+    8) as categorical."""
+    items = sorted(set(values))
+    if len(items) >= 3 and all(isinstance(v, int | np.integer) and not isinstance(v, bool)
+                               for v in items):
+        steps = {b - a for a, b in itertools.pairwise(items)}
+        if len(steps) == 1:
+            return IntDistribution(int(items[0]), int(items[-1]), step=int(steps.pop()))
+    return CategoricalDistribution(list(values))
+
+
+def choices_of(dist: BaseDistribution) -> list[Any]:
+    """Every value `dist` can take (a subnet field's values)."""
+    if isinstance(dist, IntDistribution):
+        return list(range(dist.low, dist.high + 1, dist.step))
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    raise TypeError(f"a subnet field cannot be sampled from {dist!r}")
+
+
+def suggest(trial: optuna.Trial, name: str, dist: BaseDistribution) -> Any:
+    """`trial`'s value of one subnet field, through the public suggest API."""
+    if isinstance(dist, IntDistribution):
+        return trial.suggest_int(name, dist.low, dist.high, step=dist.step)
+    return trial.suggest_categorical(name, choices_of(dist))
 
 
 def worker_seed(study_name: str, seed: int, ordinal: int) -> int:
@@ -48,7 +78,7 @@ class DistinctSampler(optuna.samplers.BaseSampler):
     """
 
     def __init__(self, inner: optuna.samplers.BaseSampler,
-                 distributions: Mapping[str, CategoricalDistribution], seed: int,
+                 distributions: Mapping[str, BaseDistribution], seed: int,
                  reserve: Callable[[dict[str, Any]], bool] = lambda params: True,
                  first: Sequence[Mapping[str, Any]] = ()) -> None:
         self._inner = inner
@@ -63,6 +93,8 @@ class DistinctSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if "fixed_params" in trial.system_attrs:
+            return {}  # a queued trial (a dead worker's, retried): its subnet is given
         held = self._held(study, trial)
         for params in self._first:
             if self._take(dict(params), held):
@@ -131,7 +163,7 @@ class DistinctSampler(optuna.samplers.BaseSampler):
                 ) -> dict[str, Any] | None:
         """A random subnet outside `held` (None when the study holds every one)."""
         names = list(self._distributions)
-        choices = [self._distributions[n].choices for n in names]
+        choices = [choices_of(self._distributions[n]) for n in names]
         for _ in range(64):
             key = tuple(c[int(rng.integers(len(c)))] for c in choices)
             if key not in held:

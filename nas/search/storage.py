@@ -129,9 +129,12 @@ def _rdb(url: str) -> optuna.storages.BaseStorage:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                # a trial whose worker stops beating for 5 min is failed and run again
                 return optuna.storages.RDBStorage(
                     url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=60,
                     grace_period=300,
+                    heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                        max_retry=2),
                 )
         except Exception as exc:
             # Workers starting together on a fresh database race to create Optuna's tables;

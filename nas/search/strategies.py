@@ -9,8 +9,11 @@
   the CLI; ``postgresql://...`` or ``journal:PATH`` lets several workers share one study,
   see `storage.py`); a rerun continues it, and workers do not propose each other's subnets.
 
-Objectives: ``speedup`` (maximise) and ``pareto`` (maximise speedup, minimise draft
-parameters); ``max_draft_ms`` makes subnets whose draft step is slower infeasible.
+Objectives: ``speedup`` (maximise) and ``pareto``, a front over one of the pairs in `FRONTS`
+(``front``): ``tau-latency`` (acceptance tau vs the cycle's latency: model quality vs hardware
+cost, the default), ``speedup-memory`` (speedup vs the draft's memory, weights + KV at the
+context) or ``speedup-params`` (speedup vs draft parameters). Every search records the front of
+its pair; ``max_draft_ms`` makes subnets whose draft step is slower infeasible.
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ from typing import Any
 
 import numpy as np
 from dreams_nas.nas.search.candidate import (
+    DEFAULT_FRONT,
+    FRONTS,
     AcceptanceScorer,
     Candidate,
+    DraftCost,
+    DraftMemory,
     DraftParams,
     LatencyCache,
     LatencyModel,
@@ -35,7 +42,7 @@ from dreams_nas.supernet.core.space import SearchSpace
 
 OBJECTIVES = ("speedup", "pareto")
 METHODS = ("exhaustive", "optuna")
-FRONT_DIRECTIONS = ("maximize", "minimize")  # speedup, draft_params
+FRONT_DIRECTIONS = ("maximize", "minimize")
 
 
 @dataclass(frozen=True)
@@ -43,28 +50,37 @@ class SearchResult:
     objective: str
     method: str
     candidates: tuple[Candidate, ...]  # every evaluated subnet, in evaluation order
-    front: tuple[Candidate, ...]  # feasible, non-dominated in (speedup max, draft_params min)
+    front: tuple[Candidate, ...]  # feasible, non-dominated in the pair `front_axes` names
     best: Candidate | None  # highest feasible speedup (ties: fewer parameters)
     space_size: int
     n_scored: int  # acceptance rows this process had to compute (cache misses)
     study_name: str | None = None
     storage: str | None = None  # redacted: no password
     history: tuple[tuple[int, float, float], ...] = field(default=())  # number, value, best
+    front_axes: str = DEFAULT_FRONT  # the FRONTS pair of `front`
 
     @property
     def n_evaluations(self) -> int:
         return len(self.candidates)
 
 
-def pareto_front(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Feasible candidates not dominated in (speedup max, draft_params min), by speedup."""
+def check_front(front: str) -> str:
+    if front not in FRONTS:
+        raise InputError(f"front {front!r} is not one of {list(FRONTS)}")
+    return front
+
+
+def pareto_front(candidates: Sequence[Candidate], front: str = DEFAULT_FRONT) -> list[Candidate]:
+    """Feasible candidates not dominated in the `front` pair (first maximised, second
+    minimised), by the first axis, best first."""
+    high, low = FRONTS[check_front(front)]
     feasible = [c for c in candidates if c.feasible]
     if not feasible:
         return []
-    values = np.array([[c.speedup, c.draft_params] for c in feasible], dtype=np.float64)
+    values = np.array([[c.value(high), c.value(low)] for c in feasible], dtype=np.float64)
     mask = is_pareto_front(values, FRONT_DIRECTIONS)
-    front = [c for c, on in zip(feasible, mask, strict=True) if on]
-    return sorted(front, key=lambda c: (-c.speedup, c.draft_params, c.spec))
+    on = [c for c, keep in zip(feasible, mask, strict=True) if keep]
+    return sorted(on, key=lambda c: (-c.value(high), c.value(low), c.spec))
 
 
 def best_candidate(candidates: Sequence[Candidate]) -> Candidate | None:
@@ -102,6 +118,8 @@ def search(
     show_progress: bool | None = None,
     wait_s: float = 600.0,
     study_key: Mapping[str, Any] | None = None,
+    front: str = DEFAULT_FRONT,
+    draft_memory: DraftMemory | None = None,
 ) -> SearchResult:
     """Search `space` for the subnet(s) with the best expected speedup.
 
@@ -118,6 +136,9 @@ def search(
     study_key:    the inputs the figures depend on beyond the space and objective (latency
                   predictor, context, dtype...): stored with the study, a study of another key
                   is refused, and it ends the default study name (new inputs, new study).
+    front:        the `FRONTS` pair of the result's front (and of ``pareto``'s two objectives).
+    draft_memory: bytes of each subnet's draft at the context (weights + KV); needed by the
+                  ``speedup-memory`` front.
     """
     if objective not in OBJECTIVES:
         raise InputError(f"objective {objective!r} is not one of {list(OBJECTIVES)}")
@@ -127,25 +148,32 @@ def search(
         raise InputError(f"max_draft_ms={max_draft_ms} must be a positive number of ms")
     if n_trials is not None and n_trials < 1:
         raise InputError(f"n_trials={n_trials} must be at least 1")
+    check_front(front)
+    if front == "speedup-memory" and draft_memory is None:
+        raise InputError("the speedup-memory front needs each draft's memory (draft_memory)")
+    cost = DraftCost(draft_params, draft_memory)
     cached = (acceptance if isinstance(acceptance, CachedAcceptance)
               else CachedAcceptance(acceptance))
     lat = LatencyCache(latency, context_len)
+    if not cached.draft_lens:
+        cached.draft_lens = tuple(space.draft_len)
     if method == "exhaustive" and storage is None:
-        return _exhaustive_local(space, cached, lat, draft_params, objective=objective,
-                                 max_draft_ms=max_draft_ms, show_progress=show_progress)
+        return _exhaustive_local(space, cached, lat, cost, objective=objective,
+                                 max_draft_ms=max_draft_ms, show_progress=show_progress,
+                                 front=front)
     from dreams_nas.nas.search.sampler import key_digest
     from dreams_nas.nas.search.storage import redact, secrets_hidden
     from dreams_nas.nas.search.study import StudyRunner
 
     if study_name is None:
-        study_name = default_study_name(objective, max_draft_ms)
+        study_name = default_study_name(objective, max_draft_ms, method, front)
         if study_key is not None:
             study_name = f"{study_name}-{key_digest(study_key)}"
     with secrets_hidden(storage):
         runner = StudyRunner(
-            space, cached, lat, draft_params, objective=objective, max_draft_ms=max_draft_ms,
+            space, cached, lat, cost, objective=objective, max_draft_ms=max_draft_ms,
             storage=storage, study_name=study_name, seed=seed, show_progress=show_progress,
-            key=study_key,
+            key=study_key, method=method, wait_s=wait_s, front=front,
         )
         try:
             if method == "exhaustive":
@@ -153,34 +181,43 @@ def search(
             else:
                 budget = n_trials if n_trials is not None else max(1, space.size // 4)
                 candidates = runner.optimize(min(budget, space.size), wait_s=wait_s)
+            cached.sync_table()  # rows other workers scored join this run's CSV
         finally:
             runner.close()
     return _result(objective, method, candidates, space.size, cached.n_scored,
                    study_name=runner.study_name, storage=redact(storage),
-                   history=method == "optuna")
+                   history=method == "optuna", front=front)
 
 
-def default_study_name(objective: str, max_draft_ms: float | None) -> str:
-    name = f"dreams-nas-{objective}"
+def default_study_name(objective: str, max_draft_ms: float | None,
+                       method: str = "optuna", front: str = DEFAULT_FRONT) -> str:
+    """``dreams-nas-<objective>`` for Optuna, ``dreams-nas-sweep-<objective>`` for the shared
+    exhaustive sweep (its trials are triples, not subnets); ``pareto`` names its front pair
+    (``dreams-nas-pareto-tau-latency``); then the draft-time limit."""
+    kind = "sweep-" if method == "exhaustive" else ""
+    goal = f"pareto-{front}" if objective == "pareto" else objective
+    name = f"dreams-nas-{kind}{goal}"
     return name if max_draft_ms is None else f"{name}-max-draft-{max_draft_ms:g}ms"
 
 
 def _exhaustive_local(space: SearchSpace, cached: CachedAcceptance, lat: LatencyCache,
-                      draft_params: DraftParams, *, objective: str,
-                      max_draft_ms: float | None, show_progress: bool | None) -> SearchResult:
+                      cost: DraftCost, *, objective: str, max_draft_ms: float | None,
+                      show_progress: bool | None, front: str) -> SearchResult:
     specs = list(space.enumerate())
     rows = cached.rows(specs, show_progress=show_progress)
-    candidates = evaluate_rows(rows, lat, draft_params, max_draft_ms=max_draft_ms)
-    return _result(objective, "exhaustive", candidates, space.size, cached.n_scored)
+    candidates = evaluate_rows(rows, lat, cost.params, max_draft_ms=max_draft_ms,
+                               draft_memory=cost.memory)
+    return _result(objective, "exhaustive", candidates, space.size, cached.n_scored,
+                   front=front)
 
 
 def _result(objective: str, method: str, candidates: Sequence[Candidate], space_size: int,
             n_scored: int, *, study_name: str | None = None, storage: str | None = None,
-            history: bool = False) -> SearchResult:
+            history: bool = False, front: str = DEFAULT_FRONT) -> SearchResult:
     ordered = tuple(sorted(candidates, key=lambda c: c.number))
     return SearchResult(
         objective=objective, method=method, candidates=ordered,
-        front=tuple(pareto_front(ordered)), best=best_candidate(ordered),
+        front=tuple(pareto_front(ordered, front)), best=best_candidate(ordered),
         space_size=space_size, n_scored=n_scored, study_name=study_name, storage=storage,
-        history=history_of(ordered) if history else (),
+        history=history_of(ordered) if history else (), front_axes=front,
     )

@@ -1,9 +1,17 @@
 """The study-backed strategies: Optuna TPE search and the distributed exhaustive sweep.
 
-Every evaluated subnet is one COMPLETE trial carrying its figures in user attributes, so any
-worker (or `optuna-dashboard`) reads the same results. A subnet is scored only by the worker
-that won its claim (`claims.py`); a trial that samples an already-scored subnet copies its
-values (user attribute ``duplicate_of``) instead of scoring it again.
+Optuna: every evaluated subnet is one COMPLETE trial carrying its figures in user attributes,
+so any worker (or `optuna-dashboard`) reads the same results. A subnet's trial is run by the
+worker that won its claim (`claims.py`); a trial that samples an already-held subnet copies its
+values (user attribute ``duplicate_of``). tau comes from the shared acceptance rows
+(`shared.py`): each (heads, visual_keep, inject_layer) triple is scored once, by one worker,
+whichever of its draft lengths was proposed first.
+
+Sweep (exhaustive over a shared storage): Optuna's `GridSampler` over the triples, one trial
+per triple (its trial numbers give the first workers distinct grid points); each trial scores
+its triple's every draft length once and records the best of them. When the grid is done every
+worker evaluates the whole space from the shared rows (no scoring left), so each one returns
+the front a single worker would.
 
 Workers sharing a study do not propose one another's subnets: each samples with its own seed
 (`worker_seed`: the study, ``--seed`` and the worker's ordinal in the study), TPE's constant
@@ -16,27 +24,34 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import optuna
-from dreams_nas.nas.search.candidate import Candidate, DraftParams, LatencyCache
+from dreams_nas.nas.search.candidate import (
+    DEFAULT_FRONT,
+    FRONTS,
+    Candidate,
+    DraftCost,
+    DraftParams,
+    LatencyCache,
+)
 from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
-from dreams_nas.nas.search.claims import ClaimLedger, LocalClaims, _pid_alive
-from dreams_nas.nas.search.sampler import DistinctSampler, worker_seed
+from dreams_nas.nas.search.claims import ClaimLedger, LocalClaims, _pid_alive, host_identity
+from dreams_nas.nas.search.sampler import DistinctSampler, distribution_of, suggest, worker_seed
 from dreams_nas.nas.search.scoring import CachedAcceptance
+from dreams_nas.nas.search.shared import SharedRows, acceptance_scope, triple_key
 from dreams_nas.nas.search.storage import claims_url, open_storage, storage_errors
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SPEC_FIELDS, SearchSpace, SubnetSpec
-from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 MAX_CONSECUTIVE_DUPLICATES = 200  # the sampler has converged: stop instead of spinning
+TRIPLE_FIELDS = tuple(n for n in SPEC_FIELDS if n != "draft_len")  # the sweep's grid
+MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
 
 
 class StudyRunner:
@@ -45,20 +60,23 @@ class StudyRunner:
     def __init__(self, space: SearchSpace, acceptance: CachedAcceptance, latency: LatencyCache,
                  draft_params: DraftParams, *, objective: str, max_draft_ms: float | None,
                  storage: str | None, study_name: str, seed: int,
-                 show_progress: bool | None, key: Mapping[str, Any] | None = None) -> None:
+                 show_progress: bool | None, key: Mapping[str, Any] | None = None,
+                 method: str = "optuna", wait_s: float = 600.0,
+                 front: str = DEFAULT_FRONT) -> None:
         self.space = space
+        self.method = method
         self.acceptance = acceptance
         self.latency = latency
-        self.draft_params = draft_params
+        self.cost = DraftCost.of(draft_params)
+        self.front = front
         self.objective = objective
         self.max_draft_ms = max_draft_ms
         self.study_name = study_name
         self.seed = seed
         self.show_progress = show_progress
-        self.host, self.pid = socket.gethostname(), os.getpid()
-        self.distributions = {
-            name: CategoricalDistribution(list(getattr(space, name))) for name in SPEC_FIELDS
-        }
+        self.host, self.pid = host_identity(), os.getpid()
+        self.distributions = {name: distribution_of(getattr(space, name))
+                               for name in SPEC_FIELDS}
         # JSON round trip: the key compares equal to the copy the storage gives back
         self.key = None if key is None else json.loads(json.dumps(dict(key), default=str))
         self.storage = open_storage(storage)
@@ -67,17 +85,31 @@ class StudyRunner:
                 LocalClaims() if storage is None else ClaimLedger(claims_url(storage), study_name)
             )
             self.ordinal = self.ledger.join()
+            if storage is not None:
+                self._share_acceptance(claims_url(storage), wait_s)
         self.worker_seed = worker_seed(study_name, seed, self.ordinal)
         self._reserved: set[str] = set()  # claimed by the sampler, not yet scored
         self.study, self.created = self._open_study()
         self.study_id = self.storage.get_study_id_from_name(study_name)
         self._fail_dead_local_trials()
 
+    def _share_acceptance(self, url: str, wait_s: float) -> None:
+        """Score tau through the storage's shared rows, one claim per triple."""
+        if not self.acceptance.draft_lens:
+            self.acceptance.draft_lens = tuple(self.space.draft_len)
+        scope = acceptance_scope(self.acceptance.table, self.acceptance.scorer)
+        shared = SharedRows(url, scope, self.ledger.worker)
+        self.acceptance.share(shared, ClaimLedger(url, shared.claims_name), wait_s=wait_s)
+
     def close(self) -> None:
         self.ledger.close()
+        self.acceptance.unshare()
 
     # --- the study ------------------------------------------------------------------
     def _sampler(self) -> optuna.samplers.BaseSampler:
+        if self.method == "exhaustive":
+            grid = {name: list(getattr(self.space, name)) for name in TRIPLE_FIELDS}
+            return optuna.samplers.GridSampler(grid, seed=self.worker_seed)
         # Feasibility reaches TPE through each trial's constraints (Trial.set_constraint).
         # TPE is multi-objective too (pareto); the constant liar scores the subnets other
         # workers are evaluating as bad, so this one looks elsewhere.
@@ -113,14 +145,18 @@ class StudyRunner:
             created = True
             study.set_user_attr("space", self.space.to_dict())
             study.set_user_attr("objective", self.objective)
+            study.set_user_attr("method", self.method)
+            if self.objective == "pareto":
+                study.set_user_attr("front", self.front)
             study.set_user_attr("max_draft_ms", self.max_draft_ms)
             if self.key is not None:
                 study.set_user_attr("key", self.key)
-            names = ["speedup", "draft_params"] if self.objective == "pareto" else ["speedup"]
+            names = list(FRONTS[self.front]) if self.objective == "pareto" else ["speedup"]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(names)
         except optuna.exceptions.DuplicatedStudyError:
+            self._adopt_distributions()
             study = optuna.load_study(study_name=self.study_name, storage=self.storage,
                                       sampler=self._sampler())
             created = False
@@ -132,6 +168,18 @@ class StudyRunner:
                     f"not the {len(want)} of --objective {self.objective}; use another study "
                     "name or storage"
                 ) from None
+            method = study.user_attrs.get("method", "optuna")
+            if method != self.method:
+                raise InputError(
+                    f"study {self.study_name!r} in the storage was made by --method {method}, "
+                    f"not --method {self.method}; use another --study-name"
+                ) from None
+            front = study.user_attrs.get("front", "speedup-params")  # before fronts had names
+            if self.objective == "pareto" and front != self.front:
+                raise InputError(
+                    f"study {self.study_name!r} in the storage optimises the {front} front, not "
+                    f"--front {self.front}; use another --study-name"
+                ) from None
             stored = study.user_attrs.get("space")
             if stored is not None and stored != self.space.to_dict():
                 raise InputError(
@@ -140,6 +188,17 @@ class StudyRunner:
                 ) from None
             self._check_key(study.user_attrs.get("key"))
         return study, created
+
+    def _adopt_distributions(self) -> None:
+        """A study continues with the distributions its trials were sampled from (one written
+        before ordinal fields sampled every field as categorical)."""
+        study_id = self.storage.get_study_id_from_name(self.study_name)
+        for t in self.storage.get_all_trials(study_id, deepcopy=False):
+            for name, dist in t.distributions.items():
+                if name in self.distributions:
+                    self.distributions[name] = dist
+            if t.distributions:
+                return
 
     def _check_key(self, stored: Any) -> None:
         """Refuse a study whose figures came from other inputs (another latency predictor,
@@ -160,15 +219,18 @@ class StudyRunner:
             if host == self.host and isinstance(pid, int) and not _pid_alive(pid):
                 tid = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, t.number)
                 self.storage.set_trial_state_values(tid, TrialState.FAIL)
+                if "grid_id" in t.system_attrs:  # the grid counts a failed point as visited
+                    retry_dead_trial(self.study, self.storage.get_trial(tid))
 
     def _values(self, cand: Candidate) -> list[float]:
         if self.objective == "speedup":
             return [cand.speedup]
-        return [cand.speedup, float(cand.draft_params)]
+        high, low = FRONTS[self.front]
+        return [cand.value(high), cand.value(low)]
 
     def _evaluate(self, spec: SubnetSpec, number: int) -> Candidate:
         rows = self.acceptance.rows([spec], show_progress=False)
-        return evaluate_rows(rows, self.latency, self.draft_params,
+        return evaluate_rows(rows, self.latency, self.cost.params, draft_memory=self.cost.memory,
                              max_draft_ms=self.max_draft_ms, numbers=[number])[0]
 
     def _trial(self, number: int) -> FrozenTrial:
@@ -176,7 +238,7 @@ class StudyRunner:
         return self.storage.get_trial(tid)
 
     def _n_done(self) -> int:
-        return sum(c.state == "done" for c in self.ledger.all().values())
+        return self.ledger.count_done()
 
     def candidates(self) -> list[Candidate]:
         """Every scored subnet of the study (owner trials; the first one per subnet)."""
@@ -201,8 +263,7 @@ class StudyRunner:
         def objective(trial: optuna.Trial) -> list[float]:
             trial.set_user_attr("host", self.host)
             trial.set_user_attr("pid", self.pid)
-            params = {n: trial.suggest_categorical(n, list(getattr(self.space, n)))
-                      for n in SPEC_FIELDS}
+            params = {n: suggest(trial, n, d) for n, d in self.distributions.items()}
             spec = SubnetSpec(**params)
             trial.set_user_attr("spec_id", spec.id)
             cand, owner_number = self._claim_or_copy(spec, trial.number)
@@ -241,69 +302,80 @@ class StudyRunner:
         return self.candidates()
 
     def _claim_or_copy(self, spec: SubnetSpec, number: int) -> tuple[Candidate, int | None]:
-        """Score `spec` if this worker wins its claim; otherwise the owner's figures."""
-        while True:
-            mine = spec.id in self._reserved
-            self._reserved.discard(spec.id)
-            if mine or self.ledger.claim(spec.id):
-                try:
-                    with self.ledger.keepalive():
-                        return self._evaluate(spec, number), None
-                except BaseException:
-                    self.ledger.release(spec.id)
-                    raise
-            claim = self.ledger.get(spec.id)
-            if claim is None:
-                continue
-            if claim.state == "done" and claim.trial_number is not None:
-                owner = self._trial(claim.trial_number)
+        """Evaluate `spec` as its owner if this worker holds or wins its claim; otherwise as a
+        copy of the owner's figures (the owner's trial number, or -1 while it is running: tau
+        comes from the shared rows all the same, nothing is scored twice)."""
+        mine = spec.id in self._reserved
+        self._reserved.discard(spec.id)
+        if mine or self.ledger.claim(spec.id):
+            try:
+                with self.ledger.keepalive():
+                    return self._evaluate(spec, number), None
+            except BaseException:
+                self.ledger.release(spec.id)
+                raise
+        claim = self.ledger.get(spec.id)
+        if claim is not None and claim.state == "done" and claim.trial_number is not None:
+            owner = self._trial(claim.trial_number)
+            if "tau" in owner.user_attrs:
                 return Candidate.from_attrs(spec, owner.user_attrs, number), claim.trial_number
-            time.sleep(0.2)  # another worker is scoring it right now
+        return self._evaluate(spec, number), -1
 
     # --- strategy: distributed exhaustive ---------------------------------------------
     def sweep(self, *, wait_s: float) -> list[Candidate]:
-        """Claim and score subnets until every one of the space is scored by some worker."""
-        rng = np.random.default_rng(self.worker_seed)
-        specs = list(self.space.enumerate())
-        bar = progress(total=len(specs), desc="exhaustive (shared)", unit="subnet",
+        """Score every triple of the space once across the workers (a grid of trials), then
+        evaluate the whole space from the shared rows."""
+        n_grid = int(np.prod([len(getattr(self.space, n)) for n in TRIPLE_FIELDS]))
+        bar = progress(total=n_grid, desc="exhaustive (shared)", unit="triple",
                        disable=None if self.show_progress is None else not self.show_progress)
+        bar.update(min(n_grid, self._grid_done()))
+
+        def objective(trial: optuna.Trial) -> list[float]:
+            trial.set_user_attr("host", self.host)
+            trial.set_user_attr("pid", self.pid)
+            triple = {n: trial.suggest_categorical(n, list(getattr(self.space, n)))
+                      for n in TRIPLE_FIELDS}
+            specs = [SubnetSpec(**triple, draft_len=g) for g in self.space.draft_len]
+            trial.set_user_attr("triple", triple_key(specs[0]))
+            rows = self.acceptance.rows(specs, show_progress=False)
+            cands = evaluate_rows(rows, self.latency, self.cost.params,
+                                  draft_memory=self.cost.memory,
+                                  max_draft_ms=self.max_draft_ms)
+            best = min(cands, key=lambda c: (not c.feasible, -c.speedup, c.draft_params))
+            for key, value in best.to_attrs().items():
+                trial.set_user_attr(key, value)
+            for key, value in self._constraints(best).items():
+                trial.set_constraint(key, value)
+            return self._values(best)
+
+        def after(study: optuna.Study, trial: FrozenTrial) -> None:
+            if trial.state == TrialState.COMPLETE:
+                bar.update(1)
+
         try:
-            deadline = time.monotonic() + wait_s
-            while True:
-                claims = self.ledger.all()
-                todo = [specs[i] for i in rng.permutation(len(specs))
-                        if claims.get(specs[i].id) is None
-                        or claims[specs[i].id].state != "done"]
-                bar.n = len(specs) - len(todo)
-                bar.refresh()
-                if not todo or time.monotonic() > deadline:
-                    break
-                progressed = False
-                for spec in todo:
-                    if not self.ledger.claim(spec.id):
-                        continue
-                    progressed = True
-                    try:
-                        with self.ledger.keepalive():
-                            self._record(spec)
-                    except BaseException:
-                        self.ledger.release(spec.id)
-                        raise
-                    bar.update(1)
-                if not progressed:  # the rest is being scored elsewhere: wait for it
-                    self.ledger.wait_until_done(timeout_s=max(0.0, deadline - time.monotonic()))
+            if self._grid_done() < n_grid:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # a re-evaluated grid point
+                    self.study.optimize(objective, callbacks=[after], gc_after_trial=False,
+                                        n_trials=2 * n_grid + 10)
         finally:
             bar.close()
-        return self.candidates()
+        # every triple's rows: those scored elsewhere are read (or waited for), and a triple
+        # whose trial died unretried is scored here
+        specs = list(self.space.enumerate())
+        rows = self.acceptance.rows(specs, show_progress=self.show_progress)
+        return evaluate_rows(rows, self.latency, self.cost.params, max_draft_ms=self.max_draft_ms,
+                             draft_memory=self.cost.memory)
 
-    def _record(self, spec: SubnetSpec) -> None:
-        cand = self._evaluate(spec, -1)
-        frozen = optuna.trial.create_trial(
-            params=spec.to_fields(), distributions=self.distributions,
-            values=self._values(cand),
-            user_attrs={**cand.to_attrs(), "host": self.host, "pid": self.pid},
-            constraints=self._constraints(cand) or None,
-        )
-        tid = self.storage.create_new_trial(self.study_id, template_trial=frozen)
-        self.ledger.done(spec.id, self.storage.get_trial_number_from_id(tid))
+    def _grid_done(self) -> int:
+        """Grid points (triples) with a COMPLETE trial. (Like `GridSampler` itself, this reads
+        every trial: fine for the thousands of triples a space has, each scored for seconds.)"""
+        return len({t.system_attrs.get("grid_id") for t in self.study.get_trials(
+            deepcopy=False, states=(TrialState.COMPLETE,)) if "grid_id" in t.system_attrs})
 
+
+def retry_dead_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a failed trial again (Optuna's own retry, as its heartbeat does for an RDB)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)(study, trial)

@@ -1,7 +1,7 @@
 """Write a search's results into the run folder (formats in SCHEMAS.md; every write atomic).
 
 search/<hw>/trials.csv    every evaluated subnet
-search/<hw>/pareto.csv    the feasible (speedup max, draft_params min) front
+search/<hw>/pareto.csv    the feasible front of the search's pair (best.json `front`)
 search/<hw>/history.csv   Optuna only: number, value, best_so_far
 search/<hw>/best.json     the chosen subnet: predicted (and, once verified, measured) figures
 specs/<spec_id>/          spec.json + the extracted draft (draft.safetensors + config.json)
@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.nas.search.candidate import Candidate
+from dreams_nas.nas.search.candidate import FRONTS, Candidate
 from dreams_nas.nas.search.strategies import SearchResult
 from dreams_nas.supernet.core.io import atomic_write_json, atomic_write_text
 from dreams_nas.supernet.core.runfolder import RunFolder
@@ -27,7 +27,7 @@ from dreams_nas.supernet.core.versions import library_versions
 TRIAL_COLUMNS: tuple[str, ...] = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
     "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
-    "feasible", "state", "method", "objective",
+    "draft_bytes", "cycle_ms", "feasible", "state", "method", "objective",
 )
 HISTORY_COLUMNS: tuple[str, ...] = ("number", "value", "best_so_far")
 
@@ -104,6 +104,9 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
         raise ValueError("no feasible subnet: nothing to write to best.json")
     return {
         "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
+        "front": {"axes": result.front_axes, "maximise": FRONTS[result.front_axes][0],
+                  "minimise": FRONTS[result.front_axes][1],
+                  "spec_ids": [c.spec.id for c in result.front]},
         "spec": best.spec.to_dict(), "spec_id": best.spec.id, "spec_dir": f"specs/{best.spec.id}",
         "predicted": predicted(best),
         "measured": dict(measured) if measured is not None else None,

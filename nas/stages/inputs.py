@@ -140,6 +140,33 @@ def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
     return params
 
 
+def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype: str
+                    ) -> Callable[[SubnetSpec], int]:
+    """Bytes a subnet's draft holds while decoding at `context_len` tokens of context, of which
+    `visual_tokens` are the image's: its weights, the KV cache of its two decoder layers over
+    the context, and its cross-attention memory (the context with the visual tokens it drops
+    left out), all in `dtype`. An estimate from the shapes, not a measurement: activations and
+    the allocator's slack are not counted; the target's shared embedding and LM head are not
+    the draft's."""
+    import torch
+    from dreams_nas.supernet.core.device import torch_dtype
+    from dreams_nas.supernet.draft.store import read_supernet_config
+
+    config = read_supernet_config(run.supernet_dir)
+    element = torch.empty((), dtype=torch_dtype(dtype)).element_size()
+    params = draft_params_fn(run)
+    context, visual = int(context_len), max(0, int(visual_tokens))
+
+    def memory(spec: SubnetSpec) -> int:
+        width = spec.heads * config.head_dim  # keys (and values) per token, per layer
+        kv_tokens = 2 * context  # the draft's two decoder layers
+        if config.cross_attention:
+            kv_tokens += max(1, round(context - visual * (1.0 - spec.visual_keep)))
+        return element * (params(spec) + 2 * width * kv_tokens)
+
+    return memory
+
+
 def read_specs(text: str, space: SearchSpace) -> list[SubnetSpec]:
     """`all`, or a file of spec ids (one per line) or a JSON list of ids/spec objects."""
     if text == "all":

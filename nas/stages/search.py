@@ -18,6 +18,7 @@ log = logging.getLogger("dreams_nas")
 @dataclass(frozen=True)
 class SearchOptions:
     objective: str = "speedup"
+    front: str = "tau-latency"  # the pair of the Pareto front (strategies.FRONTS)
     method: str = "exhaustive"
     trials: int | None = None
     storage: str | None = None
@@ -46,7 +47,8 @@ def study_name_for(options: SearchOptions, hardware_id: str, data_id: str, diges
     computed from."""
     from dreams_nas.nas.search.strategies import default_study_name
 
-    base = default_study_name(options.objective, options.max_draft_ms)
+    base = default_study_name(options.objective, options.max_draft_ms, options.method,
+                              options.front)
     name = f"{base}-{hardware_id}-{data_id}-{digest}"
     if key is None:
         return name
@@ -101,7 +103,7 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
         "dataset_id": data_id, "limit": options.limit, "max_new_tokens": options.max_new_tokens,
         "verify": options.verify, "verify_prompts": options.verify_prompts,
         "seed": options.seed, "dtype": dtype, "max_draft_ms": options.max_draft_ms,
-        "trials": options.trials,
+        "trials": options.trials, "front": options.front,
         "acceptance": run.acceptance_csv(data_id).relative_to(run.root).as_posix(),
         "predictor_fingerprint": predictor.get("fingerprint"),
         "predictor_created": predictor.get("created"),
@@ -119,6 +121,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         check_run_folder,
         context_len_of,
         dataset_id,
+        draft_memory_fn,
         draft_params_fn,
         hardware_identity,
         load_latency,
@@ -172,9 +175,10 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
                         dtype=dtype, context_len=context_len, temperature=table.temperature)
         study_name = options.study_name or study_name_for(options, hardware_id, data_id,
                                                           digest, key)
+        memory = draft_memory_fn(run, context_len, getattr(latency, "visual_tokens", 0), dtype)
         result = _search(
-            space, cached, latency, draft_params_fn(run),
-            context_len=context_len, objective=options.objective,
+            space, cached, latency, draft_params_fn(run), draft_memory=memory,
+            front=options.front, context_len=context_len, objective=options.objective,
             method=options.method, max_draft_ms=options.max_draft_ms, n_trials=options.trials,
             storage=storage, study_name=study_name, seed=options.seed, show_progress=show,
             study_key=key,
@@ -204,7 +208,8 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     best = result.best
     summary: dict[str, Any] = {
         "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
-        "dtype": dtype, "best": best.spec.id, "spec_dir": str(paths["spec_dir"]),
+        "front_axes": result.front_axes, "dtype": dtype, "best": best.spec.id,
+        "spec_dir": str(paths["spec_dir"]),
         "predicted": {"speedup": round(best.speedup, 4), "tau": round(best.tau, 4),
                       "draft_ms": round(best.draft_ms, 4),
                       "first_draft_ms": round(best.first_draft_ms, 4),

@@ -18,8 +18,8 @@ from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 
 
 class LoggingScorer(FakeScorer):
-    def __init__(self, log: Path, delay_s: float) -> None:
-        super().__init__()
+    def __init__(self, log: Path, delay_s: float, supernet_hash: str) -> None:
+        super().__init__(supernet_hash)
         self.log, self.delay_s = log, delay_s
 
     def score(self, specs):
@@ -34,7 +34,8 @@ class LoggingScorer(FakeScorer):
 
 def main(config_path: str) -> None:
     cfg = json.loads(Path(config_path).read_text())
-    scorer = LoggingScorer(Path(cfg["log"]), cfg.get("delay_s", 0.01))
+    scorer = LoggingScorer(Path(cfg["log"]), cfg.get("delay_s", 0.01),
+                           cfg.get("supernet_hash", "abc123"))
     result = search(SMALL_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
                     objective=cfg.get("objective", "pareto"), method=cfg["method"],
                     n_trials=cfg.get("n_trials"), storage=cfg["storage"],
@@ -43,7 +44,8 @@ def main(config_path: str) -> None:
     print(json.dumps({
         "front": [[c.spec.id, c.speedup] for c in result.front],
         "best": result.best.spec.id if result.best else None,
-        "n": result.n_evaluations,
+        "n": result.n_evaluations, "n_scored": result.n_scored,
+        "study_name": result.study_name,
     }))
 
 

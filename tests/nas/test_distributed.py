@@ -56,67 +56,30 @@ def _scored(log: Path) -> list[str]:
     return log.read_text().split() if log.exists() else []
 
 
-def test_two_postgres_workers_cover_the_space_once(postgres_url, tmp_path) -> None:
-    cfg = {"method": "exhaustive", "storage": postgres_url, "study_name": "sweep",
-           "objective": "pareto", "delay_s": 0.02}
-    (a, log_a), (b, log_b) = (_start_worker(tmp_path, "a", **cfg, seed=1),
-                              _start_worker(tmp_path, "b", **cfg, seed=2))
-    res_a, res_b = _finish(a), _finish(b)
-    scored = _scored(log_a) + _scored(log_b)
-    counts = Counter(scored)
-    assert sorted(counts) == sorted(s.id for s in SMALL_SPACE.enumerate())
-    assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1]
-    assert _scored(log_a) and _scored(log_b)  # both did part of the work
-    single = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
-                    objective="pareto", show_progress=False)
-    want = [[c.spec.id, pytest.approx(c.speedup)] for c in single.front]
-    assert res_a["front"] == want and res_b["front"] == want
-    assert res_a["n"] == res_b["n"] == SMALL_SPACE.size
+def _shared_rows(url: str) -> dict[str, list[str]]:
+    """triple -> the workers whose rows of it the shared acceptance table holds (one entry per
+    row: a triple scored twice would show two workers, or more rows than draft lengths)."""
+    import sqlalchemy as sa
+    from dreams_nas.nas.search.shared import TABLE
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(sa.text(f"SELECT triple, worker FROM {TABLE}")).all()
+    finally:
+        engine.dispose()
+    out: dict[str, list[str]] = {}
+    for triple, worker in found:
+        out.setdefault(triple, []).append(worker)
+    return out
 
 
-def test_two_postgres_optuna_workers_share_one_budget(postgres_url, tmp_path) -> None:
-    cfg = {"method": "optuna", "storage": postgres_url, "study_name": "tpe",
-           "objective": "speedup", "n_trials": 14, "delay_s": 0.02}
-    (a, log_a), (b, log_b) = (_start_worker(tmp_path, "a", **cfg, seed=1),
-                              _start_worker(tmp_path, "b", **cfg, seed=2))
-    res_a, res_b = _finish(a), _finish(b)
-    scored = _scored(log_a) + _scored(log_b)
-    assert len(scored) == len(set(scored))  # no subnet scored twice
-    assert 14 <= len(scored) <= 15  # the budget is shared (one trial may be in flight)
-    assert res_a["best"] == res_b["best"]
-
-
-def test_sigkilled_optuna_run_continues_the_same_study(tmp_path) -> None:
-    url = f"sqlite:///{tmp_path / 'study.db'}"
-    cfg = {"method": "optuna", "storage": url, "study_name": "resume", "objective": "speedup",
-           "n_trials": 12, "delay_s": 0.25}
-    proc, log = _start_worker(tmp_path, "killed", **cfg)
-    deadline = time.monotonic() + 120
-    while len(_scored(log)) < 4 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = _scored(log)
-    assert 4 <= len(before) < 12
-    rerun, log2 = _start_worker(tmp_path, "rerun", **cfg)
-    result = _finish(rerun)
-    after = _scored(log2)
-    assert result["n"] == 12
-    # the rerun scores only the rest (plus at most the subnet that was in flight at the kill)
-    assert len(before) + len(after) in (12, 13)
-    assert len(set(before) & set(after)) <= 1
-    # the subnet in flight at the kill is scored again or left for another: 12 or 13 subnets
-    assert len(set(before) | set(after)) in (12, 13)
-    import optuna
-
-    study = optuna.load_study(study_name="resume", storage=url)
-    states = Counter(t.state.name for t in study.trials)
-    assert states["RUNNING"] == 0  # the killed trial was failed on restart
-    assert states["COMPLETE"] >= 12
-    scored = {tuple(sorted(t.params.items())) for t in study.trials
-              if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs}
-    assert len(scored) == 12  # the budget: 12 distinct subnets, each completed once
+def _assert_each_triple_scored_once(rows: dict[str, list[str]], space) -> None:
+    want = {f"triple:{s.id}" for s in space.enumerate() if s.draft_len == 1}
+    assert set(rows) == want  # every triple, shared
+    for triple, workers in rows.items():
+        assert len(set(workers)) == 1, (triple, workers)  # by one worker
+        assert len(workers) == len(space.draft_len), (triple, workers)  # each row once
 
 
 def _duplicate_trials(storage: str, study_name: str) -> tuple[int, int]:
@@ -127,16 +90,103 @@ def _duplicate_trials(storage: str, study_name: str) -> tuple[int, int]:
     return sum("duplicate_of" in t.user_attrs for t in trials), len(trials)
 
 
-def test_three_journal_workers_share_one_budget_without_duplicates(tmp_path) -> None:
-    """Optuna's file journal: several processes, no server; claims in an SQLite file beside."""
+def _cli_worker(run: Path, data: Path, *args: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "dreams_nas.nas.cli", "search", "--run", str(run), "--data",
+            str(data), "--limit", "4", "--max-new-tokens", "12", "--device", "cpu",
+            "--threads", "1", "--verify", "0", "--no-report", "--json", "-q", *args]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_eight_cli_workers_on_postgres_score_each_triple_once(postgres_url, tmp_path,
+                                                              tmp_path_factory, capsys) -> None:
+    """4 workers of `search --method optuna` and 4 of the exhaustive sweep on the tiny target,
+    each with its own copy of the run folder (as on separate hosts), one PostgreSQL database:
+    every (heads, visual_keep, inject_layer) triple is scored once by one of the 8 workers, the
+    Optuna workers rarely propose a held subnet, and every sweep worker returns the front of a
+    single-worker exhaustive search."""
+    from _support.trained import SPACE, copy_run, trained_run, write_jsonl
+    from dreams_nas.nas import cli
+
+    run, examples = trained_run(tmp_path_factory)
+    data = write_jsonl(examples, tmp_path / "eval.jsonl")
+    procs = []
+    for i in range(4):
+        procs.append(_cli_worker(copy_run(run, tmp_path / f"optuna{i}").root, data,
+                                 "--storage", postgres_url, "--method", "optuna",
+                                 "--trials", "12"))
+        procs.append(_cli_worker(copy_run(run, tmp_path / f"sweep{i}").root, data,
+                                 "--storage", postgres_url, "--method", "exhaustive"))
+    results = [_finish(p) for p in procs]
+    optuna_runs, sweeps = results[0::2], results[1::2]
+    _assert_each_triple_scored_once(_shared_rows(postgres_url), SPACE)
+    assert sum(r["n_scored"] for r in results) == SPACE.size  # each row computed once
+    assert len({r["study_name"] for r in optuna_runs}) == 1
+    dup, total = _duplicate_trials(postgres_url, optuna_runs[0]["study_name"])
+    assert dup <= 0.05 * total, (dup, total)
+    assert all(r["n_evaluations"] >= 12 for r in optuna_runs)
+    single = copy_run(run, tmp_path / "single").root
+    capsys.readouterr()
+    code = cli.main(["search", "--run", str(single), "--data", str(data), "--limit", "4",
+                     "--max-new-tokens", "12", "--device", "cpu", "--threads", "1",
+                     "--verify", "0", "-q", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    want = json.loads(out)["front"]
+    assert [r["front"] for r in sweeps] == [want] * 4
+    assert all(r["n_evaluations"] == SPACE.size for r in sweeps)
+
+
+def test_eight_journal_workers_score_each_triple_once(tmp_path) -> None:
+    """The same with Optuna's file journal and no server (the fake scorer: the storage's
+    sharing is what is tested): 4 Optuna workers, 4 sweep workers, one journal."""
     storage = f"journal:{tmp_path / 'study.log'}"
-    cfg = {"method": "optuna", "storage": storage, "study_name": "journal",
-           "objective": "pareto", "n_trials": 30, "delay_s": 0.02}
-    workers = [_start_worker(tmp_path, f"w{i}", **cfg, seed=0) for i in range(3)]
+    common = {"storage": storage, "objective": "pareto", "delay_s": 0.05,
+              "supernet_hash": "journal8"}
+    workers = []
+    for i in range(4):
+        workers.append(_start_worker(tmp_path, f"tpe{i}", **common, method="optuna",
+                                     n_trials=24, study_name="tpe"))
+        workers.append(_start_worker(tmp_path, f"sweep{i}", **common, method="exhaustive",
+                                     study_name="sweep"))
     results = [_finish(proc) for proc, _ in workers]
-    scored = [s for _, log in workers for s in _scored(log)]
-    assert len(scored) == len(set(scored))  # no subnet scored twice
-    assert 30 <= len(scored) <= 32  # the budget is shared (one trial each may be in flight)
+    logged = [s for _, log in workers for s in _scored(log)]
+    assert len(logged) == len(set(logged)) == SMALL_SPACE.size  # no subnet scored twice
+    _assert_each_triple_scored_once(
+        _shared_rows(f"sqlite:///{tmp_path / 'study.log'}.claims.db"), SMALL_SPACE)
+    dup, total = _duplicate_trials(storage, "tpe")
+    assert dup <= 0.05 * total, (dup, total)
+    single = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                    objective="pareto", show_progress=False)
+    want = [[c.spec.id, pytest.approx(c.speedup)] for c in single.front]
+    assert [r["front"] for r in results[1::2]] == [want] * 4
     assert len({r["best"] for r in results}) == 1
-    dup, total = _duplicate_trials(storage, "journal")
-    assert dup <= 0.05 * total, (dup, total)  # same --seed everywhere, yet distinct proposals
+
+
+def test_sigkilled_optuna_run_continues_the_same_study(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    cfg = {"method": "optuna", "storage": url, "study_name": "resume", "objective": "speedup",
+           "n_trials": 12, "delay_s": 0.25, "supernet_hash": "killed"}
+    proc, log = _start_worker(tmp_path, "killed", **cfg)
+    deadline = time.monotonic() + 120
+    while len(_scored(log)) < 8 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _scored(log)
+    assert 8 <= len(before) < SMALL_SPACE.size
+    rerun, log2 = _start_worker(tmp_path, "rerun", **cfg)
+    result = _finish(rerun)
+    after = _scored(log2)
+    assert result["n"] == 12
+    assert not set(before) & set(after)  # nothing the killed run scored is scored again
+    import optuna
+
+    study = optuna.load_study(study_name="resume", storage=url)
+    states = Counter(t.state.name for t in study.trials)
+    assert states["RUNNING"] == 0  # the killed trial was failed on restart
+    owners = [t for t in study.trials
+              if t.state.name == "COMPLETE" and "duplicate_of" not in t.user_attrs]
+    subnets = {t.user_attrs["spec_id"] for t in owners}
+    assert len(owners) == len(subnets) == 12  # the budget: 12 distinct subnets, each once
+    assert subnets <= set(before) | set(after)  # each one's tau was scored, by one run

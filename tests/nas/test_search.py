@@ -51,16 +51,38 @@ def test_constraint_makes_slow_drafts_infeasible() -> None:
     assert all(c.feasible for c in result.front)
 
 
-def test_front_is_the_non_dominated_set() -> None:
-    result, _ = _run(objective="pareto")
+def fake_memory(spec) -> int:
+    """Weights + KV: more heads and more visual tokens kept cost memory."""
+    return 4 * fake_params(spec) + 512 * spec.heads * (16 + round(64 * spec.visual_keep))
+
+
+@pytest.mark.parametrize(("front", "high", "low"), [
+    ("tau-latency", "tau", "cycle_ms"), ("speedup-memory", "speedup", "draft_bytes"),
+    ("speedup-params", "speedup", "draft_params")])
+def test_front_is_the_non_dominated_set_of_its_pair(front, high, low) -> None:
+    result, _ = _run(objective="pareto", front=front, draft_memory=fake_memory)
     cands = result.candidates
+    assert result.front_axes == front
+    assert all(c.draft_bytes == fake_memory(c.spec) for c in cands)
     for c in cands:
-        dominated = any(o.speedup >= c.speedup and o.draft_params <= c.draft_params
-                        and (o.speedup > c.speedup or o.draft_params < c.draft_params)
-                        for o in cands)
+        hi, lo = getattr(c, high), getattr(c, low)
+        dominated = any(getattr(o, high) >= hi and getattr(o, low) <= lo
+                        and (getattr(o, high) > hi or getattr(o, low) < lo) for o in cands)
         assert (c in result.front) == (not dominated)
-    assert pareto_front(list(cands)) == list(result.front)
+    assert pareto_front(list(cands), front) == list(result.front)
     assert best_candidate(list(cands)) == result.best
+    assert len(result.front) > 1  # a front worth plotting on this space
+
+
+def test_the_fronts_differ_and_memory_is_required_for_its_front() -> None:
+    fronts = {f: {c.spec for c in _run(objective="pareto", front=f,
+                                       draft_memory=fake_memory)[0].front}
+              for f in ("tau-latency", "speedup-memory", "speedup-params")}
+    assert len({frozenset(v) for v in fronts.values()}) == 3
+    with pytest.raises(InputError, match="speedup-memory front needs each draft's memory"):
+        _run(objective="pareto", front="speedup-memory")
+    with pytest.raises(InputError, match=r"front 'size' is not one of"):
+        _run(objective="pareto", front="size")
 
 
 def test_exhaustive_only_scores_what_the_cache_lacks(tmp_path) -> None:
@@ -83,7 +105,11 @@ def test_optuna_in_memory_is_seeded_and_enqueues_extremes_first() -> None:
     assert a.candidates[0].spec == SMALL_SPACE.largest()
     assert a.candidates[1].spec == SMALL_SPACE.smallest()
     assert len(a.candidates) == 12
-    assert len(set(scorer.calls)) == len(scorer.calls) == 12  # never scored twice
+    assert len(set(scorer.calls)) == len(scorer.calls)  # never scored twice
+    # tau is scored a triple at a time: every draft length of each triple the trials touched
+    triples = {c.spec.replace(draft_len=1) for c in a.candidates}
+    assert sorted(scorer.calls, key=str) == sorted(
+        (t.replace(draft_len=g) for t in triples for g in SMALL_SPACE.draft_len), key=str)
     assert [h[0] for h in a.history] == [c.number for c in a.candidates]
     bests = [h[2] for h in a.history]
     assert bests == sorted(bests) and bests[-1] == pytest.approx(a.best.speedup)
@@ -104,8 +130,10 @@ def test_optuna_sqlite_resumes_the_same_study(tmp_path) -> None:
     assert [c.spec for c in again.candidates] == [c.spec for c in first.candidates]
     more, s3 = _run(method="optuna", n_trials=10, storage=url)
     assert len(more.candidates) == 10
-    assert len(s3.calls) == 4
-    assert not set(s3.calls) & set(s1.calls)
+    assert not set(s3.calls) & set(s1.calls)  # the storage's shared rows hold s1's triples
+    triples = {c.spec.replace(draft_len=1) for c in more.candidates[6:]}
+    assert {s.replace(draft_len=1) for s in s3.calls} == triples - {
+        s.replace(draft_len=1) for s in s1.calls}  # only the new triples, whole
 
 
 @pytest.mark.parametrize(

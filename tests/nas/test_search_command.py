@@ -4,54 +4,24 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
-from _support.models import PROMPTS, save_tiny_vlm, tiny_image
-from _support.search import fit_synthetic_latency, this_cpu
+from _support import trained
+from _support.search import this_cpu
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace
 
 # slow: trains a tiny supernet once for the module (~10 s)
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 HW = this_cpu()  # the search measures only on the profiled machine
-SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3, 5))
-
-
-def _examples(folder: Path, n: int) -> list[SimpleNamespace]:
-    out = []
-    for i in range(n):
-        path = folder / f"img{i}.png"
-        tiny_image(i).save(path)
-        out.append(SimpleNamespace(id=str(i), image_path=str(path), prompt=PROMPTS[i]))
-    return out
-
-
-def _fit_latency(run: RunFolder) -> None:
-    fit_synthetic_latency(run, SPACE, HW)
+SPACE = trained.SPACE
 
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A tiny supernet trained once for the module, with a space and a synthetic latency fit."""
-    from dreams_nas.supernet.target.adapter import TargetAdapter
-    from dreams_nas.supernet.training.recipe import train_run
-    from dreams_nas.supernet.training.tppt import TrainConfig
-
-    root = tmp_path_factory.mktemp("search-cmd")
-    target_dir = save_tiny_vlm("llava", root / "target")
-    run = RunFolder(root / "dreams-run")
-    target = TargetAdapter.load(target_dir)
-    examples = _examples(root, 6)
-    train_run(run, target, examples, TrainConfig(warmup_steps=15, multires_steps=15,
-              batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=16,
-              aifd_prompts=2, show_progress=False)
-    run.save_space(SPACE)
-    _fit_latency(run)
-    return run, examples
+    """A tiny supernet trained once for the session, with a space and a synthetic latency fit."""
+    return trained.trained_run(tmp_path_factory)
 
 
 @pytest.fixture
@@ -258,3 +228,39 @@ def test_a_reprofiled_machine_gets_a_new_study_not_the_stored_speedups(tiny_run,
     predictor = json.loads((folder / "predictor.json").read_text())
     assert key["predictor_created"] == predictor["created"]
     assert key["max_new_tokens"] == 12 and key["dtype"] == "float32"
+
+
+def test_the_front_pair_is_chosen_recorded_and_optimised(tiny_run, cmd) -> None:
+    """--objective pareto --front speedup-memory: the study optimises (speedup, draft_bytes),
+    best.json and the summary say so, and pareto.csv is that pair's front."""
+    import optuna
+
+    run, _ = tiny_run
+    code, out, err = cmd("search", "--objective", "pareto", "--front", "speedup-memory",
+                         "--method", "optuna", "--trials", "6", "--limit", "4",
+                         "--max-new-tokens", "12", "--device", "cpu", "--verify", "0")
+    assert code == 0, err
+    assert out["front_axes"] == "speedup-memory" and "pareto-speedup-memory" in out["study_name"]
+    best = json.loads((run.search_dir(HW) / "best.json").read_text())
+    assert best["front"]["axes"] == "speedup-memory"
+    assert (best["front"]["maximise"], best["front"]["minimise"]) == ("speedup", "draft_bytes")
+    front = pd.read_csv(run.pareto_csv(HW))
+    assert list(front["spec_id"]) == best["front"]["spec_ids"] == out["front"]
+    trials = pd.read_csv(run.trials_csv(HW))
+    assert (trials["draft_bytes"] > 4 * trials["draft_params"]).all()  # fp32 weights + KV
+    from dreams_nas.nas.stages.inputs import draft_memory_fn, draft_params_fn
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    spec = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=3)
+    fp32 = draft_memory_fn(run, 100, 40, "float32")
+    kv = fp32(spec) - 4 * draft_params_fn(run)(spec)
+    head_dim = json.loads((run.supernet_dir / "config.json").read_text())["head_dim"]
+    assert kv == 4 * 2 * 2 * head_dim * (2 * 100 + (100 - 20))  # 2 layers' KV + the memory
+    assert fp32(spec.replace(visual_keep=1.0)) > fp32(spec)  # more visual tokens kept
+    assert fp32(spec.replace(heads=4)) > fp32(spec)
+    assert fp32(spec.replace(draft_len=5)) == fp32(spec)
+    assert draft_memory_fn(run, 100, 40, "bfloat16")(spec) * 2 == fp32(spec)
+    study = optuna.load_study(study_name=out["study_name"],
+                              storage=f"sqlite:///{run.study_db(HW)}")
+    assert study.metric_names == ["speedup", "draft_bytes"]
+    assert study.user_attrs["front"] == "speedup-memory"

@@ -103,11 +103,15 @@ def test_a_lone_worker_never_proposes_a_subnet_twice() -> None:
 
 def test_journal_storage_resumes_and_keeps_its_claims_beside_it(tmp_path) -> None:
     journal = tmp_path / "study.journal"  # a bare path ending .journal is a journal too
-    first = _search(str(journal), n_trials=5, study_name="j")
-    again_scorer = FakeScorer()
+    first_scorer, again_scorer = FakeScorer(), FakeScorer()
+    first = _search(str(journal), n_trials=5, study_name="j", scorer=first_scorer)
     again = _search(f"journal:{journal}", n_trials=7, study_name="j", scorer=again_scorer)
     assert journal.is_file() and (tmp_path / "study.journal.claims.db").is_file()
-    assert len(again.candidates) == 7 and len(again_scorer.calls) == 2
+    assert len(again.candidates) == 7
+    assert not set(again_scorer.calls) & set(first_scorer.calls)  # shared rows beside it
+    assert {s.replace(draft_len=1) for s in again_scorer.calls} == {
+        c.spec.replace(draft_len=1) for c in again.candidates[5:]} - {
+        s.replace(draft_len=1) for s in first_scorer.calls}
     assert [c.spec for c in again.candidates[:5]] == [c.spec for c in first.candidates]
 
 
@@ -137,3 +141,60 @@ def test_new_inputs_make_a_new_study_whose_speedups_are_recomputed(tmp_path) -> 
     for c in second.candidates:
         assert c.speedup < stored.get(c.spec, float("inf"))
         assert c.spec not in fresh or c.speedup == pytest.approx(fresh[c.spec])
+
+
+def test_a_finished_sweep_reruns_without_new_trials_or_scoring(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first_scorer, again_scorer = FakeScorer(), FakeScorer()
+    first = _search(url, method="exhaustive", objective="pareto", scorer=first_scorer)
+    n_triples = SMALL_SPACE.size // len(SMALL_SPACE.draft_len)
+    assert len(first_scorer.calls) == SMALL_SPACE.size  # every triple, once
+    again = _search(url, method="exhaustive", objective="pareto", scorer=again_scorer)
+    assert again_scorer.calls == []
+    assert [c.spec for c in again.front] == [c.spec for c in first.front]
+    study = optuna.load_study(study_name=first.study_name, storage=url)
+    trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(trials) == n_triples  # one trial per triple, none added by the rerun
+    assert {t.user_attrs["triple"] for t in trials} == {
+        f"triple:{s.id}" for s in SMALL_SPACE.enumerate() if s.draft_len == 1}
+    assert study.user_attrs["method"] == "exhaustive"
+    with pytest.raises(InputError, match=r"was made by --method exhaustive, not --method optuna"):
+        _search(url, method="optuna", objective="pareto", study_name=first.study_name,
+                n_trials=4)
+
+
+def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_path,
+                                                                          monkeypatch) -> None:
+    from dreams_nas.nas.search import study as study_mod
+    from dreams_nas.nas.search.sampler import distribution_of
+    from dreams_nas.supernet.core.space import SearchSpace
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
+    assert distribution_of((1, 2, 3, 4, 5, 6, 7)) == IntDistribution(1, 7, step=1)
+    assert distribution_of((16, 4, 8, 12)) == IntDistribution(4, 16, step=4)
+    assert isinstance(distribution_of((1, 2, 4, 8)), CategoricalDistribution)
+    assert isinstance(distribution_of((0.25, 0.5, 0.75, 1.0)), CategoricalDistribution)
+    space = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                        draft_len=(1, 2, 3, 4))
+
+    def run(n: int):
+        return search(space, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                      method="optuna", n_trials=n, storage=url, study_name="s", seed=0,
+                      show_progress=False)
+
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    run(6)
+    trial = optuna.load_study(study_name="s", storage=url).trials[0]
+    assert trial.distributions["draft_len"] == IntDistribution(1, 4, step=1)
+    assert isinstance(trial.params["draft_len"], int)
+    # a study sampled before ordinal fields (every field categorical) continues as it was
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with monkeypatch.context() as m:
+        m.setattr(study_mod, "distribution_of", lambda values: CategoricalDistribution(
+            list(values)))
+        run(5)
+    result = run(9)
+    assert len(result.candidates) == 9
+    kinds = {type(t.distributions["draft_len"]) for t in
+             optuna.load_study(study_name="s", storage=url).trials}
+    assert kinds == {CategoricalDistribution}
