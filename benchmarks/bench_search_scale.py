@@ -21,9 +21,18 @@ Parts, each in its own process (so each peak RSS, `ru_maxrss`, is its own), medi
 * ``pareto_2d``: `is_pareto_front` of 10^6 uniform random 2-D points.
 * ``old_vs_new``: the pre-#17 pairwise front (kept below, verbatim) against the new one on the
   same `--old-points` random points with ties.
+* ``report``: the HTML report of a 10^6-subnet search. A run folder written by the project's
+  own writers (`search(...)` on the synthetic table as in ``exhaustive_objects``, then
+  `export_result`: trials.csv, pareto.csv, best.json, specs/ of the front), then
+  `write_report` in a process of its own (its wall time and peak RSS), the page's size, and
+  the time headless Chromium takes to open it until the load event has fired, two frames
+  have been drawn and every figure holds drawn elements (median of 3 opens, a fresh browser
+  each, its start not counted; tests/reports/browser.py drives it). Skipped with
+  ``--no-report``; needs `chromium` (``apt-get install -y chromium``).
 
 Targets (issue #17): exhaustive over 10^6 <= 60 s at peak RSS <= 4 GB; 2-D Pareto of 10^6
-points <= 5 s. Prints one JSON line; exit code 1 when a target is missed.
+points <= 5 s; the report of the 10^6-subnet search opens in headless Chromium in <= 5 s and
+weighs <= 5 MB. Prints one JSON line; exit code 1 when a target is missed.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +56,8 @@ HEADS = tuple(range(1, 51))  # 50
 VISUAL_KEEP = tuple(round(0.05 * i, 2) for i in range(1, 21))  # 20
 DRAFT_LEN = tuple(range(1, 11))  # 10: with 100 inject layers, 10^6 subnets
 CONTEXT = 640
+HARDWARE_ID = "cpu-synthetic-1t"
+ROOT = Path(__file__).resolve().parent.parent
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -232,9 +245,116 @@ def part_old_vs_new(args: argparse.Namespace) -> dict[str, Any]:
             "front_size": int(new_mask.sum())}
 
 
+def write_search_run(run_dir: Path, subnets: int, max_draft_ms: float) -> dict[str, Any]:
+    """A run folder holding an exhaustive search of the synthetic table, written as
+    `dreams-nas search` writes one: `search(...)` (the real evaluate path) then `export_result`.
+    Returns the seconds each step took and the search's sizes."""
+    from dreams_nas.nas.search.replay import RecordedAcceptance
+    from dreams_nas.nas.search.strategies import search
+    from dreams_nas.nas.stages.export import export_result
+    from dreams_nas.supernet.acceptance.table import AcceptanceRow
+    from dreams_nas.supernet.core.runfolder import RunFolder
+
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    space = space_of(subnets)
+    fields, predictor = fields_of(space), fitted_predictor()
+    tau = tau_of(fields)
+    lo = np.maximum(1.0, tau - 0.04 * tau).tolist()
+    hi = np.minimum(fields.draft_len + 1.0, tau + 0.04 * tau).tolist()
+    rows = [AcceptanceRow(spec=spec, tau=t, tau_lo=a, tau_hi=b, supernet_hash="synthetic",
+                          dataset_id="synthetic")
+            for spec, t, a, b in zip(space.enumerate(), tau.tolist(), lo, hi, strict=True)]
+    del fields, tau, lo, hi
+    times["table_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    def params(spec) -> int:
+        return 2_000_000 + 250_000 * spec.heads
+
+    def memory(spec) -> int:  # fp16 weights + 2 layers' KV + the memory (576 visual tokens)
+        kv = 2 * spec.heads * 64 * (2 * CONTEXT + round(CONTEXT - 576 * (1 - spec.visual_keep)))
+        return 2 * (params(spec) + kv)
+
+    result = search(space, RecordedAcceptance(rows), predictor, params, draft_memory=memory,
+                    context_len=CONTEXT, max_draft_ms=max_draft_ms, show_progress=False)
+    times["search_s"] = time.perf_counter() - start
+    del rows
+
+    start = time.perf_counter()
+    hardware = {"hardware_id": HARDWARE_ID, "kind": "cpu", "name": "synthetic", "threads": 1,
+                "dtype": "float32"}
+    export_result(RunFolder(run_dir), result, hardware_id=HARDWARE_ID, hardware=hardware,
+                  target={"id": "synthetic"}, supernet_hash="synthetic", dtype="float32")
+    times["export_s"] = time.perf_counter() - start
+    trials = run_dir / "search" / HARDWARE_ID / "trials.csv"
+    return {**times, "subnets": len(result.candidates), "front_size": len(result.front),
+            "best": result.best.spec.id, "trials_csv_mb": trials.stat().st_size / 1e6}
+
+
+def part_report_render(args: argparse.Namespace) -> dict[str, Any]:
+    """`write_report` of `--report-run` (the process is this step's alone: its peak RSS)."""
+    from dreams_nas.reports import write_report
+
+    start = time.perf_counter()
+    page = write_report(args.report_run)
+    return {"page": str(page), "generate_s": time.perf_counter() - start}
+
+
+# Figures drawn: every inline figure has a size and drawn elements.
+FIGURES_DRAWN = """Array.from(document.querySelectorAll("figure svg.fig")).filter(e => {
+  const r = e.getBoundingClientRect();
+  return r.width > 0 && r.height > 0 && e.querySelectorAll("path, use, text").length > 10;
+}).length"""
+
+
+def open_in_chromium(page: Path, repeats: int) -> dict[str, Any]:
+    """Seconds from navigating to `page` until it is loaded and its figures drawn, in a fresh
+    headless Chromium each time (its start not counted)."""
+    sys.path.insert(0, str(ROOT / "tests" / "reports"))
+    from browser import Browser, find_chromium  # tests/reports/browser.py
+
+    exe = find_chromium()
+    if exe is None:
+        raise SystemExit("the report part needs chromium (apt-get install -y chromium); "
+                         "or pass --no-report")
+    times, drawn, elements, errors = [], 0, 0, []
+    for i in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="bench-chromium-") as profile, \
+                Browser(exe, Path(profile) / f"profile-{i}") as browser:
+            start = time.perf_counter()
+            browser.open(page)  # the load event, then two animation frames
+            drawn = browser.evaluate(FIGURES_DRAWN)
+            times.append(time.perf_counter() - start)
+            elements = browser.evaluate("document.getElementsByTagName('*').length")
+            errors += browser.errors
+    figures = page.read_text(encoding="utf-8").count('<svg class="fig"')
+    if drawn != figures or errors:
+        raise SystemExit(f"{page}: {drawn} of {figures} figures drawn; errors: {errors}")
+    return {"open_median_s": statistics.median(times), "open_times_s": times,
+            "figures_drawn": drawn, "elements": elements}
+
+
+def part_report(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-report-") as tmp:
+        run_dir = Path(tmp) / "run"
+        build = write_search_run(run_dir, args.subnets, args.max_draft_ms)
+        render = _run_part("report_render", [*_passed(args), "--report-run", str(run_dir)],
+                           args.threads)
+        page = Path(render["page"])
+        figures = page.parent / "report_figures"
+        return {"build": build, "generate_s": render["generate_s"],
+                "generate_peak_rss_gb": render["peak_rss_gb"],
+                "html_bytes": page.stat().st_size,
+                "figure_copies_bytes": sum(p.stat().st_size for p in figures.iterdir()),
+                **open_in_chromium(page, args.opens)}
+
+
 PARTS = {"exhaustive_arrays": part_exhaustive_arrays,
          "exhaustive_objects": part_exhaustive_objects,
-         "pareto_2d": part_pareto_2d, "old_vs_new": part_old_vs_new}
+         "pareto_2d": part_pareto_2d, "old_vs_new": part_old_vs_new, "report": part_report,
+         "report_render": part_report_render}
+TOP_PARTS = ("exhaustive_arrays", "exhaustive_objects", "pareto_2d", "old_vs_new", "report")
 
 
 def _peak_rss_gb() -> float:
@@ -245,8 +365,15 @@ def _run_part(name: str, argv: Sequence[str], threads: int) -> dict[str, Any]:
     """One part in a fresh process with `threads` BLAS/OpenMP threads; its JSON line back."""
     env = {**os.environ, **{var: str(threads) for var in THREAD_VARS}}
     out = subprocess.run([sys.executable, __file__, *argv, "--part", name], env=env,
-                         check=True, capture_output=True, text=True)
+                         check=True, stdout=subprocess.PIPE, text=True)  # its stderr is ours
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _passed(args: argparse.Namespace) -> list[str]:
+    """The options of this run, for a part's own process."""
+    return [f"--{name.replace('_', '-')}={getattr(args, name)}"
+            for name in ("subnets", "points", "old_points", "repeats", "threads", "max_draft_ms",
+                         "opens")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -258,9 +385,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-draft-ms", type=float, default=2.5)
+    parser.add_argument("--opens", type=int, default=3,
+                        help="headless Chromium opens of the report (median)")
     parser.add_argument("--no-objects", action="store_true",
                         help="skip the object path (search() on AcceptanceRow objects)")
+    parser.add_argument("--no-report", action="store_true",
+                        help="skip the report of the 10^6-subnet search")
     parser.add_argument("--part", choices=sorted(PARTS), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--report-run", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.part is not None:
         from threadpoolctl import threadpool_limits
@@ -269,15 +401,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures = PARTS[args.part](args)
         print(json.dumps({**figures, "peak_rss_gb": _peak_rss_gb()}))
         return 0
-    passed = list(argv) if argv is not None else sys.argv[1:]
-    names = [n for n in PARTS if not (args.no_objects and n == "exhaustive_objects")]
-    results = {name: _run_part(name, passed, args.threads) for name in names}
+    skip = {"exhaustive_objects": args.no_objects, "report": args.no_report}
+    names = [n for n in TOP_PARTS if not skip.get(n)]
+    results = {name: _run_part(name, _passed(args), args.threads) for name in names}
     exhaustive = results["exhaustive_arrays"]
     targets = {
         "exhaustive_le_60s": exhaustive["median_s"] <= 60.0,
         "exhaustive_rss_le_4gb": exhaustive["peak_rss_gb"] <= 4.0,
         "pareto_2d_le_5s": results["pareto_2d"]["median_s"] <= 5.0,
     }
+    if "report" in results:
+        targets["report_open_le_5s"] = results["report"]["open_median_s"] <= 5.0
+        targets["report_le_5mb"] = results["report"]["html_bytes"] <= 5_000_000
     print(json.dumps({"threads": args.threads, "repeats": args.repeats, **results,
                       "targets": targets, "pass": all(targets.values())}))
     return 0 if all(targets.values()) else 1

@@ -30,14 +30,16 @@ from dreams_nas.reports.values import (
     ReportData,
     ReportError,
     Subnet,
+    SubnetTable,
     Verified,
 )
 
 __all__ = [
     "AcceptanceCurve", "AifdInfo", "BestSubnet", "CrossHardware", "HistoryPoint",
     "MissingResultsError", "PredictorInfo", "RenderedFigure", "ReportData", "ReportError",
-    "Subnet", "Verified", "build_report_data", "figure_folder", "pareto_mask", "render_figures",
-    "render_html", "render_report", "searched_hardware_ids", "write_report", "write_text_atomic",
+    "Subnet", "SubnetTable", "Verified", "build_report_data", "figure_folder", "pareto_mask",
+    "render_figures", "render_html", "render_report", "searched_hardware_ids", "write_report",
+    "write_text_atomic",
 ]
 
 

@@ -25,7 +25,9 @@ from dreams_nas.reports.files import write_bytes_atomic
 from dreams_nas.reports.plotting import STYLE
 from dreams_nas.reports.subnet_figures import (
     acceptance_figure,
+    cross_front_figure,
     pareto_latency_figure,
+    pareto_memory_figure,
     pareto_params_figure,
     tau_cost_figure,
 )
@@ -53,9 +55,13 @@ FIGURES: tuple[tuple[str, str, str, Callable[[ReportData], Figure | None]], ...]
      "best.", pareto_latency_figure),
     ("pareto_params", "Pareto front: speedup vs draft parameters",
      "Same points against the draft's parameter count.", pareto_params_figure),
-    ("tau_cost", "τ vs draft cost",
-     "Acceptance length against the draft time per cycle; bars: bootstrap 95% interval of τ "
-     "for the front.", tau_cost_figure),
+    ("pareto_memory", "Pareto front: speedup vs draft memory",
+     "Against the draft's memory at the decode context (weights + KV, estimated from shapes); "
+     "dashed: the frontier in these two axes.", pareto_memory_figure),
+    ("tau_cost", "τ vs cycle latency",
+     "Acceptance length (model quality) against the cycle's latency, draft steps plus the "
+     "target's verify (hardware cost); dashed: the frontier in these two axes; bars: bootstrap "
+     "95% interval of τ for the search's front.", tau_cost_figure),
     ("acceptance", "Per-position acceptance",
      "Probability that the draft token at each position is accepted, for the front.",
      acceptance_figure),
@@ -70,6 +76,9 @@ FIGURES: tuple[tuple[str, str, str, Callable[[ReportData], Figure | None]], ...]
      "features supervise the draft.", aifd_figure),
     ("history", "Search history",
      "Objective of each Optuna trial and the best so far.", history_figure),
+    ("cross_front", "Cross-hardware front",
+     "Every subnet scored on both machines: its expected speedup here against on the other "
+     "searched hardware; solid: the subnets no other beats on both.", cross_front_figure),
     ("cross_hardware", "Cross-hardware",
      "Row: the best subnet found for that hardware; column: its expected speedup on each "
      "hardware (from that hardware's trials).", cross_hardware_figure),

@@ -17,26 +17,30 @@ import numpy as np
 
 def pareto_mask(maximise: Sequence[float], minimise: Sequence[float]) -> list[bool]:
     """For each point (maximise[i], minimise[i]): whether no other point dominates it."""
+    return pareto_mask_array(maximise, minimise).tolist()
+
+
+def pareto_mask_array(maximise: Sequence[float] | np.ndarray,
+                      minimise: Sequence[float] | np.ndarray) -> np.ndarray:
+    """`pareto_mask` as an (n,) bool array; O(n log n), no Python loop over the points."""
     if len(maximise) != len(minimise):
         raise ValueError(
             f"pareto_mask needs equal lengths, got {len(maximise)} and {len(minimise)}"
         )
-    gain = np.asarray(maximise, dtype=np.float64)  # (n,)
-    cost = np.asarray(minimise, dtype=np.float64)  # (n,)
+    gain = np.asarray(maximise, dtype=np.float64).reshape(-1)  # (n,)
+    cost = np.asarray(minimise, dtype=np.float64).reshape(-1)  # (n,)
+    mask = np.zeros(len(gain), dtype=bool)
     known = np.flatnonzero(~(np.isnan(gain) | np.isnan(cost)))
+    if not known.size:
+        return mask
     # Cheapest first; at equal cost the largest gain first.
     order = known[np.lexsort((-gain[known], cost[known]))]
-    mask = [False] * len(gain)
-    best_cheaper: float | None = None  # the largest gain among strictly cheaper points
-    start = 0
-    while start < len(order):
-        end = start
-        while end < len(order) and cost[order[end]] == cost[order[start]]:
-            end += 1
-        top = float(gain[order[start]])  # the group's largest gain
-        for i in order[start:end]:
-            # Dominated by a cheaper point at least as good, or by an equally cheap better one.
-            mask[i] = gain[i] == top and (best_cheaper is None or best_cheaper < gain[i])
-        best_cheaper = top if best_cheaper is None else max(best_cheaper, top)
-        start = end
+    g, c = gain[order], cost[order]  # (k,)
+    starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])  # each equal-cost group's first
+    group = np.cumsum(np.r_[True, c[1:] != c[:-1]]) - 1  # (k,) each point's group
+    top = g[starts]  # (groups,) each group's largest gain
+    # The largest gain among strictly cheaper points (none for the cheapest group).
+    cheaper = np.r_[-np.inf, np.maximum.accumulate(top)[:-1]]
+    # Dominated by a cheaper point at least as good, or by an equally cheap better one.
+    mask[order] = (g == top[group]) & ((group == 0) | (cheaper[group] < g))
     return mask

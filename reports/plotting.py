@@ -9,10 +9,12 @@ everything else faint, the best subnet a red star.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import matplotlib
-from dreams_nas.reports.pareto import pareto_mask
-from dreams_nas.reports.values import ReportData, Subnet
+import numpy as np
+from dreams_nas.reports.pareto import pareto_mask_array
+from dreams_nas.reports.values import ReportData, SubnetTable
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -23,6 +25,10 @@ INFEASIBLE = "#b0b0b0"
 # Above this many subnets the ones off the front are drawn as a density, not as points.
 DENSE_ABOVE = 3000
 DENSITY_GRID = 48
+LEGEND_KEYS = 6  # dense figures: at most this many colour keys and this many marker keys
+# A plotted figure of the subnets: given a Subnet its value (None when unknown), given a
+# SubnetTable the same figure's column (NaN when unknown). E.g. `lambda s: s.draft_ms`.
+Axis = Callable[[Any], Any]
 STYLE = {
     "font.family": "sans-serif",
     "font.sans-serif": ["DejaVu Sans", "Helvetica", "Arial", "sans-serif"],
@@ -53,10 +59,38 @@ def head_markers(values: Sequence[int]) -> dict[int, str]:
     return {h: HEAD_MARKERS[i % len(HEAD_MARKERS)] for i, h in enumerate(sorted(set(values)))}
 
 
+def _encodings(data: ReportData) -> tuple[dict, dict]:
+    """Colour by visual_keep and marker by heads, over every subnet's values."""
+    cols = data.columns
+    return (keep_colors(np.unique(cols.visual_keep).tolist()),
+            head_markers(np.unique(cols.heads).tolist()))
+
+
+def _some(keys: dict, most: int = LEGEND_KEYS) -> dict:
+    """At most `most` of `keys`, evenly spread from the first to the last."""
+    if len(keys) <= most:
+        return keys
+    items = list(keys.items())
+    picks = sorted({round(i * (len(items) - 1) / (most - 1)) for i in range(most)})
+    return dict(items[i] for i in picks)
+
+
+def column(axis: Axis, table: SubnetTable) -> np.ndarray:
+    """An axis's values for every row of `table`, NaN where unknown."""
+    return np.asarray(axis(table), dtype=np.float64)
+
+
 def encoding_legend(ax, data: ReportData, best: bool = True) -> None:
-    """Colour and marker keys, outside the axes on the right so no point hides behind them."""
-    colors = keep_colors([s.visual_keep for s in data.subnets])
-    markers = head_markers([s.heads for s in data.subnets])
+    """Colour and marker keys, outside the axes on the right so no point hides behind them.
+
+    Above DENSE_ABOVE subnets only the front is drawn as points: the keys are the front's."""
+    colors, markers = _encodings(data)
+    title = "colour: visual_keep\nmarker: heads"
+    if len(data.subnets) > DENSE_ABOVE:
+        colors = _some({k: c for k, c in colors.items()
+                        if k in {s.visual_keep for s in data.front}})
+        markers = _some({h: m for h, m in markers.items() if h in {s.heads for s in data.front}})
+        title = "colour: visual_keep\nmarker: heads\n(values on the front;\na few when many)"
     handles = [Line2D([], [], ls="", marker="s", ms=7, color=c, label=f"keep {k:g}")
                for k, c in colors.items()]
     handles += [Line2D([], [], ls="", marker=m, ms=6, mfc="white", mec="#444",
@@ -66,23 +100,21 @@ def encoding_legend(ax, data: ReportData, best: bool = True) -> None:
     if best:
         handles += [Line2D([], [], ls="", marker="*", ms=12, mfc=BEST_COLOR, mec="white",
                            label="best")]
-    if not all(s.feasible for s in data.subnets):
+    if not data.columns.feasible.all() and len(data.subnets) <= DENSE_ABOVE:
         handles += [Line2D([], [], ls="", marker="x", ms=6, color=INFEASIBLE,
                            label="infeasible (constraint)")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), handletextpad=0.3,
-              borderaxespad=0.0, title="colour: visual_keep\nmarker: heads", title_fontsize=8.5,
+              borderaxespad=0.0, title=title, title_fontsize=8.5,
               alignment="left")
 
 
-def scatter_subnets(ax, data: ReportData, x: Callable[[Subnet], float | None],
-                    y: Callable[[Subnet], float | None]) -> None:
+def scatter_subnets(ax, data: ReportData, x: Axis, y: Axis) -> None:
     """All subnets faint, the front solid with a dark edge, the best as a red star.
 
     Subnets that break the search's constraint (feasible = 0, e.g. over --max-draft-ms) are grey
     crosses: they were evaluated but could not be picked.
     """
-    colors = keep_colors([s.visual_keep for s in data.subnets])
-    markers = head_markers([s.heads for s in data.subnets])
+    colors, markers = _encodings(data)
     if len(data.subnets) > DENSE_ABOVE:
         _density(ax, data, x, y)
         _front_and_best(ax, data, x, y, colors, markers)
@@ -109,8 +141,7 @@ def scatter_subnets(ax, data: ReportData, x: Callable[[Subnet], float | None],
     _best_star(ax, data, x, y)
 
 
-def _best_star(ax, data: ReportData, x: Callable[[Subnet], float | None],
-               y: Callable[[Subnet], float | None]) -> None:
+def _best_star(ax, data: ReportData, x: Axis, y: Axis) -> None:
     """The best subnet as a red star, over everything else."""
     best = data.best_subnet
     if best is not None and x(best) is not None and y(best) is not None:
@@ -118,46 +149,50 @@ def _best_star(ax, data: ReportData, x: Callable[[Subnet], float | None],
                    edgecolors="white", linewidths=1.0, zorder=6)
 
 
-def _density(ax, data: ReportData, x: Callable[[Subnet], float | None],
-             y: Callable[[Subnet], float | None]) -> None:
+def _density(ax, data: ReportData, x: Axis, y: Axis) -> None:
     """Every subnet off the front as a 2-D histogram (hexagons, log count): past a few
     thousand points a scatter is a blot and an inline SVG of them weighs megabytes."""
-    pts = [(x(s), y(s)) for s in data.subnets
-           if not s.on_front and x(s) is not None and y(s) is not None]
-    if not pts:
+    cols = data.columns
+    xs, ys = column(x, cols), column(y, cols)
+    keep = ~cols.on_front & np.isfinite(xs) & np.isfinite(ys)
+    if not keep.any():
         return
-    xs, ys = zip(*pts, strict=True)
-    cells = ax.hexbin(xs, ys, gridsize=DENSITY_GRID, bins="log", mincnt=1, cmap="Greys",
-                      linewidths=0, zorder=1)
+    cells = ax.hexbin(xs[keep], ys[keep], gridsize=DENSITY_GRID, bins="log", mincnt=1,
+                      cmap="Greys", linewidths=0, zorder=1)
     ax.figure.colorbar(cells, ax=ax, pad=0.01, fraction=0.04, label="subnets per cell")
 
 
-def _front_and_best(ax, data: ReportData, x: Callable[[Subnet], float | None],
-                    y: Callable[[Subnet], float | None], colors: dict, markers: dict) -> None:
+def _front_and_best(ax, data: ReportData, x: Axis, y: Axis, colors: dict, markers: dict
+                    ) -> None:
     """The front's points (solid, dark edge) and the best (red star) over the density."""
+    groups: dict[tuple[int, float], list[tuple[float, float]]] = {}
     for s in data.front:
         if x(s) is not None and y(s) is not None:
-            ax.scatter([x(s)], [y(s)], s=58, marker=markers[s.heads], color=colors[s.visual_keep],
-                       edgecolors=FRONT_EDGE, linewidths=1.1, zorder=4)
+            groups.setdefault((s.heads, s.visual_keep), []).append((x(s), y(s)))
+    for (heads, keep), pts in groups.items():
+        xs, ys = zip(*pts, strict=True)
+        ax.scatter(xs, ys, s=58, marker=markers[heads], color=colors[keep],
+                   edgecolors=FRONT_EDGE, linewidths=1.1, zorder=4)
     _best_star(ax, data, x, y)
 
 
-def frontier(ax, data: ReportData, x: Callable[[Subnet], float | None],
-             y: Callable[[Subnet], float | None]) -> None:
+def frontier(ax, data: ReportData, x: Axis, y: Axis) -> None:
     """Staircase through the points not dominated in these two axes (max y, min x)."""
-    pts = [(x(s), y(s)) for s in data.subnets
-           if s.feasible and x(s) is not None and y(s) is not None]
-    if len(pts) < 2:
+    cols = data.columns
+    xs, ys = column(x, cols), column(y, cols)
+    keep = cols.feasible & ~np.isnan(xs) & ~np.isnan(ys)
+    if keep.sum() < 2:
         return
-    mask = pareto_mask([p[1] for p in pts], [p[0] for p in pts])
-    front = sorted({p for p, m in zip(pts, mask, strict=True) if m})
-    xs, ys = zip(*front, strict=True)
-    ax.step(xs, ys, where="post", color="#555", lw=1.0, ls="--", zorder=3, alpha=0.8)
+    xs, ys = xs[keep], ys[keep]
+    on = pareto_mask_array(ys, xs)
+    front = sorted(set(zip(xs[on].tolist(), ys[on].tolist(), strict=True)))
+    fx, fy = zip(*front, strict=True)
+    ax.step(fx, fy, where="post", color="#555", lw=1.0, ls="--", zorder=3, alpha=0.8)
 
 
 def baseline(ax, data: ReportData) -> None:
     """The 1x line (target alone), when the speedups come near enough for it to be useful."""
-    if min(s.speedup for s in data.subnets) > 1.3:
+    if float(data.columns.speedup.min()) > 1.3:
         return
     ax.axhline(1.0, color="#888", lw=0.9, ls=":", zorder=1)
     ax.annotate("target alone (1×)", xy=(0.0, 1.0), xycoords=("axes fraction", "data"),

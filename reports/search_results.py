@@ -3,15 +3,17 @@ pareto.csv, best.json and history.csv (SCHEMAS.md), and which hardware ids were 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 from dreams_nas.reports import layout
 from dreams_nas.reports.reading import (
     csv_header,
-    flag,
     integer,
     num,
     read_csv,
@@ -24,6 +26,7 @@ from dreams_nas.reports.values import (
     MissingResultsError,
     ReportError,
     Subnet,
+    SubnetTable,
     Verified,
 )
 
@@ -32,6 +35,7 @@ SPEC_FIELDS = ("heads", "visual_keep", "inject_layer", "draft_len")
 TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", "draft_ms",
                   "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
                   "feasible", "state")
+OPTIONAL_COLUMNS = ("draft_bytes",)  # written since fronts had names; absent: unknown
 
 
 def searched_hardware_ids(run_dir: str | Path) -> list[str]:
@@ -67,60 +71,134 @@ def pick_hardware(run_dir: Path, hardware_ids: Sequence[str], requested: str | N
     return max(hardware_ids, key=lambda hw: (created(hw), hw))
 
 
-def _subnet_from_row(row: dict[str, str], path: Path) -> Subnet | None:
-    """A trials.csv row as a Subnet (off the front); None for a row without a usable score."""
-    speedup, draft_ms, tau = num(row["speedup"]), num(row["draft_ms"]), num(row["tau"])
-    first_draft_ms = num(row["first_draft_ms"])
-    if ((row["state"] or "").strip().lower() != "complete"
-            or None in (speedup, draft_ms, first_draft_ms, tau)):
-        return None
-    fields = {n: num(row[n]) for n in SPEC_FIELDS}
-    spec_id = (row["spec_id"] or "").strip()
-    missing = [n for n, v in fields.items() if v is None] + ([] if spec_id else ["spec_id"])
-    if missing:
-        raise ReportError(
-            f"{path} has a row without {missing} (number={row['number']!r}); every trial names "
-            "its subnet: rerun `dreams-nas search`"
-        )
-    return Subnet(
-        spec_id=spec_id, heads=int(fields["heads"]), visual_keep=float(fields["visual_keep"]),
-        inject_layer=int(fields["inject_layer"]), draft_len=int(fields["draft_len"]),
-        tau=tau, tau_lo=num(row["tau_lo"]), tau_hi=num(row["tau_hi"]),
-        draft_ms=draft_ms, first_draft_ms=first_draft_ms, verify_ms=num(row["verify_ms"]),
-        decode_ms=num(row["decode_ms"]),
-        speedup=speedup, draft_params=integer(row["draft_params"]), feasible=flag(row["feasible"]),
-        on_front=False, number=integer(row["number"]),
-    )
+# trials.csv columns read as text: the name, the state and the flag (the rest are numbers).
+_TEXT_COLUMNS = ("spec_id", "state", "feasible")
+_FLAG_TRUE = ("1", "true", "yes", "1.0")
 
 
-def load_subnets(run_dir: Path, hardware_id: str) -> list[Subnet]:
-    """Every scored subnet of trials.csv, in file order, none marked on the front yet."""
+def _read_trials(path: Path) -> pd.DataFrame:
+    """The TRIALS_COLUMNS of trials.csv (a cell that is not a number reads as NaN in a number
+    column); a torn last line (a kill mid-append) is skipped."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, io.SEEK_END)
+        if size:
+            handle.seek(-1, io.SEEK_END)
+        torn = size > 0 and handle.read(1) != b"\n"
+    source: Path | io.BytesIO = path
+    if torn:
+        data = path.read_bytes()
+        source = io.BytesIO(data[: data.rfind(b"\n") + 1])
+    wanted = set(TRIALS_COLUMNS) | set(OPTIONAL_COLUMNS)
+    frame = pd.read_csv(source, usecols=lambda name: name in wanted,
+                        dtype={"spec_id": str, "state": "category", "feasible": "category"},
+                        low_memory=False, encoding="utf-8")
+    for name in OPTIONAL_COLUMNS:
+        if name not in frame:
+            frame[name] = np.nan
+    for name in (*TRIALS_COLUMNS, *OPTIONAL_COLUMNS):
+        if name not in _TEXT_COLUMNS and frame[name].dtype.kind not in "iuf":
+            frame[name] = pd.to_numeric(frame[name].astype(str), errors="coerce")
+    return frame
+
+
+def _text(column: pd.Series) -> np.ndarray:
+    return column.fillna("").astype(str).to_numpy(dtype=str)
+
+
+def _is(column: pd.Series, values: Sequence[str]) -> np.ndarray:
+    """Whether each cell, stripped and lower-cased, is one of `values` (an empty cell: no)."""
+    codes, labels = pd.factorize(column)  # (n,), -1 for an empty cell; a few distinct labels
+    labels = np.asarray(labels, dtype=str)
+    hit = np.isin(np.char.lower(np.char.strip(labels)), values) if labels.size else labels
+    return np.append(hit.astype(bool), False)[codes]
+
+
+def load_subnet_table(run_dir: Path, hardware_id: str) -> SubnetTable:
+    """Every scored subnet of trials.csv as columns, in file order, none marked on the front.
+
+    A row is scored when its state is `complete` and its tau, speedup and draft steps are
+    numbers; SCHEMAS.md: a subnet listed twice keeps its last scored row.
+    """
     path = layout.trials_csv(run_dir, hardware_id)
     if not path.is_file():
         raise MissingResultsError(f"no search results in {path}; run `dreams-nas search` first")
     missing = [c for c in TRIALS_COLUMNS if c not in csv_header(path)]
     if missing:
         raise ReportError(f"{path} lacks the column(s) {missing}; rerun `dreams-nas search`")
-    # One subnet per spec id; SCHEMAS.md: a subnet listed twice keeps its last row.
-    by_id: dict[str, Subnet] = {}
-    for row in read_csv(path):
-        sub = _subnet_from_row(row, path)
-        if sub is not None:
-            by_id.pop(sub.spec_id, None)
-            by_id[sub.spec_id] = sub
-    if not by_id:
+    try:
+        frame = _read_trials(path)
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise ReportError(f"{path} is not a readable CSV ({exc}); rerun `dreams-nas search`"
+                          ) from None
+    number = lambda name: frame[name].to_numpy(dtype=np.float64)  # noqa: E731
+    scored = _is(frame["state"], ("complete",)) & ~np.isnan(
+        np.stack([number(n) for n in ("speedup", "draft_ms", "first_draft_ms", "tau")])
+    ).any(axis=0)
+    spec_id = np.char.strip(_text(frame["spec_id"]))
+    lacking = np.stack([np.isnan(number(n)) for n in SPEC_FIELDS] + [spec_id == ""])  # (5, n)
+    bad = np.flatnonzero(scored & lacking.any(axis=0))
+    if bad.size:
+        row = int(bad[0])
+        names = [n for n, gap in zip((*SPEC_FIELDS, "spec_id"), lacking[:, row], strict=True)
+                 if gap]
+        raise ReportError(
+            f"{path} has a row without {names} (number={_cell(frame['number'].iloc[row])!r}); "
+            "every trial names its subnet: rerun `dreams-nas search`"
+        )
+    # One row per subnet: its last scored one, at the place of that row.
+    keep = np.flatnonzero(scored)
+    keep = keep[~pd.Series(spec_id[keep]).duplicated(keep="last").to_numpy()]
+    if not keep.size:
         raise MissingResultsError(
             f"{path} holds no completed trial; run `dreams-nas search` (again) first"
         )
-    return list(by_id.values())
+    whole = lambda name: _whole_numbers(number(name)[keep])  # noqa: E731
+    return SubnetTable(
+        spec_id=spec_id[keep],
+        # int() of the cell, as a Subnet's spec fields are read
+        heads=number("heads")[keep].astype(np.int64),
+        visual_keep=number("visual_keep")[keep],
+        inject_layer=number("inject_layer")[keep].astype(np.int64),
+        draft_len=number("draft_len")[keep].astype(np.int64),
+        tau=number("tau")[keep], tau_lo=number("tau_lo")[keep], tau_hi=number("tau_hi")[keep],
+        draft_ms=number("draft_ms")[keep], first_draft_ms=number("first_draft_ms")[keep],
+        verify_ms=number("verify_ms")[keep], decode_ms=number("decode_ms")[keep],
+        speedup=number("speedup")[keep], draft_params=whole("draft_params"),
+        feasible=_is(frame["feasible"], _FLAG_TRUE)[keep],
+        on_front=np.zeros(keep.size, dtype=bool), number=whole("number"),
+        draft_bytes=whole("draft_bytes"),
+    )
 
 
-def mark_front(run_dir: Path, hardware_id: str, subnets: Sequence[Subnet]) -> list[Subnet]:
+def _whole_numbers(values: np.ndarray) -> np.ndarray:
+    """Cells read as whole numbers (`reading.integer`): rounded; NaN for infinite ones."""
+    out = np.round(values)
+    out[np.isinf(out)] = np.nan
+    return out
+
+
+def _cell(value: Any) -> str:
+    """A number cell as written (whole numbers without the '.0'), for a message."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return "" if value != value else str(value)
+
+
+def load_subnets(run_dir: Path, hardware_id: str) -> list[Subnet]:
+    """Every scored subnet of trials.csv, in file order, none marked on the front yet (as
+    objects: `load_subnet_table` reads them as columns)."""
+    return list(load_subnet_table(run_dir, hardware_id))
+
+
+def mark_front(run_dir: Path, hardware_id: str, subnets: Sequence[Subnet] | SubnetTable
+               ) -> list[Subnet] | SubnetTable:
     """`subnets`, those listed in pareto.csv (the search's front) marked on the front."""
     path = layout.pareto_csv(run_dir, hardware_id)
     if not path.is_file():
         raise MissingResultsError(f"no Pareto front in {path}; run `dreams-nas search` (again)")
     front = {(row.get("spec_id") or "").strip() for row in read_csv(path)}
+    if isinstance(subnets, SubnetTable):
+        return replace(subnets, on_front=np.isin(subnets.spec_id, sorted(front)))
     return [replace(s, on_front=s.spec_id in front) for s in subnets]
 
 
@@ -185,15 +263,19 @@ def cross_hardware(run_dir: Path, hardware_ids: Sequence[str]) -> CrossHardware 
     """Each searched hardware's best subnet, looked up in every hardware's trials."""
     if len(hardware_ids) < 2:
         return None
-    tables: dict[str, dict[str, float]] = {}
+    tables: dict[str, SubnetTable] = {}
     bests: dict[str, str] = {}
     for hw in hardware_ids:
-        subnets = load_subnets(run_dir, hw)
-        tables[hw] = {s.spec_id: s.speedup for s in subnets}
+        table = tables[hw] = load_subnet_table(run_dir, hw)
         # best.json is the search's last write: until it is there, the fastest subnet stands in.
         raw = read_json_object(layout.best_json(run_dir, hw)) or {}
-        bests[hw] = str(raw.get("spec_id") or max(subnets, key=lambda s: s.speedup).spec_id)
-    matrix = tuple(tuple(tables[col].get(bests[row]) for col in hardware_ids)
+        bests[hw] = str(raw.get("spec_id") or table.spec_id[int(np.argmax(table.speedup))])
+
+    def speedup(hw: str, spec_id: str) -> float | None:
+        row = tables[hw].index_of(spec_id)
+        return None if row is None else float(tables[hw].speedup[row])
+
+    matrix = tuple(tuple(speedup(col, bests[row]) for col in hardware_ids)
                    for row in hardware_ids)
     return CrossHardware(tuple(hardware_ids), tuple(bests[h] for h in hardware_ids), matrix)
 

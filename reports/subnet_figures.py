@@ -4,9 +4,12 @@ draft cost, and the front's per-position acceptance."""
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
+from dreams_nas.reports.pareto import pareto_mask_array
 from dreams_nas.reports.plotting import (
     BEST_COLOR,
     DENSE_ABOVE,
+    FRONT_EDGE,
     baseline,
     encoding_legend,
     frontier,
@@ -14,7 +17,7 @@ from dreams_nas.reports.plotting import (
     mark_best,
     scatter_subnets,
 )
-from dreams_nas.reports.values import ReportData
+from dreams_nas.reports.values import ReportData, Subnet, SubnetTable
 from matplotlib.figure import Figure
 
 
@@ -35,32 +38,95 @@ def pareto_latency_figure(data: ReportData) -> Figure:
     return fig
 
 
-def pareto_params_figure(data: ReportData) -> Figure | None:
-    if not any(s.draft_params for s in data.subnets):
+def _millions(name: str):
+    """An axis of a size column (`draft_params`, `draft_bytes`) in millions (unknown: 0)."""
+    def axis(s: Subnet | SubnetTable) -> float | None | np.ndarray:
+        value = getattr(s, name)
+        if isinstance(s, SubnetTable):
+            return np.where(value > 0, value / 1e6, np.nan)
+        return value / 1e6 if value else None
+    return axis
+
+
+def _speedup_against_size(data: ReportData, name: str, xlabel: str, title: str
+                          ) -> Figure | None:
+    """Expected speedup against a size column in millions, with its front; None when no
+    subnet records that column (a search written before it was recorded)."""
+    if not (getattr(data.columns, name) > 0).any():
         return None
+    x = _millions(name)
     fig, ax = make_axes()
     baseline(ax, data)
-    frontier(ax, data, lambda s: s.draft_params / 1e6 if s.draft_params else None,
-             lambda s: s.speedup)
-    scatter_subnets(ax, data, lambda s: s.draft_params / 1e6 if s.draft_params else None,
-                    lambda s: s.speedup)
-    ax.set_xlabel("draft parameters (millions)")
+    frontier(ax, data, x, lambda s: s.speedup)
+    scatter_subnets(ax, data, x, lambda s: s.speedup)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("expected speedup (×)")
-    ax.set_title("Expected speedup vs draft size", loc="left")
+    ax.set_title(title, loc="left")
     return fig
 
 
+def pareto_params_figure(data: ReportData) -> Figure | None:
+    return _speedup_against_size(data, "draft_params", "draft parameters (millions)",
+                                 "Expected speedup vs draft size")
+
+
+def _cycle_ms(s: Subnet | SubnetTable) -> float | None | np.ndarray:
+    return s.cycle_ms
+
+
 def tau_cost_figure(data: ReportData) -> Figure:
+    """The tau-latency front: acceptance (model quality) against the cycle's latency
+    (hardware cost), with the front's 95% intervals."""
     fig, ax = make_axes()
-    front = [s for s in data.front if s.tau_lo is not None and s.tau_hi is not None]
+    front = [s for s in data.front if s.tau_lo is not None and s.tau_hi is not None
+             and s.cycle_ms is not None]
     if front:
-        ax.errorbar([s.cycle_draft_ms for s in front], [s.tau for s in front],
+        ax.errorbar([s.cycle_ms for s in front], [s.tau for s in front],
                     yerr=[[s.tau - s.tau_lo for s in front], [s.tau_hi - s.tau for s in front]],
                     fmt="none", ecolor="#333", elinewidth=0.9, capsize=2.5, zorder=3)
-    scatter_subnets(ax, data, lambda s: s.cycle_draft_ms, lambda s: s.tau)
-    ax.set_xlabel("draft cost per cycle: draft_len × draft step (ms)")
+    frontier(ax, data, _cycle_ms, lambda s: s.tau)
+    scatter_subnets(ax, data, _cycle_ms, lambda s: s.tau)
+    ax.set_xlabel("cycle latency: draft steps + target verify (ms, predicted)")
     ax.set_ylabel("τ (tokens per target forward)")
-    ax.set_title("τ vs draft cost (front with 95% interval)", loc="left")
+    ax.set_title("τ vs cycle latency (model quality vs hardware cost)", loc="left")
+    return fig
+
+
+def pareto_memory_figure(data: ReportData) -> Figure | None:
+    """The speedup-memory front (absent for a search written before memory was estimated)."""
+    return _speedup_against_size(data, "draft_bytes",
+                                 "draft memory at the decode context: weights + KV (MB)",
+                                 "Expected speedup vs draft memory")
+
+
+def cross_front_figure(data: ReportData) -> Figure | None:
+    """Every subnet's speedup here against on another hardware id, and the front of the two
+    (the drafts no other beats on both machines)."""
+    paired = data.paired
+    if paired is None or len(paired.spec_id) < 2:
+        return None
+    fig, ax = make_axes()
+    on = pareto_mask_array(paired.there, -paired.here)  # both maximised
+    if len(paired.spec_id) > DENSE_ABOVE:
+        cells = ax.hexbin(paired.here[~on], paired.there[~on], gridsize=48, bins="log",
+                          mincnt=1, cmap="Greys", linewidths=0, zorder=1)
+        fig.colorbar(cells, ax=ax, pad=0.01, fraction=0.04, label="subnets per cell")
+    else:
+        ax.scatter(paired.here[~on], paired.there[~on], s=18, color="#7a8fa6", alpha=0.35,
+                   linewidths=0, zorder=2)
+    order = np.argsort(paired.here[on])
+    ax.plot(paired.here[on][order], paired.there[on][order], color="#555", lw=1.0, ls="--",
+            zorder=3)
+    ax.scatter(paired.here[on], paired.there[on], s=50, color="#1f77b4", edgecolors=FRONT_EDGE,
+               linewidths=1.1, zorder=4, label="front on both")
+    best = np.flatnonzero(paired.spec_id == data.best.spec_id)
+    if best.size:
+        ax.scatter(paired.here[best], paired.there[best], s=300, marker="*", color=BEST_COLOR,
+                   edgecolors="white", linewidths=1.0, zorder=6, label="best here")
+    ax.set_xlabel(f"expected speedup on {data.hardware_id} (×)")
+    ax.set_ylabel(f"expected speedup on {paired.other_id} (×)")
+    ax.set_title("Speedup on one machine vs another", loc="left")
+    ax.legend(loc="lower right", fontsize=8)
     return fig
 
 

@@ -6,10 +6,13 @@ draw them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
+
+import numpy as np
 
 
 class ReportError(ValueError):
@@ -42,12 +45,134 @@ class Subnet:
     feasible: bool
     on_front: bool
     number: int | None = None
+    draft_bytes: int | None = None  # the draft's memory at the search's context (trials.csv)
 
     @property
     def cycle_draft_ms(self) -> float:
         """Draft time per speculative cycle: the first step (right after the verify) and
         draft_len - 1 hot steps, as the expected speedup counts it."""
         return self.first_draft_ms + (self.draft_len - 1) * self.draft_ms
+
+    @property
+    def cycle_ms(self) -> float | None:
+        """One speculative cycle: its draft steps and the target's verify (None: verify
+        unknown)."""
+        return None if self.verify_ms is None else self.cycle_draft_ms + self.verify_ms
+
+
+_OPTIONAL = frozenset({"tau_lo", "tau_hi", "verify_ms", "decode_ms"})  # NaN: None
+_WHOLE = frozenset({"draft_params", "number", "draft_bytes"})  # whole numbers as floats; NaN: None
+
+
+def _known(value: float) -> float | None:
+    return None if value != value else value  # NaN: an empty or unreadable cell
+
+
+def _whole(value: float) -> int | None:
+    return None if value != value else int(value)
+
+
+@dataclass(frozen=True, eq=False)
+class SubnetTable(Sequence[Subnet]):
+    """Every scored subnet of a search as numpy columns, one row per subnet: what the report
+    reads a large search into, so 10^6 subnets never exist as 10^6 objects.
+
+    It is also a read-only sequence of `Subnet` (each one built when read); `take` builds a few
+    at once. NaN stands for an empty cell (None on a `Subnet`).
+    """
+
+    spec_id: np.ndarray  # (n,) str
+    heads: np.ndarray  # (n,) int64
+    visual_keep: np.ndarray  # (n,) float64
+    inject_layer: np.ndarray  # (n,) int64
+    draft_len: np.ndarray  # (n,) int64
+    tau: np.ndarray  # (n,) float64
+    tau_lo: np.ndarray  # (n,) float64, NaN: unknown
+    tau_hi: np.ndarray  # (n,) float64, NaN: unknown
+    draft_ms: np.ndarray  # (n,) float64
+    first_draft_ms: np.ndarray  # (n,) float64
+    verify_ms: np.ndarray  # (n,) float64, NaN: unknown
+    decode_ms: np.ndarray  # (n,) float64, NaN: unknown
+    speedup: np.ndarray  # (n,) float64
+    draft_params: np.ndarray  # (n,) float64 holding whole numbers, NaN: unknown
+    feasible: np.ndarray  # (n,) bool
+    on_front: np.ndarray  # (n,) bool
+    number: np.ndarray  # (n,) float64 holding whole numbers, NaN: unknown
+    draft_bytes: np.ndarray  # (n,) float64 holding whole numbers, NaN: unknown
+
+    COLUMNS = ("spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
+               "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup",
+               "draft_params", "feasible", "on_front", "number", "draft_bytes")
+
+    @classmethod
+    def of(cls, subnets: Sequence[Subnet]) -> SubnetTable:
+        """The columns of `subnets` (a table is returned as it is)."""
+        if isinstance(subnets, SubnetTable):
+            return subnets
+
+        def column(name: str, dtype: Any) -> np.ndarray:
+            values = [getattr(s, name) for s in subnets]
+            if dtype is np.float64:
+                values = [np.nan if v is None else v for v in values]
+            return np.array(values, dtype=dtype)
+
+        types = {"spec_id": str, "heads": np.int64, "inject_layer": np.int64,
+                 "draft_len": np.int64, "feasible": bool, "on_front": bool}
+        return cls(**{name: column(name, types.get(name, np.float64)) for name in cls.COLUMNS})
+
+    def __len__(self) -> int:
+        return len(self.speedup)
+
+    @overload
+    def __getitem__(self, index: int) -> Subnet: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Subnet, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Subnet | tuple[Subnet, ...]:
+        if isinstance(index, slice):
+            return self.take(np.arange(len(self))[index])
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"subnet {index} of a table of {n}")
+        return self.take([index % n])[0]
+
+    def __iter__(self) -> Iterator[Subnet]:
+        for start in range(0, len(self), 4096):
+            yield from self.take(np.arange(start, min(start + 4096, len(self))))
+
+    def rows(self, index: Any) -> SubnetTable:
+        """The table of the rows `index` selects (a boolean mask or indices)."""
+        return SubnetTable(**{name: getattr(self, name)[index] for name in self.COLUMNS})
+
+    def take(self, index: Any) -> tuple[Subnet, ...]:
+        """The rows `index` selects (a boolean mask or indices) as `Subnet` objects."""
+        part = self.rows(index)
+        columns = []
+        for name in self.COLUMNS:
+            values = getattr(part, name).tolist()
+            if name in _OPTIONAL:
+                values = [_known(v) for v in values]
+            elif name in _WHOLE:
+                values = [_whole(v) for v in values]
+            columns.append(values)
+        return tuple(Subnet(**dict(zip(self.COLUMNS, row, strict=True)))
+                     for row in zip(*columns, strict=True))
+
+    def index_of(self, spec_id: str) -> int | None:
+        """The row of `spec_id` (None when the search did not score it)."""
+        hits = np.flatnonzero(self.spec_id == spec_id)
+        return int(hits[0]) if hits.size else None
+
+    @property
+    def cycle_draft_ms(self) -> np.ndarray:
+        """(n,) draft time per cycle, as `Subnet.cycle_draft_ms`."""
+        return self.first_draft_ms + (self.draft_len - 1) * self.draft_ms
+
+    @property
+    def cycle_ms(self) -> np.ndarray:
+        """(n,) one speculative cycle, as `Subnet.cycle_ms` (NaN: verify unknown)."""
+        return self.cycle_draft_ms + self.verify_ms
 
 
 @dataclass(frozen=True)
@@ -162,9 +287,25 @@ class CrossHardware:
         return None if value is None or not own else value / own
 
 
+@dataclass(frozen=True, eq=False)
+class PairedSpeedups:
+    """The subnets scored on this report's hardware and on another: their expected speedup on
+    each (the cross-hardware front)."""
+
+    other_id: str
+    spec_id: np.ndarray  # (n,) str
+    here: np.ndarray  # (n,) float64
+    there: np.ndarray  # (n,) float64
+
+
 @dataclass(frozen=True)
 class ReportData:
-    """Everything the report shows, for one hardware id of one run."""
+    """Everything the report shows, for one hardware id of one run.
+
+    `subnets` holds every scored subnet, best predicted speedup first: a tuple of `Subnet` for
+    a search of up to `data.OBJECTS_UP_TO` subnets, a `SubnetTable` (numpy columns that read as
+    a sequence of `Subnet`) above; `columns` gives the columns either way.
+    """
 
     run_dir: Path
     hardware_id: str
@@ -174,7 +315,7 @@ class ReportData:
     supernet_params: int | None
     hardware: Mapping[str, Any]
     versions: Mapping[str, Any]
-    subnets: tuple[Subnet, ...]
+    subnets: tuple[Subnet, ...] | SubnetTable
     best: BestSubnet
     verified: tuple[Verified, ...]
     acceptance_dataset: str | None
@@ -185,16 +326,27 @@ class ReportData:
     cross_hardware: CrossHardware | None
     searched_hardware_ids: tuple[str, ...]
     exported_specs: frozenset[str] = field(default_factory=frozenset)
+    paired: PairedSpeedups | None = None  # with a second searched hardware id
 
-    @property
+    @cached_property
+    def columns(self) -> SubnetTable:
+        """Every subnet as columns (what the figures of a large search draw from)."""
+        return SubnetTable.of(self.subnets)
+
+    @cached_property
     def front(self) -> tuple[Subnet, ...]:
         """The Pareto front, by predicted speedup, best first."""
-        return tuple(sorted((s for s in self.subnets if s.on_front),
-                            key=lambda s: (-s.speedup, s.draft_ms, s.spec_id)))
+        on_front = (self.subnets.take(self.subnets.on_front)
+                    if isinstance(self.subnets, SubnetTable)
+                    else (s for s in self.subnets if s.on_front))
+        return tuple(sorted(on_front, key=lambda s: (-s.speedup, s.draft_ms, s.spec_id)))
 
-    @property
+    @cached_property
     def best_subnet(self) -> Subnet | None:
         """The best subnet's trials row (None if best.json names a subnet missing from trials)."""
+        if isinstance(self.subnets, SubnetTable):
+            row = self.subnets.index_of(self.best.spec_id)
+            return None if row is None else self.subnets[row]
         return next((s for s in self.subnets if s.spec_id == self.best.spec_id), None)
 
     def summary(self) -> dict[str, Any]:

@@ -88,3 +88,20 @@ def one_thread():
 
     with torch_threads(1):
         yield
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory):
+    """A DREAMS_NAS_CACHE folder holding the tiny demo target, built once per session."""
+    from _support.demo import build_demo_cache
+
+    return build_demo_cache(tmp_path_factory.mktemp("demo-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_demo(demo_cache, tmp_path_factory):
+    """`dreams-nas demo` at test size (`_support.demo.DEMO_ARGS`) on the tiny demo target, run
+    once per session: a `_support.demo.TinyDemo`. Read its folder; copy it to write."""
+    from _support.demo import build_tiny_demo
+
+    return build_tiny_demo(demo_cache, tmp_path_factory.mktemp("tiny-demo") / "run")

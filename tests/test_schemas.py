@@ -194,26 +194,20 @@ def test_report_reads_list_covers_the_reports_code() -> None:
 
 # --- a tiny real run ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory) -> dict[str, Any]:
+def tiny_run(tiny_demo, tmp_path_factory) -> dict[str, Any]:
     """The demo on the tiny demo target (train, profile, score, exhaustive search with
-    verification, report), then an Optuna search (study.db, history.csv, best.json unmeasured).
-    Returns the run folder and the demo's best.json (overwritten by the Optuna search)."""
+    verification, report: a copy of the session's `tiny_demo`), then an Optuna search (study.db,
+    history.csv, best.json unmeasured). Returns the run folder and the demo's best.json
+    (overwritten by the Optuna search)."""
     from dreams_nas.nas import cli
     from dreams_nas.supernet.core.device import torch_threads
-    from dreams_nas.supernet.demo.cache import ensure_demo_target
 
-    cache = tmp_path_factory.mktemp("cache")
-    run = tmp_path_factory.mktemp("schemas") / "dreams-run"
+    run = tiny_demo.copy(tmp_path_factory.mktemp("schemas") / "dreams-run")
     small = ["--device", "cpu", "--limit", "2", "--max-new-tokens", "5", "--json", "-q"]
+    (best,) = run.glob("search/*/best.json")
+    demo_best = json.loads(best.read_text(encoding="utf-8"))
     with pytest.MonkeyPatch.context() as mp, torch_threads(1):
-        mp.setenv("DREAMS_NAS_CACHE", str(cache))
-        mp.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
-        ensure_demo_target(cache, variant="tiny", progress=False, threads=1)
-        assert cli.main(["demo", "--run", str(run), "--profile-budget", "4", "--train-prompts",
-                         "3", "--train-steps", "1", "--repeats", "2", "--context-lengths", "40",
-                         "--threads", "1", "--verify-prompts", "1", *small]) == 0
-        (best,) = run.glob("search/*/best.json")
-        demo_best = json.loads(best.read_text(encoding="utf-8"))
+        tiny_demo.env(mp)
         assert cli.main(["search", "--run", str(run), "--method", "optuna", "--trials", "3",
                          "--verify", "0", *small]) == 0
     return {"root": run, "demo_best": demo_best}

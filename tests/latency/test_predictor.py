@@ -33,6 +33,20 @@ SMALL = [("ridge", Ridge(alpha=1.0)),
          ("forest", RandomForestRegressor(n_estimators=5, random_state=0))]
 
 
+@pytest.fixture
+def quick_fits():
+    """Default candidates with small ensembles (`_support.fits`), for the tests of saving,
+    loading, refitting and refusing files: what they check does not depend on the regressor
+    cross-validation picks. The real candidates are fitted by
+    test_pipeline_fits_log_latency_and_is_accurate_on_held_out_rows,
+    test_save_load_and_spec_level_predictions and
+    test_save_then_load_predicts_the_same_for_every_regressor_family."""
+    from _support.fits import quick_latency_fits
+
+    with quick_latency_fits():
+        yield
+
+
 @parametrize_with_checks([CVSelectedRegressor(candidates=SMALL, cv=3)])
 def test_sklearn_estimator_contract(estimator, check) -> None:
     check(estimator)
@@ -152,6 +166,7 @@ def test_save_load_and_spec_level_predictions(tmp_path) -> None:
     assert loaded.decode_ms(144) == pytest.approx(3.0 + 0.3 + 0.288 + 0.0288, rel=0.05)
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_predict_ms_answers_every_kind_the_search_asks_for() -> None:
     pred = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
                                 holdout=0.0)
@@ -167,6 +182,7 @@ def test_predict_ms_answers_every_kind_the_search_asks_for() -> None:
         pred.predict_ms("prefill", None, 144, 1)
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_different_sklearn_version_refits_from_the_saved_rows(tmp_path, monkeypatch,
                                                                  caplog) -> None:
     rows = synthetic_rows(noise=0.01)
@@ -193,6 +209,7 @@ def test_missing_predictor_and_too_few_rows(tmp_path) -> None:
         LatencyPredictor.fit(synthetic_rows().head(3), "x")
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_predictor_answers_only_for_its_fingerprint(tmp_path) -> None:
     from dreams_nas.supernet.core.errors import InputError
 
@@ -211,6 +228,7 @@ def test_a_predictor_answers_only_for_its_fingerprint(tmp_path) -> None:
             same.check_fingerprint({key: other})
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_predictor_saved_before_fingerprints_takes_its_profiles_dtype(tmp_path) -> None:
     from dreams_nas.supernet.core.errors import InputError
 
@@ -227,6 +245,7 @@ def test_a_predictor_saved_before_fingerprints_takes_its_profiles_dtype(tmp_path
         LatencyPredictor.load(tmp_path, expect={"dtype": "bfloat16"})
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_missing_or_unreadable_training_rows_are_one_line_naming_the_file(tmp_path) -> None:
     LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
                          holdout=0.0).save(tmp_path)
@@ -246,6 +265,7 @@ def test_missing_or_unreadable_training_rows_are_one_line_naming_the_file(tmp_pa
         assert "\n" not in str(err.value)
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_garbage_model_file_is_refitted_once_and_rewritten(tmp_path, caplog) -> None:
     import skops.io as sio
 
@@ -273,6 +293,7 @@ def test_a_garbage_model_file_is_refitted_once_and_rewritten(tmp_path, caplog) -
     assert second.verify_ms(4, 96) == pytest.approx(first.verify_ms(4, 96))
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_one_row_holdout_keeps_nan_in_memory_and_writes_null(tmp_path) -> None:
     """`profile --holdout 0.02` printed and saved "kendall_tau": NaN, which is not JSON."""
     pred = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
@@ -292,6 +313,7 @@ def test_a_one_row_holdout_keeps_nan_in_memory_and_writes_null(tmp_path) -> None
     assert loaded.metrics["mape"] == pytest.approx(pred.metrics["mape"])
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_swapped_model_file_is_refitted_not_loaded(tmp_path, caplog) -> None:
     good = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
                                 holdout=0.0)
@@ -329,6 +351,7 @@ class _Touch:
         return (pathlib.Path.touch, (pathlib.Path(self.path),))
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_crafted_pickle_with_a_matching_hash_is_never_unpickled(tmp_path, caplog) -> None:
     rows = synthetic_rows(noise=0.01)
     LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
@@ -370,6 +393,7 @@ class _Planted(BaseEstimator):
         super().__setstate__(state)
 
 
+@pytest.mark.usefixtures("quick_fits")
 def test_a_crafted_skops_file_with_an_untrusted_type_is_refused(tmp_path, caplog) -> None:
     import skops.io as sio
 

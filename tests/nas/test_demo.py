@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from _support.demo import DEMO_ARGS
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
 
@@ -17,13 +18,10 @@ PROFILE = ["--repeats", "2", "--context-lengths", "40", "--threads", "1"]
 EVAL = ["--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1"]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    from dreams_nas.supernet.demo.cache import ensure_demo_target
-
-    folder = tmp_path_factory.mktemp("cache")
-    ensure_demo_target(folder, variant="tiny", progress=False, threads=1)
-    return folder
+@pytest.fixture
+def cache(demo_cache):
+    """The session's cache holding the tiny demo target (tests/conftest.py)."""
+    return demo_cache
 
 
 @pytest.fixture
@@ -45,23 +43,24 @@ def _counts(run: RunFolder, hardware_id: str) -> tuple[int, int]:
     return profile, acceptance
 
 
-def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> None:
-    run = RunFolder(tmp_path / "run")
-    argv = ["demo", "--run", str(run.root), "--device", "cpu", "--profile-budget", "4",
-            *TRAIN, *PROFILE, *EVAL]
-    code, first, err = cmd(*argv)
-    assert code == 0, err
+def test_demo_runs_the_pipeline_then_reuses_every_artefact(tiny_demo, cmd, tmp_path) -> None:
+    # The first demo is the session's `tiny_demo`: `argv` on an empty folder, in this cache.
+    argv = ["demo", "--run", str(tmp_path / "run"), *DEMO_ARGS]
+    assert argv[3:] == ["--device", "cpu", "--profile-budget", "4", *TRAIN, *PROFILE, *EVAL]
+    first, built = tiny_demo.summary, RunFolder(tiny_demo.root)
     assert first["stages"] == {"target": "reused", "train": "done", "profile": "done",
                                "score": "done", "search": "done", "report": "done"}
     hw = first["hardware_id"]
-    assert (run.root / "report.html").is_file() and first["report"] == str(run.report_html)
-    best = json.loads(run.best_json(hw).read_text())
+    assert (built.root / "report.html").is_file() and first["report"] == str(built.report_html)
+    best = json.loads(built.best_json(hw).read_text())
     assert best["spec_id"] == first["best"] and best["objective"] == "speedup"
-    assert (run.spec_dir(first["best"]) / "spec.json").is_file()
+    assert (built.spec_dir(first["best"]) / "spec.json").is_file()
     assert first["measured_speedup"] == pytest.approx(best["measured"]["speedup"], abs=1e-4)
     assert first["predicted_speedup"] == pytest.approx(best["predicted"]["speedup"], abs=1e-4)
     assert first["predicted_tau"] > 0 and first["measured_tau"] >= 1
 
+    # ... rerun on a copy of its folder
+    run = RunFolder(tiny_demo.copy(tmp_path / "run"))
     weights = run.supernet_dir / "model.safetensors"
     stamps = {p: p.stat().st_mtime_ns for p in (weights, run.best_json(hw), run.report_html,
                                                 run.predictor_json(hw))}
@@ -72,7 +71,7 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> Non
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # nothing retrained or rewritten
     assert _counts(run, hw) == counts
     assert (second["best"], second["measured_speedup"], second["report"]) == (
-        first["best"], first["measured_speedup"], first["report"])
+        first["best"], first["measured_speedup"], str(run.report_html))
 
     # a changed stage setting redoes that stage only (the profile resumes its rows)
     code, third, err = cmd(*[a if a != "4" else "6" for a in argv])
@@ -81,11 +80,11 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(cmd, tmp_path) -> Non
     assert _counts(run, hw)[0] > counts[0]
 
 
-def test_demo_redoes_the_search_when_its_data_change(cmd, tmp_path) -> None:
+def test_demo_redoes_the_search_when_its_data_change(tiny_demo, cmd, tmp_path) -> None:
     """best.json was reused whenever it was newer than its input files: back to another
     --max-new-tokens (or --limit) whose rows were cached, the demo answered with the search of
     the previous settings."""
-    run = RunFolder(tmp_path / "run")
+    run = RunFolder(tiny_demo.copy(tmp_path / "run"))  # the demo("2", "5") below, done
     base = ["demo", "--run", str(run.root), "--device", "cpu", "--profile-budget", "4",
             *TRAIN, *PROFILE, "--verify-prompts", "1"]
 
@@ -206,11 +205,18 @@ def test_missing_cuda_device_is_one_line(command, cmd, tmp_path, monkeypatch) ->
     assert not (tmp_path / "dreams-run").exists()
 
 
-def test_quiet_means_only_warnings_and_errors(cache, monkeypatch, tmp_path, capsys) -> None:
+def test_quiet_means_only_warnings_and_errors(tiny_demo, cache, monkeypatch, tmp_path,
+                                               capsys) -> None:
+    # the session's `tiny_demo` ran every stage in an empty folder with -q (and --json, which
+    # changes stdout only)
+    assert tiny_demo.summary["stages"]["train"] == "done"
+    fresh = tiny_demo.stderr.splitlines()
+    assert [line for line in fresh if not line.startswith("warning: ")] == []
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(cache))
     monkeypatch.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
-    code = cli.main(["demo", "--run", str(tmp_path / "run"), "--device", "cpu",
-                     "--profile-budget", "4", *TRAIN, *PROFILE, *EVAL, "-q"])
+    run = tiny_demo.copy(tmp_path / "run")
+    code = cli.main(["demo", "--run", str(run), "--device", "cpu", "--profile-budget", "4",
+                     *TRAIN, *PROFILE, *EVAL, "-q"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "best subnet" in out  # the command's answer is its output, on stdout

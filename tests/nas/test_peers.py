@@ -48,8 +48,9 @@ def test_unknown_reference_is_refused() -> None:
         measure_methods([_fixed("other", [1], 0)], 1)
 
 
-@pytest.mark.slow  # builds the tiny demo target and trains a tiny supernet (~20 s)
-def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_thread) -> None:
+@pytest.mark.slow  # trains a tiny supernet (~20 s; the tiny demo target is the session's)
+def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_thread,
+                                            demo_cache) -> None:
     import bench_peers
     from dreams_nas.supernet.data.prompts import builtin_dataset
     from dreams_nas.supernet.demo.cache import ensure_demo_target
@@ -57,7 +58,7 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_t
     from dreams_nas.supernet.training.recipe import train_run
     from dreams_nas.supernet.training.tppt import TrainConfig
 
-    monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DREAMS_NAS_CACHE", str(demo_cache))  # the session's tiny demo target
     run = RunFolder(tmp_path / "dreams-run")
     folder = ensure_demo_target(variant="tiny", progress=False, threads=1)
     target = TargetAdapter.load(folder)

@@ -28,7 +28,7 @@ import numpy as np
 TRIAL_COLUMNS = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
     "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
-    "feasible", "state", "method", "objective",
+    "draft_bytes", "cycle_ms", "feasible", "state", "method", "objective",
 )
 ACCEPT_COLUMNS = (
     "supernet_hash", "dataset_id", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
@@ -124,14 +124,21 @@ def trial_row(number: int, hw: Hardware, spec: tuple[int, float, int, int], meth
         "tau_hi": round(tau + half, 6), "draft_ms": round(draft_ms, 6),
         "first_draft_ms": round(first_draft_ms, 6), "verify_ms": round(verify_ms, 6),
         "decode_ms": hw.decode_ms, "speedup": round(speedup, 6),
-        "draft_params": draft_params(h), "feasible": int(feasible), "state": "complete",
-        "method": method, "objective": objective,
+        "draft_params": draft_params(h),
+        # fp16 weights + the KV of 2 layers over 640 tokens and the memory (576 visual tokens)
+        "draft_bytes": 2 * (draft_params(h) + 2 * h * 64 * (2 * 640 + round(640 - 576 * (1 - v)))),
+        "cycle_ms": round(first_draft_ms + (g - 1) * draft_ms + verify_ms, 6),
+        "feasible": int(feasible), "state": "complete", "method": method, "objective": objective,
     }
 
 
 def front_ids(rows: Sequence[dict[str, Any]]) -> set[str]:
-    """The search's front for objective 'pareto': max speedup, min draft params (feasible only)."""
+    """The search's front for objective 'pareto': max speedup, min draft params (feasible only).
+
+    Every pair compared, up to 5000 rows; above, a sweep (the pairs would take minutes)."""
     ok = [r for r in rows if r["feasible"] and r["speedup"] != ""]
+    if len(ok) > 5000:
+        return _front_ids_by_sweep(ok)
     out = set()
     for r in ok:
         dominated = any(
@@ -141,6 +148,21 @@ def front_ids(rows: Sequence[dict[str, Any]]) -> set[str]:
         )
         if not dominated:
             out.add(r["spec_id"])
+    return out
+
+
+def _front_ids_by_sweep(ok: Sequence[dict[str, Any]]) -> set[str]:
+    """`front_ids` of scored feasible rows, cheapest first: a row is on the front when it is the
+    fastest of its parameter count and faster than every cheaper row."""
+    out, faster_than = set(), -math.inf  # the fastest of the cheaper rows
+    by_params: dict[int, list[dict[str, Any]]] = {}
+    for r in ok:
+        by_params.setdefault(r["draft_params"], []).append(r)
+    for params in sorted(by_params):
+        top = max(r["speedup"] for r in by_params[params])
+        if top > faster_than:
+            out |= {r["spec_id"] for r in by_params[params] if r["speedup"] == top}
+        faster_than = max(faster_than, top)
     return out
 
 
@@ -181,7 +203,8 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
         order = [max(specs), min(specs)] + [order[i] for i in picks if order[i] not in
                                             (max(specs), min(specs))]
     rows = [trial_row(i, hw, s, method, "pareto", max_draft_ms) for i, s in enumerate(order)]
-    unvisited = [s for s in specs if s not in order]
+    visited = set(order)
+    unvisited = [s for s in specs if s not in visited]
     if optuna and unvisited:
         # A trial without a score: the writer leaves the NaN cells empty.
         rows.append({**trial_row(len(rows), hw, unvisited[0], method, "pareto", max_draft_ms),

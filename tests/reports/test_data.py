@@ -246,3 +246,18 @@ def test_infeasible_subnets_are_kept_but_never_front_or_best(tmp_path) -> None:
     assert all(s.draft_ms > 11.0 for s in data.subnets if not s.feasible)
     assert not infeasible & {s.spec_id for s in data.front}
     assert data.best.spec_id not in infeasible
+
+
+def test_subnet_table_reads_as_the_subnets_it_holds(cpu_run) -> None:
+    from dreams_nas.reports import SubnetTable
+
+    subnets = build_report_data(cpu_run).subnets
+    assert isinstance(subnets, tuple)
+    table = SubnetTable.of(subnets)
+    assert len(table) == len(subnets)
+    assert tuple(table) == subnets and table[:5] == subnets[:5]
+    assert table[-1] == subnets[-1] and table.take([3, 1]) == (subnets[3], subnets[1])
+    assert table.index_of(subnets[7].spec_id) == 7 and table.index_of("h0-v0.00-l0-g0") is None
+    assert list(table.cycle_draft_ms) == pytest.approx([s.cycle_draft_ms for s in subnets])
+    with pytest.raises(IndexError):
+        table[len(subnets)]

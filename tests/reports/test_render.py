@@ -25,12 +25,12 @@ from matplotlib.figure import Figure
 
 from .fixtures import A10G, CPU, H100, make_run, make_single_subnet_run
 
-ALWAYS = {"pareto_latency", "pareto_params", "tau_cost"}
+ALWAYS = {"pareto_latency", "pareto_params", "pareto_memory", "tau_cost"}
 KINDS = {
     "exhaustive": ({}, ALWAYS | {"acceptance", "verified", "parity", "aifd"}),
     "optuna-3hw": ({"optuna": True, "hardware": (CPU, H100, A10G)},
                    ALWAYS | {"acceptance", "verified", "parity", "aifd", "history",
-                             "cross_hardware"}),
+                             "cross_hardware", "cross_front"}),
     "bare": ({"aifd": False, "predictor": False, "measured": False, "acceptance": False}, ALWAYS),
 }
 
@@ -152,3 +152,71 @@ def test_a_large_search_is_drawn_as_a_density_around_its_front(tmp_path) -> None
     figure = page.split('data-figure="pareto_latency"', 1)[1].split("</svg>", 1)[0]
     assert "subnets per cell" in figure  # the density's colour bar, not thousands of points
     assert len(page.encode()) < 800_000  # 1.3 MB when every subnet was a point
+
+
+def test_a_search_of_50k_subnets_keeps_its_page_small(tmp_path) -> None:
+    from dreams_nas.reports import SubnetTable
+    from dreams_nas.reports.data import OBJECTS_UP_TO
+
+    from .fixtures import Space, read_rows
+
+    # 16 heads x 20 visual_keep x 16 layers x 10 gammas = 51,200 subnets
+    space = Space(heads=tuple(range(1, 17)), visual_keep=tuple(i / 20 for i in range(1, 21)),
+                  inject_layer=tuple(range(1, 17)), draft_len=tuple(range(1, 11)))
+    n = len(space.specs())
+    assert n > OBJECTS_UP_TO
+    run = make_run(tmp_path / "run", space=space, aifd=False, acceptance=False,
+                   predictor=False, measured=False)
+    page = write_report(run).read_text(encoding="utf-8")
+    data = build_report_data(run)
+    # Read as columns, not as 51,200 objects; the front is the search's.
+    assert isinstance(data.subnets, SubnetTable) and len(data.subnets) == n
+    pareto = {r["spec_id"] for r in read_rows(run / "search" / CPU.hardware_id / "pareto.csv")}
+    assert {s.spec_id for s in data.front} == pareto and 0 < len(pareto) < 50
+    assert data.best_subnet is not None and data.best_subnet.spec_id == data.best.spec_id
+    assert f"{n} subnets, front {len(pareto)}" in page
+    # The page lists the front, never every subnet.
+    assert len(re.findall(r"<tr[^>]*data-spec=", page)) == len(pareto)
+    # Each subnet figure: the front as points, the rest as a density of at most a few thousand
+    # hexagons; one element per subnet would be over 51,200.
+    for name in ("pareto_latency", "pareto_params", "tau_cost"):
+        figure = page.split(f'data-figure="{name}"', 1)[1].split("</svg>", 1)[0]
+        assert "subnets per cell" in figure, name
+        assert figure.count("<use") + figure.count("<path") < 6_000, name
+    assert len(page.encode()) < 1_500_000
+
+
+def test_the_cross_hardware_front_pairs_every_subnet_of_both_machines(rendered) -> None:
+    from dreams_nas.reports.pareto import pareto_mask_array
+
+    _, _, data = rendered["optuna-3hw"]
+    paired = data.paired
+    assert paired is not None and paired.other_id != data.hardware_id
+    here = {s.spec_id: s.speedup for s in data.subnets}
+    assert set(paired.spec_id) <= set(here)
+    assert [here[i] for i in paired.spec_id] == paired.here.tolist()
+    on = pareto_mask_array(paired.there, -paired.here)
+    for i in range(len(on)):  # on the front iff no subnet is at least as fast on both
+        x, y = paired.here[i], paired.there[i]
+        beaten = ((paired.here >= x) & (paired.there >= y)
+                  & ((paired.here > x) | (paired.there > y))).any()
+        assert on[i] == (not beaten)
+    _, _, bare = rendered["bare"]
+    assert bare.paired is None  # one machine: no such figure
+
+
+def test_a_search_written_before_memory_was_estimated_has_no_memory_figure(tmp_path) -> None:
+    import csv
+
+    run = make_run(tmp_path / "run")
+    for path in (run / "search").glob("*/trials.csv"):
+        rows = list(csv.DictReader(path.open()))
+        with path.open("w", newline="") as handle:
+            names = [c for c in rows[0] if c not in ("draft_bytes", "cycle_ms")]
+            writer = csv.DictWriter(handle, fieldnames=names, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+    data = build_report_data(run)
+    assert all(s.draft_bytes is None for s in data.subnets)
+    names = {f.name for f in render_figures(data)}
+    assert "pareto_memory" not in names and "tau_cost" in names

@@ -1,0 +1,59 @@
+"""The tiny demo run several modules read: `dreams-nas demo` on the tiny demo target with every
+stage at test size, built once per session (the `demo_cache` and `tiny_demo` fixtures of
+tests/conftest.py). Readers that write to a run folder work on a copy (`TinyDemo.copy`)."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# `dreams-nas demo` at test size; tests/nas/test_demo.py reruns exactly this command line.
+DEMO_ARGS = ("--device", "cpu", "--profile-budget", "4", "--train-prompts", "3",
+             "--train-steps", "1", "--repeats", "2", "--context-lengths", "40", "--threads", "1",
+             "--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1")
+
+
+@dataclass(frozen=True)
+class TinyDemo:
+    cache: Path  # the DREAMS_NAS_CACHE it was built with, holding the tiny demo target
+    root: Path  # its run folder: read it, never write to it
+    summary: dict[str, Any]  # the demo's --json summary
+    stderr: str  # what the quiet demo wrote on stderr
+
+    def copy(self, dest: Path) -> Path:
+        """A copy of the run folder at `dest` (modification times kept, so reuse checks see
+        the same order of files)."""
+        shutil.copytree(self.root, dest)
+        return dest
+
+    def env(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point the `dreams-nas` commands at the cache and the tiny variant it was built with."""
+        monkeypatch.setenv("DREAMS_NAS_CACHE", str(self.cache))
+        monkeypatch.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
+
+
+def build_demo_cache(folder: Path) -> Path:
+    from dreams_nas.supernet.demo.cache import ensure_demo_target
+
+    ensure_demo_target(folder, variant="tiny", progress=False, threads=1)
+    return folder
+
+
+def build_tiny_demo(cache: Path, root: Path) -> TinyDemo:
+    """Runs the demo (one torch thread, the quick latency fits of `_support.fits`, which the nas
+    tests that refit its predictor use too) into `root`."""
+    from dreams_nas.supernet.core.device import torch_threads
+
+    from _support.cli import call_cli
+    from _support.fits import quick_latency_fits
+
+    with pytest.MonkeyPatch.context() as mp, torch_threads(1), quick_latency_fits():
+        mp.setenv("DREAMS_NAS_CACHE", str(cache))
+        mp.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
+        code, summary, err = call_cli("demo", "--run", str(root), *DEMO_ARGS)
+    assert code == 0, err
+    return TinyDemo(cache=cache, root=root, summary=summary, stderr=err)
