@@ -26,7 +26,7 @@ def synthetic_tables(seed: int = 0):
     """A landscape shaped like the demo's: acceptance rises with heads, visual tokens and
     deeper injected features with diminishing returns, decays per drafted position; the draft
     step costs more with heads and visual tokens; a verify pass grows slowly with k."""
-    space = SearchSpace.default_for(num_target_layers=16, num_draft_heads=8)
+    space = SearchSpace.default_for(num_target_layers=16, num_draft_heads=8, trees=())
     rng = np.random.default_rng(seed)
     rows, draft = [], {}
     for h in space.heads:

@@ -69,8 +69,8 @@ def full_and_eagle_specs(space: SearchSpace, predicted_speedup: Mapping[str, flo
     and the fixed EAGLE-like configuration: all heads, all visual tokens, the last inject
     layer, gamma = 5)."""
     heads, layer = max(space.heads), max(space.inject_layer)
-    full = [s for s in space.enumerate()
-            if (s.heads, s.visual_keep, s.inject_layer) == (heads, max(space.visual_keep), layer)]
+    full = [s for s in space.enumerate() if not s.tree  # its chains (bench_trees: the trees)
+            and (s.heads, s.visual_keep, s.inject_layer) == (heads, max(space.visual_keep), layer)]
     scored = [s for s in full if s.id in predicted_speedup]
     full_best = (max(scored, key=lambda s: predicted_speedup[s.id]) if scored
                  else min(full, key=lambda s: (abs(s.draft_len - 5), s.draft_len)))

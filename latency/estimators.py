@@ -35,7 +35,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 FEATURE_NAMES = (
     "is_draft", "heads", "visual_keep", "attended", "heads_x_attended", "log_context",
-    "context", "k", "k_x_context", "log_k", "is_first",
+    "context", "k", "k_x_context", "log_k", "is_first", "draft_width", "log_draft_width",
+    "is_tree",
 )
 
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
@@ -60,7 +61,10 @@ class StepFeatures(TransformerMixin, BaseEstimator):
     of the other kind are zero, so one regressor serves both kinds. A ``draft_first`` step
     (the draft step right after a target verify, caches cold) has the draft features plus
     ``is_first`` = 1, so the regressor learns the cold step's extra cost (and its growth with
-    the subnet's size) from the draft rows' shape.
+    the subnet's size) from the draft rows' shape. A token tree's costs: a draft step over a
+    tree level of k nodes has ``draft_width`` = k (1 for a chain's step), and the target's
+    verify of a tree (`verify_tree`, k positions under a tree mask) has the verify features
+    plus ``is_tree`` = 1.
 
     visual_tokens: visual tokens in one prompt of the target (0 when unknown: then
     ``attended`` is the context scaled by visual_keep).
@@ -96,10 +100,12 @@ class StepFeatures(TransformerMixin, BaseEstimator):
         attended = np.where(is_draft, np.maximum(attended, 1.0), 0.0)
         target_k = np.where(is_draft, 0.0, k)
         target_ctx = np.where(is_draft, 0.0, ctx)
+        width = np.where(is_draft, k, 0.0)  # nodes a draft step runs over (a tree level)
         out = np.column_stack([
             is_draft.astype(float), heads, keep, attended, heads * attended, np.log(ctx),
             ctx, target_k, target_k * target_ctx, np.log(np.maximum(target_k, 1.0)),
-            is_first.astype(float),
+            is_first.astype(float), width, np.log(np.maximum(width, 1.0)),
+            (kinds == "verify_tree").to_numpy().astype(float),
         ])
         return out  # (rows, len(FEATURE_NAMES))
 

@@ -16,6 +16,13 @@ Four kinds of step are timed, each at several context lengths:
 * ``decode``: the target's one-token step (k = 1), timed back to back as plain decoding runs.
 * ``verify``: the target's step over k = 2..8 positions, timed right after the draft steps of
   the space's largest subnet (untimed), as every verify of a speculative cycle runs.
+* ``verify_tree``: the target's step over a token tree of k - 1 nodes and its root, with the
+  tree's attention mask and per-node positions (`TargetAdapter.verify_tree`), prepared like
+  ``verify``; one key per tree size of the space, at every context length.
+* ``draft`` with k > 1: one draft step over a tree level of k nodes (each node's logits and
+  its top children), for every level width > 1 the space's trees draft after the root, timed
+  for the largest and the smallest subnet at every context length (the regressor carries the
+  width's cost to the other subnets).
 
 The target steps are few (contexts x 8) and always all timed. The draft grid is
 (heads x visual_keep x context) and is timed whole unless a budget says otherwise; then the
@@ -35,8 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 
-KINDS = ("draft", "draft_first", "decode", "verify")
+KINDS = ("draft", "draft_first", "decode", "verify", "verify_tree")
 DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec
 DEFAULT_VERIFY_KS = tuple(range(2, 9))
 FULL_GRID_LIMIT = 256  # draft points timed whole when no budget is given
@@ -61,8 +69,10 @@ class StepKey:
             raise InputError(
                 f"context_len={self.context_len} and k={self.k} must both be at least 1"
             )
-        if self.kind != "verify" and self.k != 1:
+        if self.kind in ("decode", "draft_first") and self.k != 1:
             raise InputError(f"a {self.kind} step times one position; k={self.k} must be 1")
+        if self.kind in ("verify", "verify_tree") and self.k < 2:
+            raise InputError(f"a {self.kind} step times k >= 2 positions; k={self.k} is not")
 
     @property
     def spec_id(self) -> str:
@@ -225,4 +235,26 @@ def build_plan(
     for c in contexts:
         keys.append(StepKey("decode", c, 1))
         keys.extend(StepKey("verify", c, int(k)) for k in sorted(set(verify_ks)))
+    keys.extend(tree_keys(space, contexts))
+    return keys
+
+
+def tree_sizes(space: SearchSpace) -> tuple[list[int], list[int]]:
+    """What the space's trees cost beyond chains: (the verify widths, nodes + 1 of each tree;
+    the draft level widths > 1 drafted after the root)."""
+    trees = [TokenTree(t) for t in space.trees]
+    verify = sorted({t.nodes + 1 for t in trees})
+    levels = sorted({w for t in trees for w in t.widths[:-1] if w > 1})
+    return verify, levels
+
+
+def tree_keys(space: SearchSpace, contexts: Sequence[int]) -> list[StepKey]:
+    """The ``verify_tree`` keys (every tree size, every context) and the wide ``draft`` keys
+    (every level width, the largest and smallest subnet, every context) of the space's trees."""
+    verify, levels = tree_sizes(space)
+    ends = sorted({(min(space.heads), min(space.visual_keep)),
+                   (max(space.heads), max(space.visual_keep))})
+    keys = [StepKey("draft", c, w, canonical_spec(space, h, v))
+            for h, v in ends for c in contexts for w in levels]
+    keys += [StepKey("verify_tree", c, k) for c in contexts for k in verify]
     return keys

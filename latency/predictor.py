@@ -55,7 +55,8 @@ log = logging.getLogger("dreams_nas.latency")
 TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
                  "context_len", "k", "median_ms")
 # 3: the model is predictor.skops (skops), no longer predictor.joblib (a pickle)
-PREDICTOR_SCHEMA_VERSION = 3
+# 4: token trees: draft steps over a tree level (draft_width) and tree verifies (is_tree)
+PREDICTOR_SCHEMA_VERSION = 4
 MODEL_FILE = "predictor.skops"
 LEGACY_PICKLE = "predictor.joblib"  # saved before schema 3; never unpickled, removed on save
 
@@ -98,13 +99,20 @@ class LatencyPredictor:
         return np.asarray(self.model.predict(rows), dtype=float)
 
     def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int,
-                 kind: str = "draft") -> np.ndarray:
+                 kind: str = "draft", k: int = 1) -> np.ndarray:
         """One draft step of each spec (its inject_layer and draft_len do not change it):
-        kind ``draft`` a hot step, ``draft_first`` the cycle's first step, right after the
-        target's verify."""
+        kind ``draft`` a hot step (over `k` nodes: a token tree's level), ``draft_first`` the
+        cycle's first step, right after the target's verify."""
         rows = pd.DataFrame({"kind": kind, "heads": [s.heads for s in specs],
                              "visual_keep": [s.visual_keep for s in specs],
-                             "context_len": int(context_len), "k": 1})
+                             "context_len": int(context_len), "k": int(k)})
+        return self.predict_rows(rows)
+
+    def tree_verify_ms(self, k: Sequence[int], context_len: int) -> np.ndarray:
+        """The target's verify of a token tree over k positions (its nodes and the root)."""
+        ks = np.atleast_1d(np.asarray(k, dtype=int))
+        rows = pd.DataFrame({"kind": "verify_tree", "heads": np.nan, "visual_keep": np.nan,
+                             "context_len": int(context_len), "k": ks})
         return self.predict_rows(rows)
 
     def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
@@ -131,12 +139,15 @@ class LatencyPredictor:
         if kind in ("draft", "draft_first"):
             if spec is None:
                 raise ValueError(f"a {kind} latency needs a spec")
-            return float(self.draft_ms([spec], context_len, kind=kind)[0])
+            return float(self.draft_ms([spec], context_len, kind=kind, k=k)[0])
         if kind == "verify":
             return self.verify_ms(k, context_len)
+        if kind == "verify_tree":
+            return float(self.tree_verify_ms([k], context_len)[0])
         if kind == "decode":
             return self.decode_ms(context_len)
-        raise ValueError(f"latency kind {kind!r} is not one of draft, draft_first, verify, decode")
+        raise ValueError(f"latency kind {kind!r} is not one of draft, draft_first, verify, "
+                         "verify_tree, decode")
 
     # --- fitting ------------------------------------------------------------------------
     @classmethod

@@ -23,7 +23,7 @@ target's config times the same as the trained one.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from dreams_nas.latency.plan import StepKey
 from dreams_nas.latency.profiler import Step
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 from torch import nn
 
 
@@ -100,7 +101,8 @@ class ModelSteps:
     """
 
     def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0,
-                 precede: SubnetSpec | None = None) -> None:
+                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = ()
+                 ) -> None:
         self.adapter, self.supernet = adapter, supernet.eval()
         self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
@@ -112,6 +114,8 @@ class ModelSteps:
         self._compact: tuple[tuple[int, float, int], nn.Module] | None = None
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
+        # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
+        self.trees = {TokenTree(tuple(t)).nodes + 1: TokenTree(tuple(t)) for t in trees}
 
     def build(self, key: StepKey) -> Step:
         """The step of `key`; a ``draft_first`` step is prepared by the target's verify pass
@@ -123,10 +127,10 @@ class ModelSteps:
                 f"visual tokens; use --context-lengths above {self.visual_tokens}"
             )
         if key.kind == "draft":
-            return Step(self._draft_step(key))
+            return Step(self._draft_step(key, width=key.k, level=key.k > 1))
         if key.kind == "draft_first":
             return self._first_draft_step(key)
-        if key.kind == "verify" and self.precede is not None:
+        if key.kind in ("verify", "verify_tree") and self.precede is not None:
             return self._verify_after_draft(key)
         return Step(self._target_step(key))
 
@@ -144,13 +148,21 @@ class ModelSteps:
         assert adapter.cache_len == key.context_len
         new = self._ids(k)
         layers = () if key.kind == "decode" else self.verify_layers
+        parents = self._tree_of(k).parents if key.kind == "verify_tree" else None
 
         def step() -> torch.Tensor:
-            out = adapter.verify(new, layers)  # logits (1, k, vocab)
+            if parents is None:
+                out = adapter.verify(new, layers)  # logits (1, k, vocab)
+            else:  # the tree's mask and per-node positions, as the loop verifies a tree
+                out = adapter.verify_tree(new, parents, layers)
             adapter.rollback(k)
             return out.logits.argmax(-1)
 
         return step
+
+    def _tree_of(self, k: int) -> TokenTree:
+        """The space's tree of k - 1 nodes (else a root with k - 1 children)."""
+        return self.trees.get(k) or TokenTree((k - 1,))
 
     def _verify_after_draft(self, key: StepKey) -> Step:
         """The verify step of `key`, prepared by `precede`'s draft_len draft steps."""
@@ -185,9 +197,13 @@ class ModelSteps:
         return self._compact[1]
 
     @torch.inference_mode()
-    def _draft_step(self, key: StepKey, width: int = 1) -> Callable[[], object]:
+    def _draft_step(self, key: StepKey, width: int = 1, level: bool = False
+                    ) -> Callable[[], object]:
         """One draft forward over `width` new positions (1: a step within the cycle), the
-        LM head on the last, argmax; the draft's cache is cropped back after each call."""
+        LM head on the last, argmax; the draft's cache is cropped back after each call. A tree
+        `level`: the `width` nodes of one depth, each seeing the cache and itself (its
+        ancestors sit in the cache), the LM head on every node and each node's children
+        ranked, as `DreamDrafter.propose_tree` drafts a level."""
         from dreams_nas.supernet.draft.state import DraftCache
 
         assert key.spec is not None
@@ -216,6 +232,18 @@ class ModelSteps:
             feature = torch.randn(1, width, self.hidden, generator=self.generator).to(
                 dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
+        if level:
+            position = torch.full((1, width), ctx, device=dev)
+            mask = torch.eye(width, dtype=torch.bool, device=dev)
+
+            @torch.inference_mode()
+            def level_step() -> torch.Tensor:
+                step_out = draft(token, feature, position, memory, cache=cache, tree_mask=mask)
+                logits = draft.logits(step_out.feature[0]).float()  # (width, vocab)
+                cache.crop(text)
+                return logits.sort(dim=-1, descending=True, stable=True).indices[:, :4]
+
+            return level_step
 
         @torch.inference_mode()
         def step() -> torch.Tensor:

@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import numpy as np
 from dreams_nas.reports import layout
 from dreams_nas.reports.figures import RenderedFigure
 from dreams_nas.reports.values import ReportData
@@ -201,7 +202,8 @@ def _best_card(data: ReportData) -> str:
 <h2>Best subnet · {_e(data.hardware_id)}</h2>
 <div class="spec">{_e(b.spec_id)}</div>
 <div class="fields">heads {b.heads} · visual_keep {b.visual_keep:.2f} · \
-inject_layer {b.inject_layer} · draft_len γ={b.draft_len}</div>
+inject_layer {b.inject_layer} · \
+{f"token tree {_e(b.tree)} (depth {b.draft_len})" if b.tree else f"draft_len γ={b.draft_len}"}</div>
 <div class="big">
 <div class="pred"><div class="v" id="best-predicted">{b.predicted_speedup:.2f}×</div>\
 <div class="l">predicted speedup</div></div>
@@ -221,7 +223,7 @@ def _figure(fig: RenderedFigure) -> str:
 def _front_table(data: ReportData) -> str:
     measured = {v.spec_id: v.measured_speedup for v in data.verified}
     cols = [("spec id", "str", "id"), ("heads", "num", ""), ("visual_keep", "num", ""),
-            ("inject_layer", "num", ""), ("draft_len", "num", ""), ("speedup ×", "num", ""),
+            ("inject_layer", "num", ""), ("shape", "num", ""), ("speedup ×", "num", ""),
             ("measured ×", "num", ""), ("τ", "num", ""), ("τ 95% CI", "num", ""),
             ("draft ms", "num", ""), ("verify ms", "num", ""), ("params M", "num", ""),
             ("generate with it", "str", "cmd")]
@@ -250,7 +252,7 @@ def _front_table(data: ReportData) -> str:
             + cell(s.spec_id, _e(s.spec_id) + tag, "id") + cell(s.heads, str(s.heads))
             + cell(s.visual_keep, f"{s.visual_keep:.2f}")
             + cell(s.inject_layer, str(s.inject_layer))
-            + cell(s.draft_len, str(s.draft_len)) + cell(s.speedup, f"{s.speedup:.3f}")
+            + cell(s.draft_len, _e(s.shape)) + cell(s.speedup, f"{s.speedup:.3f}")
             + cell(m, _f(m, ".3f")) + cell(s.tau, f"{s.tau:.2f}") + cell(s.tau_lo, ci)
             + cell(s.draft_ms, f"{s.draft_ms:.2f}") + cell(s.verify_ms, _f(s.verify_ms))
             + cell(s.draft_params / 1e6 if s.draft_params else None,
@@ -260,11 +262,28 @@ def _front_table(data: ReportData) -> str:
 <h2>Pareto front ({len(data.front)} of {_n(len(data.subnets), "subnet")})</h2>
 <div class="scroll"><table class="front sortable" id="front-table"><thead><tr>{head}</tr></thead>
 <tbody>{"".join(rows)}</tbody></table></div>
-<p class="note">Click a column to sort. Speedup is predicted: \
-τ · T_decode / ((γ − 1) · T_draft + T_draft_first + T_verify);
+{_shapes_note(data)}<p class="note">Click a column to sort. Speedup is predicted: \
+τ · T_decode / ((γ − 1) · T_draft + T_draft_first + T_verify) for a chain (a token tree: one \
+draft step per level at that level's width, and the verify of all its nodes);
 measured where the subnet was verified end to end. \
 All trials: search/{_e(data.hardware_id)}/trials.csv.</p>
 </section>"""
+
+
+def _shapes_note(data: ReportData) -> str:
+    """Chain vs token tree: the best of each this search scored, and which the front holds."""
+    table = data.columns
+    trees = table.is_tree
+    if not trees.any() or trees.all():
+        return ""
+    parts = []
+    for name, mask in (("chain", ~trees), ("tree", trees)):
+        i = int(np.flatnonzero(mask)[np.argmax(table.speedup[mask])])
+        parts.append(f"best {name}: <code>{_e(table.spec_id[i])}</code> "
+                     f"{table.speedup[i]:.3f}× (τ {table.tau[i]:.2f})")
+    on_front = sum(1 for s in data.front if s.tree)
+    return (f'<p class="note" id="shapes">{" · ".join(parts)} · the front holds '
+            f"{on_front} tree(s) and {len(data.front) - on_front} chain(s).</p>\n")
 
 
 def _cross_table(data: ReportData) -> str:

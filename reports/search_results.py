@@ -35,7 +35,8 @@ SPEC_FIELDS = ("heads", "visual_keep", "inject_layer", "draft_len")
 TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", "draft_ms",
                   "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
                   "feasible", "state")
-OPTIONAL_COLUMNS = ("draft_bytes",)  # written since fronts had names; absent: unknown
+# written since fronts had names (absent: unknown) and since token trees (absent: chains)
+OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms")
 
 
 def searched_hardware_ids(run_dir: str | Path) -> list[str]:
@@ -72,7 +73,7 @@ def pick_hardware(run_dir: Path, hardware_ids: Sequence[str], requested: str | N
 
 
 # trials.csv columns read as text: the name, the state and the flag (the rest are numbers).
-_TEXT_COLUMNS = ("spec_id", "state", "feasible")
+_TEXT_COLUMNS = ("spec_id", "state", "feasible", "tree")
 _FLAG_TRUE = ("1", "true", "yes", "1.0")
 
 
@@ -90,11 +91,12 @@ def _read_trials(path: Path) -> pd.DataFrame:
         source = io.BytesIO(data[: data.rfind(b"\n") + 1])
     wanted = set(TRIALS_COLUMNS) | set(OPTIONAL_COLUMNS)
     frame = pd.read_csv(source, usecols=lambda name: name in wanted,
-                        dtype={"spec_id": str, "state": "category", "feasible": "category"},
+                        dtype={"spec_id": str, "state": "category", "feasible": "category",
+                               "tree": str},
                         low_memory=False, encoding="utf-8")
     for name in OPTIONAL_COLUMNS:
         if name not in frame:
-            frame[name] = np.nan
+            frame[name] = "" if name in _TEXT_COLUMNS else np.nan
     for name in (*TRIALS_COLUMNS, *OPTIONAL_COLUMNS):
         if name not in _TEXT_COLUMNS and frame[name].dtype.kind not in "iuf":
             frame[name] = pd.to_numeric(frame[name].astype(str), errors="coerce")
@@ -167,6 +169,7 @@ def load_subnet_table(run_dir: Path, hardware_id: str) -> SubnetTable:
         feasible=_is(frame["feasible"], _FLAG_TRUE)[keep],
         on_front=np.zeros(keep.size, dtype=bool), number=whole("number"),
         draft_bytes=whole("draft_bytes"),
+        tree=np.char.strip(_text(frame["tree"]))[keep], recorded_cycle_ms=number("cycle_ms")[keep],
     )
 
 
@@ -235,6 +238,7 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         tokens_per_s=num(meas.get("tokens_per_s")),
         baseline_tokens_per_s=num(meas.get("baseline_tokens_per_s")),
         created=raw.get("created"),
+        tree=str(spec.get("tree") or ""),
         measured_speedup_end_to_end=num(meas.get("speedup_end_to_end")),
         exported=(run_dir / spec_dir / layout.SPEC_JSON).is_file(),
     )

@@ -46,11 +46,21 @@ class Subnet:
     on_front: bool
     number: int | None = None
     draft_bytes: int | None = None  # the draft's memory at the search's context (trials.csv)
+    tree: str = ""  # a token tree's shape (``4x2x1``); empty: a chain of draft_len
+    recorded_cycle_ms: float | None = None  # trials.csv `cycle_ms` (None: not written)
+
+    @property
+    def shape(self) -> str:
+        """``chain γ=5`` or ``tree 4x2x1``: what one cycle drafts."""
+        return f"tree {self.tree}" if self.tree else f"chain γ={self.draft_len}"
 
     @property
     def cycle_draft_ms(self) -> float:
-        """Draft time per speculative cycle: the first step (right after the verify) and
-        draft_len - 1 hot steps, as the expected speedup counts it."""
+        """Draft time per speculative cycle: the first step (right after the verify) and the
+        hot ones, as the expected speedup counts them (a chain's draft_len - 1; a tree's, one
+        per level at its width, from the recorded cycle)."""
+        if self.recorded_cycle_ms is not None and self.verify_ms is not None:
+            return self.recorded_cycle_ms - self.verify_ms
         return self.first_draft_ms + (self.draft_len - 1) * self.draft_ms
 
     @property
@@ -60,7 +70,8 @@ class Subnet:
         return None if self.verify_ms is None else self.cycle_draft_ms + self.verify_ms
 
 
-_OPTIONAL = frozenset({"tau_lo", "tau_hi", "verify_ms", "decode_ms"})  # NaN: None
+_OPTIONAL = frozenset({"tau_lo", "tau_hi", "verify_ms", "decode_ms",
+                       "recorded_cycle_ms"})  # NaN: None
 _WHOLE = frozenset({"draft_params", "number", "draft_bytes"})  # whole numbers as floats; NaN: None
 
 
@@ -99,10 +110,13 @@ class SubnetTable(Sequence[Subnet]):
     on_front: np.ndarray  # (n,) bool
     number: np.ndarray  # (n,) float64 holding whole numbers, NaN: unknown
     draft_bytes: np.ndarray  # (n,) float64 holding whole numbers, NaN: unknown
+    tree: np.ndarray  # (n,) str, "" a chain
+    recorded_cycle_ms: np.ndarray  # (n,) float64, NaN: not written (the chain formula)
 
     COLUMNS = ("spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
                "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup",
-               "draft_params", "feasible", "on_front", "number", "draft_bytes")
+               "draft_params", "feasible", "on_front", "number", "draft_bytes", "tree",
+               "recorded_cycle_ms")
 
     @classmethod
     def of(cls, subnets: Sequence[Subnet]) -> SubnetTable:
@@ -116,7 +130,7 @@ class SubnetTable(Sequence[Subnet]):
                 values = [np.nan if v is None else v for v in values]
             return np.array(values, dtype=dtype)
 
-        types = {"spec_id": str, "heads": np.int64, "inject_layer": np.int64,
+        types = {"spec_id": str, "tree": str, "heads": np.int64, "inject_layer": np.int64,
                  "draft_len": np.int64, "feasible": bool, "on_front": bool}
         return cls(**{name: column(name, types.get(name, np.float64)) for name in cls.COLUMNS})
 
@@ -167,7 +181,14 @@ class SubnetTable(Sequence[Subnet]):
     @property
     def cycle_draft_ms(self) -> np.ndarray:
         """(n,) draft time per cycle, as `Subnet.cycle_draft_ms`."""
-        return self.first_draft_ms + (self.draft_len - 1) * self.draft_ms
+        chain = self.first_draft_ms + (self.draft_len - 1) * self.draft_ms
+        recorded = self.recorded_cycle_ms - self.verify_ms
+        return np.where(np.isnan(recorded), chain, recorded)
+
+    @property
+    def is_tree(self) -> np.ndarray:
+        """(n,) bool: the subnet drafts a token tree."""
+        return self.tree != ""
 
     @property
     def cycle_ms(self) -> np.ndarray:
@@ -201,6 +222,7 @@ class BestSubnet:
     exported: bool
     # whole calls, prefill included (measured_speedup is the decode phase the formula predicts)
     measured_speedup_end_to_end: float | None = None
+    tree: str = ""  # a token tree's shape (``4x2x1``); empty: a chain of draft_len
 
     @property
     def speedup_gap(self) -> float | None:

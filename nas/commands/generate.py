@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "`dreams-nas search`")
     parser.add_argument("--draft-len", type=whole(1, 64), default=None, metavar="N",
                         help="tokens drafted per cycle (default: the spec's draft_len, else 5)")
+    parser.add_argument("--tree", default=None, metavar="SHAPE",
+                        help="draft a token tree each cycle: children per depth, e.g. 4x2x1 "
+                             "(default: the spec's tree; a chain otherwise)")
     parser.add_argument("--temperature", type=real(0.0), default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=real(0.0, 1.0, low_open=True), default=1.0,
                         help="nucleus sampling mass (default 1.0 = off)")
@@ -45,6 +48,13 @@ def _check_args(args: argparse.Namespace) -> Any:
                          "plain decoding")
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens {args.max_new_tokens} must be >= 1")
+    if args.tree is not None:
+        from dreams_nas.supernet.core.tree import TokenTree
+
+        tree = TokenTree.parse(args.tree)
+        if args.draft_len is not None and args.draft_len != tree.depth:
+            raise InputError(f"--draft-len {args.draft_len} and --tree {tree.label} (depth "
+                             f"{tree.depth}) disagree; give one of them")
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
         raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
                          "of a spec folder (specs/<spec_id>/ in the run folder)")
@@ -100,10 +110,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     getattr(target.text_config, "max_position_embeddings", None))
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
                                                                max_new_tokens=args.max_new_tokens)
-    gamma = args.draft_len or getattr(drafter, "default_gamma", None) or 5
+    tree = _tree_of(args, drafter)
+    gamma = (tree.depth if tree is not None
+             else args.draft_len or getattr(drafter, "default_gamma", None) or 5)
     generator = torch.Generator(device=target.device).manual_seed(args.seed)
     result = generate(target, inputs, drafter, gamma=gamma, max_new_tokens=args.max_new_tokens,
-                      sampling=sampling, generator=generator)
+                      sampling=sampling, generator=generator, tree=tree)
     tokens = result.tokens.tolist()
     text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer else ""
     if not args.json:
@@ -113,7 +125,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "text": text, "tokens": tokens, "tau": round(stats.tau, 4),
         "target_forwards": stats.target_forwards, "tokens_per_s": round(stats.tokens_per_s, 2),
         "new_tokens": stats.new_tokens, "drafter": args.drafter, "draft_len": gamma,
+        "tree": tree.label if tree is not None and not tree.is_chain else "",
         "accept_rates": stats.accept_rates(gamma) if drafter is not None else [],
         "target": target.describe(), "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
     }
+
+
+def _tree_of(args: argparse.Namespace, drafter: Any) -> Any:
+    """--tree, else the spec folder's tree unless --draft-len asks for a chain; None: a chain."""
+    from dreams_nas.supernet.core.tree import TokenTree
+
+    if args.tree is not None:
+        return TokenTree.parse(args.tree)
+    if args.draft_len is None:
+        return getattr(drafter, "default_tree", None)
+    return None

@@ -27,6 +27,7 @@ from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 from numpy.typing import ArrayLike
 
 
@@ -101,11 +102,18 @@ class Candidate:
     feasible: bool  # meets the constraints (--max-draft-ms)
     number: int = -1  # evaluation order: Optuna trial number or enumeration index
     draft_bytes: int = 0  # draft memory at the context: weights + KV (0: not estimated)
+    # the cycle's draft steps after the first: a chain's draft_len - 1 hot steps, a tree's
+    # steps over its levels (NaN: a chain's, from draft_ms)
+    hot_draft_ms: float = float("nan")
 
     @property
     def cycle_draft_ms(self) -> float:
-        """Draft time per cycle: the first step after the verify and draft_len - 1 hot ones."""
-        return self.first_draft_ms + (self.spec.draft_len - 1) * self.draft_ms
+        """Draft time per cycle: the first step after the verify and the hot ones after it
+        (a chain's draft_len - 1 steps, a token tree's steps over its levels)."""
+        hot = self.hot_draft_ms
+        if hot != hot:
+            hot = (self.spec.draft_len - 1) * self.draft_ms
+        return self.first_draft_ms + hot
 
     @property
     def cycle_ms(self) -> float:
@@ -127,6 +135,7 @@ class Candidate:
                 "first_draft_ms": self.first_draft_ms, "verify_ms": self.verify_ms,
                 "decode_ms": self.decode_ms, "speedup": self.speedup,
                 "draft_params": self.draft_params, "draft_bytes": self.draft_bytes,
+                "hot_draft_ms": self.cycle_draft_ms - self.first_draft_ms,
                 "feasible": self.feasible}
 
     @classmethod
@@ -139,7 +148,8 @@ class Candidate:
             verify_ms=float(attrs["verify_ms"]), decode_ms=float(attrs["decode_ms"]),
             speedup=float(attrs["speedup"]), draft_params=int(attrs["draft_params"]),
             feasible=bool(attrs["feasible"]), number=number,
-            draft_bytes=int(attrs.get("draft_bytes", 0)))
+            draft_bytes=int(attrs.get("draft_bytes", 0)),
+            hot_draft_ms=float(attrs.get("hot_draft_ms", float("nan"))))
 
     def to_row(self) -> dict[str, Any]:
         """The SCHEMAS.md trials.csv columns this candidate fills."""
@@ -156,31 +166,45 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SubnetFields:
-    """The four `SubnetSpec` fields of n subnets as columns: what the vectorised evaluation
-    reads, so a table of 10^6 subnets need not exist as 10^6 objects."""
+    """The `SubnetSpec` fields of n subnets as columns: what the vectorised evaluation reads,
+    so a table of 10^6 subnets need not exist as 10^6 objects. A subnet's token tree is an
+    index into `trees` (-1: a chain)."""
 
     heads: np.ndarray  # (n,) int64
     visual_keep: np.ndarray  # (n,) float64
     inject_layer: np.ndarray  # (n,) int64
     draft_len: np.ndarray  # (n,) int64
+    tree_index: np.ndarray | None = None  # (n,) int64 into `trees`, -1 a chain; None: chains
+    trees: tuple[tuple[int, ...], ...] = ()  # the distinct branching vectors
 
     def __post_init__(self) -> None:
         cast = {"heads": np.int64, "visual_keep": np.float64, "inject_layer": np.int64,
                 "draft_len": np.int64}
         for name, dtype in cast.items():
             object.__setattr__(self, name, np.asarray(getattr(self, name), dtype=dtype))
-        sizes = {getattr(self, name).shape for name in cast}
+        index = (np.full(len(self.heads), -1) if self.tree_index is None
+                 else self.tree_index)
+        object.__setattr__(self, "tree_index", np.asarray(index, dtype=np.int64))
+        sizes = {getattr(self, name).shape for name in (*cast, "tree_index")}
         if len(sizes) != 1 or len(next(iter(sizes))) != 1:
             raise InputError(f"SubnetFields columns must be 1-d and of one length, got {sizes}")
 
     @classmethod
     def of(cls, specs: Sequence[SubnetSpec]) -> SubnetFields:
+        trees = tuple(dict.fromkeys(s.tree for s in specs if s.tree))
+        where = {t: i for i, t in enumerate(trees)}
         return cls(heads=[s.heads for s in specs], visual_keep=[s.visual_keep for s in specs],
                    inject_layer=[s.inject_layer for s in specs],
-                   draft_len=[s.draft_len for s in specs])
+                   draft_len=[s.draft_len for s in specs],
+                   tree_index=[where[s.tree] if s.tree else -1 for s in specs], trees=trees)
 
     def __len__(self) -> int:
         return len(self.heads)
+
+    def rows(self, index: Any) -> SubnetFields:
+        """The fields of the subnets `index` selects (a mask or indices)."""
+        return SubnetFields(self.heads[index], self.visual_keep[index], self.inject_layer[index],
+                            self.draft_len[index], self.tree_index[index], self.trees)
 
 
 class LatencyCache:
@@ -206,16 +230,17 @@ class LatencyCache:
         return self._batch is not None
 
     # --- tables -------------------------------------------------------------------------
-    def draft_steps(self, fields: SubnetFields, kind: str = "draft") -> np.ndarray:
-        """(n,) ms of one draft step of each subnet; kind ``draft`` (a hot step) or
-        ``draft_first`` (the cycle's first, right after the verify)."""
+    def draft_steps(self, fields: SubnetFields, kind: str = "draft", k: int = 1) -> np.ndarray:
+        """(n,) ms of one draft step of each subnet; kind ``draft`` (a hot step, over `k`
+        nodes: a token tree's level) or ``draft_first`` (the cycle's first, right after the
+        verify)."""
         if kind not in ("draft", "draft_first"):
             raise ValueError(f"draft kind {kind!r} is not one of draft, draft_first")
         columns = [fields.heads, fields.visual_keep]
         if not self.batched:
             columns.append(fields.inject_layer)
         first, inverse = _distinct(columns)
-        keys = [(kind, int(fields.heads[i]), float(fields.visual_keep[i]))
+        keys = [(kind, int(fields.heads[i]), float(fields.visual_keep[i]), int(k))
                 + (() if self.batched else (int(fields.inject_layer[i]),)) for i in first]
         missing = [(key, int(i)) for key, i in zip(keys, first, strict=True)
                    if key not in self._memo]
@@ -224,9 +249,27 @@ class LatencyCache:
                                 visual_keep=float(fields.visual_keep[i]),
                                 inject_layer=int(fields.inject_layer[i]), draft_len=1)
                      for _, i in missing]
-            values = self._predict_draft(kind, specs)
+            values = self._predict_draft(kind, specs, k)
             self._memo.update(zip((key for key, _ in missing), values, strict=True))
         per_key = np.array([self._memo[key] for key in keys], dtype=np.float64)
+        return per_key[inverse]
+
+    def tree_steps(self, ks: ArrayLike) -> np.ndarray:
+        """(len(ks),) ms of the target's verify of a token tree over k positions."""
+        ks = np.asarray(ks, dtype=np.int64).reshape(-1)
+        distinct, inverse = np.unique(ks, return_inverse=True)
+        missing = [int(k) for k in distinct if ("tree", int(k)) not in self._memo]
+        if missing:
+            if self._batch is not None and hasattr(self._batch, "tree_verify_ms"):
+                self.n_calls += 1
+                values = _as_floats(self._batch.tree_verify_ms(missing, self.context_len),
+                                    len(missing), "verify_tree")
+            else:
+                self.n_calls += len(missing)
+                values = [float(self.predictor.predict_ms("verify_tree", None, self.context_len,
+                                                          k)) for k in missing]
+            self._memo.update(zip((("tree", k) for k in missing), values, strict=True))
+        per_key = np.array([self._memo[("tree", int(k))] for k in distinct], dtype=np.float64)
         return per_key[inverse]
 
     def target_steps(self, ks: ArrayLike) -> np.ndarray:
@@ -255,13 +298,17 @@ class LatencyCache:
         return float(self.target_steps([1])[0])
 
     # --- the predictor ------------------------------------------------------------------
-    def _predict_draft(self, kind: str, specs: list[SubnetSpec]) -> list[float]:
+    def _predict_draft(self, kind: str, specs: list[SubnetSpec], k: int = 1) -> list[float]:
         if self._batch is not None:
             self.n_calls += 1
-            ask = self._batch.draft_ms if kind == "draft" else self._batch.first_draft_ms
-            return _as_floats(ask(specs, self.context_len), len(specs), kind)
+            if kind == "draft":
+                values = (self._batch.draft_ms(specs, self.context_len) if k == 1
+                          else self._batch.draft_ms(specs, self.context_len, k=k))
+            else:
+                values = self._batch.first_draft_ms(specs, self.context_len)
+            return _as_floats(values, len(specs), kind)
         self.n_calls += len(specs)
-        return [float(self.predictor.predict_ms(kind, s, self.context_len, 1)) for s in specs]
+        return [float(self.predictor.predict_ms(kind, s, self.context_len, k)) for s in specs]
 
     def _predict_target(self, ks: list[int]) -> list[float]:
         if self._batch is not None:
@@ -298,10 +345,11 @@ class CandidateArrays:
 
     draft_ms: np.ndarray  # (n,) one hot draft step
     first_draft_ms: np.ndarray  # (n,) the cycle's first draft step
-    verify_ms: np.ndarray  # (n,) one target pass over draft_len + 1 positions
+    verify_ms: np.ndarray  # (n,) one target pass over draft_len + 1 (a tree's nodes + 1)
     decode_ms: float  # one plain target step
     speedup: np.ndarray  # (n,)
     feasible: np.ndarray  # (n,) bool
+    hot_draft_ms: np.ndarray | None = None  # (n,) the cycle's draft steps after the first
 
 
 def evaluate_fields(
@@ -323,13 +371,34 @@ def evaluate_fields(
     draft = latency.draft_steps(fields)  # (n,)
     first = latency.draft_steps(fields, kind="draft_first")  # (n,)
     target = latency.target_steps(np.concatenate([[1], fields.draft_len + 1]))  # (1 + n,)
-    decode, verify = float(target[0]), target[1:]
+    decode, verify = float(target[0]), target[1:].copy()
+    hot = (fields.draft_len - 1) * draft  # a chain's gamma - 1 hot steps
+    is_tree = fields.tree_index >= 0
+    if is_tree.any():
+        _tree_costs(fields, is_tree, latency, hot, verify)
     speedup = expected_speedup(tau, fields.draft_len, draft, verify, decode,
-                               first_draft_ms=first)  # (n,)
+                               first_draft_ms=first, hot_draft_ms=hot)  # (n,)
     feasible = (np.ones(len(fields), dtype=bool) if max_draft_ms is None
                 else draft <= max_draft_ms)
     return CandidateArrays(draft_ms=draft, first_draft_ms=first, verify_ms=verify,
-                           decode_ms=decode, speedup=speedup, feasible=feasible)
+                           decode_ms=decode, speedup=speedup, feasible=feasible,
+                           hot_draft_ms=hot)
+
+
+def _tree_costs(fields: SubnetFields, is_tree: np.ndarray, latency: LatencyCache,
+                hot: np.ndarray, verify: np.ndarray) -> None:
+    """Fill the token trees' cycle costs in place: the draft's steps over each level after
+    the root (one step per depth, as wide as the level) and the target's tree verify over
+    the nodes and the root."""
+    sub = fields.rows(is_tree)
+    trees = [TokenTree(t) for t in fields.trees]
+    tree_hot = np.zeros(len(sub))
+    for width in sorted({w for t in trees for w in t.widths[:-1]}):
+        count = np.array([sum(w == width for w in t.widths[:-1]) for t in trees])
+        tree_hot += count[sub.tree_index] * latency.draft_steps(sub, k=width)
+    hot[is_tree] = tree_hot
+    nodes = np.array([t.nodes for t in trees])
+    verify[is_tree] = latency.tree_steps(nodes[sub.tree_index] + 1)
 
 
 def evaluate(
@@ -351,7 +420,7 @@ def evaluate(
     numbers = list(numbers) if numbers is not None else list(range(len(rows)))
     columns = zip(rows, arrays.draft_ms.tolist(), arrays.first_draft_ms.tolist(),
                   arrays.verify_ms.tolist(), arrays.speedup.tolist(), arrays.feasible.tolist(),
-                  numbers, strict=True)
+                  numbers, arrays.hot_draft_ms.tolist(), strict=True)
     return [
         Candidate(
             spec=r.spec, tau=float(r.tau), tau_ci=(float(r.tau_lo), float(r.tau_hi)),
@@ -359,6 +428,7 @@ def evaluate(
             decode_ms=arrays.decode_ms, speedup=speedup, draft_params=int(draft_params(r.spec)),
             feasible=feasible, number=int(number),
             draft_bytes=int(draft_memory(r.spec)) if draft_memory is not None else 0,
+            hot_draft_ms=hot,
         )
-        for r, draft, first, verify, speedup, feasible, number in columns
+        for r, draft, first, verify, speedup, feasible, number, hot in columns
     ]

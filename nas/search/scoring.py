@@ -19,7 +19,7 @@ from dreams_nas.nas.search.candidate import AcceptanceScorer
 from dreams_nas.nas.search.shared import expand, triple_key, triple_of
 from dreams_nas.supernet.acceptance.table import AcceptanceRow, AcceptanceTable
 from dreams_nas.supernet.core.progress import progress
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 if TYPE_CHECKING:
     from dreams_nas.nas.search.claims import ClaimLedger
@@ -31,16 +31,19 @@ POLL_S = 0.2  # how often a worker waiting for another's triple looks for its ro
 class CachedAcceptance:
     """Wraps a scorer with the acceptance CSV of the run (or an in-memory dict without one).
 
-    draft_lens: the space's draft lengths, scored together with any asked one of a triple
-    (the search sets them; a scorer may also return more rows than asked: all are kept).
+    draft_lens, trees: the space's chains and token trees, scored together with any asked
+    shape of a triple (the search sets them, `use_space`; a scorer may also return more rows
+    than asked: all are kept).
     """
 
     def __init__(self, scorer: AcceptanceScorer, table: AcceptanceTable | None = None,
-                 batch_size: int = 8, draft_lens: Sequence[int] = ()) -> None:
+                 batch_size: int = 8, draft_lens: Sequence[int] = (),
+                 trees: Sequence[Sequence[int]] = ()) -> None:
         self.scorer = scorer
         self.table = table
         self.batch_size = max(1, int(batch_size))
         self.draft_lens = tuple(int(g) for g in draft_lens)
+        self.trees = tuple(tuple(int(b) for b in t) for t in trees)
         self._rows: dict[SubnetSpec, AcceptanceRow] = table.load() if table is not None else {}
         self._in_table: set[SubnetSpec] = set(self._rows)
         self.n_scored = 0  # rows this object had the scorer compute (not from the cache)
@@ -48,6 +51,11 @@ class CachedAcceptance:
         self._shared: SharedRows | None = None
         self._ledger: ClaimLedger | None = None
         self.wait_s = 600.0
+
+    def use_space(self, space: SearchSpace) -> None:
+        """Score `space`'s shapes with every triple, unless the shapes were given."""
+        if not self.draft_lens and not self.trees:
+            self.draft_lens, self.trees = tuple(space.draft_len), tuple(space.trees)
 
     # --- sharing ----------------------------------------------------------------------
     def share(self, shared: SharedRows, ledger: ClaimLedger, *, wait_s: float = 600.0) -> None:
@@ -119,7 +127,8 @@ class CachedAcceptance:
         items = list(triples.items())
         for start in range(0, len(items), self.batch_size):
             batch = items[start : start + self.batch_size]
-            asked = [s for triple, wanted in batch for s in expand(triple, self.draft_lens, wanted)
+            asked = [s for triple, wanted in batch
+                     for s in expand(triple, self.draft_lens, wanted, self.trees)
                      if s not in self._rows]
             if asked:
                 self._store(self.scorer.score(asked), asked)
@@ -134,7 +143,7 @@ class CachedAcceptance:
         deadline = time.monotonic() + self.wait_s
         while any(s not in self._rows for s in wanted):
             if self._ledger.claim(key):
-                asked = [s for s in expand(triple, self.draft_lens, wanted)
+                asked = [s for s in expand(triple, self.draft_lens, wanted, self.trees)
                          if s not in self._rows]
                 try:
                     with self._ledger.keepalive():

@@ -140,8 +140,12 @@ class SharedRows:
         return out
 
 
-def expand(triple: SubnetSpec, draft_lens: Sequence[int], asked: Iterable[SubnetSpec]
-           ) -> list[SubnetSpec]:
-    """Every spec of `triple` to score at once: the space's draft lengths and those asked."""
-    lens = sorted({int(g) for g in draft_lens} | {s.draft_len for s in asked})
-    return [triple.replace(draft_len=g) for g in lens]
+def expand(triple: SubnetSpec, draft_lens: Sequence[int], asked: Iterable[SubnetSpec],
+           trees: Sequence[Sequence[int]] = ()) -> list[SubnetSpec]:
+    """Every spec of `triple` to score at once: the space's chains (`draft_lens`) and token
+    `trees`, and the shapes asked."""
+    asked = list(asked)
+    lens = sorted({int(g) for g in draft_lens} | {s.draft_len for s in asked if not s.tree})
+    shapes = dict.fromkeys([*(tuple(t) for t in trees), *(s.tree for s in asked if s.tree)])
+    return ([triple.replace(draft_len=g) for g in lens]
+            + [triple.replace(tree=t) for t in shapes])

@@ -31,6 +31,7 @@ def expected_speedup(
     verify_ms: ArrayLike,
     decode_ms: ArrayLike,
     first_draft_ms: ArrayLike | None = None,
+    hot_draft_ms: ArrayLike | None = None,
 ) -> NDArray[np.float64]:
     """Expected speedup for each element.
 
@@ -40,6 +41,9 @@ def expected_speedup(
     verify_ms: one target pass over gamma + 1 positions (ms).
     decode_ms: one plain target decoding step (ms).
     first_draft_ms: the cycle's first draft step, right after the verify (ms); None: draft_ms.
+    hot_draft_ms: the cycle's draft steps after the first, in all (ms); None: a chain's
+                  (gamma - 1) * draft_ms. A token tree's: one step per level after the root,
+                  each over that level's nodes; its verify_ms covers its nodes + 1 positions.
     """
     tau_a = np.asarray(tau, dtype=np.float64)
     gamma = np.asarray(draft_len, dtype=np.float64)
@@ -58,10 +62,11 @@ def expected_speedup(
         )
     if np.any(tau_a < 0):
         raise InputError(f"tau={_first(tau_a, tau_a < 0)} must be >= 0 (tokens per cycle)")
-    if first_draft_ms is None:
-        cycle_ms = gamma * t_draft + t_verify
-    else:
-        cycle_ms = (gamma - 1) * t_draft + t_first + t_verify
+    hot = (gamma - 1) * t_draft
+    if hot_draft_ms is not None:
+        hot = np.asarray(hot_draft_ms, dtype=np.float64)
+        _check_nonnegative("hot_draft_ms", hot)
+    cycle_ms = hot + (t_draft if first_draft_ms is None else t_first) + t_verify
     if np.any(cycle_ms <= 0):
         raise InputError(
             "a speculative cycle of (gamma - 1) * draft_ms + first_draft_ms + verify_ms <= 0 ms "

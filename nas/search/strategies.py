@@ -155,8 +155,7 @@ def search(
     cached = (acceptance if isinstance(acceptance, CachedAcceptance)
               else CachedAcceptance(acceptance))
     lat = LatencyCache(latency, context_len)
-    if not cached.draft_lens:
-        cached.draft_lens = tuple(space.draft_len)
+    cached.use_space(space)
     if method == "exhaustive" and storage is None:
         return _exhaustive_local(space, cached, lat, cost, objective=objective,
                                  max_draft_ms=max_draft_ms, show_progress=show_progress,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -47,10 +48,47 @@ from dreams_nas.nas.search.storage import claims_url, open_storage, storage_erro
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SPEC_FIELDS, SearchSpace, SubnetSpec
+from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 MAX_CONSECUTIVE_DUPLICATES = 200  # the sampler has converged: stop instead of spinning
 TRIPLE_FIELDS = tuple(n for n in SPEC_FIELDS if n != "draft_len")  # the sweep's grid
+SHAPE_PARAM = "shape"  # a space with token trees: draft_len and tree in one categorical
+
+
+def search_distributions(space: SearchSpace) -> dict[str, Any]:
+    """The Optuna parameters of `space`'s subnets: one per field; a space with token trees
+    samples the draft's shape (``g5`` a chain, ``t4x2x1`` a tree) as one categorical in place
+    of draft_len, since a tree fixes its depth."""
+    names = SPEC_FIELDS if not space.trees else TRIPLE_FIELDS
+    out = {name: distribution_of(getattr(space, name)) for name in names}
+    if space.trees:
+        out[SHAPE_PARAM] = CategoricalDistribution(
+            [shape_label(SubnetSpec(1, 1.0, 0, g, tree)) for g, tree in space.shapes])
+    return out
+
+
+def shape_label(spec: SubnetSpec) -> str:
+    """The `shape` parameter's value of `spec` (the end of its id)."""
+    return f"t{spec.tree_label}" if spec.tree else f"g{spec.draft_len}"
+
+
+def spec_of(params: Mapping[str, Any]) -> SubnetSpec:
+    """The subnet of a trial's parameters (`search_distributions`)."""
+    fields = {name: params[name] for name in TRIPLE_FIELDS}
+    if SHAPE_PARAM not in params:
+        return SubnetSpec(**fields, draft_len=params["draft_len"])
+    label = str(params[SHAPE_PARAM])
+    if label.startswith("t"):
+        return SubnetSpec(**fields, draft_len=1).replace(tree=label[1:])
+    return SubnetSpec(**fields, draft_len=int(label[1:]))
+
+
+def params_of(spec: SubnetSpec, distributions: Mapping[str, Any]) -> dict[str, Any]:
+    """The trial parameters of `spec` under `distributions` (the inverse of `spec_of`)."""
+    fields = {n: getattr(spec, n) for n in SPEC_FIELDS}
+    fields[SHAPE_PARAM] = shape_label(spec)
+    return {name: fields[name] for name in distributions}
 MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
 
 
@@ -75,8 +113,7 @@ class StudyRunner:
         self.seed = seed
         self.show_progress = show_progress
         self.host, self.pid = host_identity(), os.getpid()
-        self.distributions = {name: distribution_of(getattr(space, name))
-                               for name in SPEC_FIELDS}
+        self.distributions = search_distributions(space)
         # JSON round trip: the key compares equal to the copy the storage gives back
         self.key = None if key is None else json.loads(json.dumps(dict(key), default=str))
         self.storage = open_storage(storage)
@@ -95,8 +132,7 @@ class StudyRunner:
 
     def _share_acceptance(self, url: str, wait_s: float) -> None:
         """Score tau through the storage's shared rows, one claim per triple."""
-        if not self.acceptance.draft_lens:
-            self.acceptance.draft_lens = tuple(self.space.draft_len)
+        self.acceptance.use_space(self.space)
         scope = acceptance_scope(self.acceptance.table, self.acceptance.scorer)
         shared = SharedRows(url, scope, self.ledger.worker)
         self.acceptance.share(shared, ClaimLedger(url, shared.claims_name), wait_s=wait_s)
@@ -120,12 +156,13 @@ class StudyRunner:
         # first the subnets a killed worker was scoring, then the extremes
         by_id = {spec.id: spec for spec in self.space.enumerate()}
         orphans = [by_id[sid] for sid in self.ledger.orphans() if sid in by_id]
-        first = [s.to_fields() for s in (*orphans, self.space.largest(), self.space.smallest())]
+        first = [params_of(s, self.distributions)
+                 for s in (*orphans, self.space.largest(), self.space.smallest())]
         return DistinctSampler(tpe, self.distributions, self.worker_seed, self._reserve, first)
 
     def _reserve(self, params: dict[str, Any]) -> bool:
         """Claim the subnet the sampler proposes: the trial then scores it without asking."""
-        spec_id = SubnetSpec(**params).id
+        spec_id = spec_of(params).id
         if self.ledger.claim(spec_id):
             self._reserved.add(spec_id)
             return True
@@ -160,6 +197,7 @@ class StudyRunner:
             study = optuna.load_study(study_name=self.study_name, storage=self.storage,
                                       sampler=self._sampler())
             created = False
+            _wait_for_creator(study)
             want = [optuna.study.StudyDirection.MAXIMIZE] * 1 + (
                 [optuna.study.StudyDirection.MINIMIZE] if self.objective == "pareto" else [])
             if list(study.directions) != want:
@@ -247,7 +285,7 @@ class StudyRunner:
             a = t.user_attrs
             if "duplicate_of" in a or "spec_id" not in a or a["spec_id"] in out:
                 continue
-            spec = SubnetSpec(**{n: t.params[n] for n in SPEC_FIELDS})
+            spec = spec_of(t.params)
             out[a["spec_id"]] = Candidate.from_attrs(spec, a, t.number)
         return sorted(out.values(), key=lambda c: c.number)
 
@@ -264,7 +302,7 @@ class StudyRunner:
             trial.set_user_attr("host", self.host)
             trial.set_user_attr("pid", self.pid)
             params = {n: suggest(trial, n, d) for n, d in self.distributions.items()}
-            spec = SubnetSpec(**params)
+            spec = spec_of(params)
             trial.set_user_attr("spec_id", spec.id)
             cand, owner_number = self._claim_or_copy(spec, trial.number)
             attrs = cand.to_attrs()
@@ -335,7 +373,8 @@ class StudyRunner:
             trial.set_user_attr("pid", self.pid)
             triple = {n: trial.suggest_categorical(n, list(getattr(self.space, n)))
                       for n in TRIPLE_FIELDS}
-            specs = [SubnetSpec(**triple, draft_len=g) for g in self.space.draft_len]
+            specs = [SubnetSpec(**triple, draft_len=g, tree=tree)
+                     for g, tree in self.space.shapes]
             trial.set_user_attr("triple", triple_key(specs[0]))
             rows = self.acceptance.rows(specs, show_progress=False)
             cands = evaluate_rows(rows, self.latency, self.cost.params,
@@ -372,6 +411,15 @@ class StudyRunner:
         every trial: fine for the thousands of triples a space has, each scored for seconds.)"""
         return len({t.system_attrs.get("grid_id") for t in self.study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if "grid_id" in t.system_attrs})
+
+
+def _wait_for_creator(study: optuna.Study, timeout_s: float = 30.0) -> None:
+    """A worker that loses the race to create the study may load it before its creator has
+    written the attributes it is checked against (space, method, front, key); the metric names
+    are written last, so wait for them (a study whose creator died keeps what it has)."""
+    deadline = time.monotonic() + timeout_s
+    while study.metric_names is None and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def retry_dead_trial(study: optuna.Study, trial: FrozenTrial) -> None:

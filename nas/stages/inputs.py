@@ -264,11 +264,13 @@ class LazyScorer:
     def __init__(self, models: RunModels, *, data: str, limit: int | None, seed: int,
                  supernet_hash: str, dataset_id: str, temperature: float = 0.0,
                  max_new_tokens: int = 64, draft_lens: Sequence[int] = tuple(range(1, 8)),
+                 trees: Sequence[Sequence[int]] = (),
                  show_progress: bool | None = None) -> None:
         self.models, self.data, self.limit, self.seed = models, data, limit, seed
         self.supernet_hash, self.dataset_id = supernet_hash, dataset_id
         self.temperature, self.max_new_tokens = float(temperature), int(max_new_tokens)
         self.draft_lens, self.show_progress = tuple(draft_lens), show_progress
+        self.trees = tuple(tuple(t) for t in trees)
         self._scorer: Any = None
         self._prompts: list[Any] | None = None
 
@@ -290,7 +292,7 @@ class LazyScorer:
                     self.models.target, self.models.draft, self.prompts,
                     supernet_hash=self.supernet_hash, dataset_id=self.dataset_id,
                     max_new_tokens=self.max_new_tokens, draft_lens=self.draft_lens,
-                    seed=self.seed, show_progress=self.show_progress)
+                    trees=self.trees, seed=self.seed, show_progress=self.show_progress)
             else:
                 from dreams_nas.supernet.acceptance.sampled import SampledScorer
 

@@ -201,7 +201,7 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
                                   chunk=options.chunk)
         # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
         steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
-                           precede=space.largest())
+                           precede=space.largest(), trees=space.trees)
         log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id,
                  folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
@@ -362,7 +362,9 @@ def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore
     planned, done = int(plan.get("n_keys", 0)), len(store.done_keys())
     if done < planned:
         changes.append(f"{planned - done} of {planned} planned steps not timed yet")
-    absent = [kind for kind in KINDS if kind not in set(rows["kind"])]
+    trees = bool((plan.get("space") or {}).get("trees"))  # verify_tree is timed for trees only
+    absent = [kind for kind in KINDS
+              if kind not in set(rows["kind"]) and (trees or kind != "verify_tree")]
     if absent:
         changes.append(f"no {', '.join(absent)} step timed yet")
     if predictor_path.stat().st_mtime < store.path.stat().st_mtime:

@@ -54,7 +54,8 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     scorer = LazyScorer(RunModels(run, device, dtype), data=options.data, limit=options.limit,
                         seed=options.seed, supernet_hash=digest, dataset_id=data_id,
                         temperature=options.temperature, max_new_tokens=options.max_new_tokens,
-                        draft_lens=space.draft_len, show_progress=options.show_progress)
+                        draft_lens=space.draft_len, trees=space.trees,
+                        show_progress=options.show_progress)
     cached = CachedAcceptance(scorer, table)
     with torch_threads(options.threads):
         rows = cached.rows(specs, show_progress=options.show_progress)

@@ -160,7 +160,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     scorer = LazyScorer(models, data=options.data, limit=options.limit, seed=options.seed,
                         supernet_hash=digest, dataset_id=data_id,
                         max_new_tokens=options.max_new_tokens, draft_lens=space.draft_len,
-                        show_progress=show)
+                        trees=space.trees, show_progress=show)
     cached = CachedAcceptance(scorer, table)
     storage = options.storage
     if storage is None and options.method == "optuna":

@@ -124,7 +124,8 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     first = dict(prompts[0])  # warm-up: first-call allocations are not decoding speed
     plain_generate(target, first, max_new_tokens=4)
     for spec, draft in drafts.items():
-        generate(target, first, DreamDrafter(draft, spec), gamma=spec.draft_len, max_new_tokens=4)
+        generate(target, first, DreamDrafter(draft, spec), gamma=spec.draft_len, max_new_tokens=4,
+                 tree=spec.shape)
     base_tokens, base_s = 0, 0.0
     base_prefill_s = 0.0
     prefill_s = dict.fromkeys(specs, 0.0)
@@ -145,7 +146,7 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
         decode_steps += max(0, plain.stats.new_tokens - 1)
         for spec, draft in drafts.items():
             out = generate(target, dict(prompt), DreamDrafter(draft, spec), gamma=spec.draft_len,
-                           max_new_tokens=max_new_tokens, timed=True)
+                           max_new_tokens=max_new_tokens, timed=True, tree=spec.shape)
             at = first_divergence(out.tokens.tolist(), plain.tokens.tolist())
             if at is not None:
                 divergences[spec].append(_check_divergence(target, spec, index, prompt,

@@ -49,7 +49,8 @@ class SampledScorer:
             gen = torch.Generator(device=self.adapter.device).manual_seed(self.seed * 100_003 + i)
             out = generate(self.adapter, dict(prompt), DreamDrafter(self.draft, spec),
                            gamma=spec.draft_len, max_new_tokens=self.max_new_tokens,
-                           sampling=self.sampling, generator=gen)
+                           sampling=self.sampling, generator=gen,
+                           tree=spec.shape)
             cycles.append((list(out.stats.cycle_lengths), list(out.stats.proposed)))
         tau, lo, hi = pooled_tau(cycles, self.n_boot, np.random.default_rng(self.seed))
         lengths = [n for c in cycles for n in c[0]]

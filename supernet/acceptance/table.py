@@ -33,13 +33,16 @@ MAX_POSITIONS = 7  # accept_rate_1 .. accept_rate_7
 _RATE_COLUMNS = tuple(f"accept_rate_{i}" for i in range(1, MAX_POSITIONS + 1))
 ACCEPTANCE_COLUMNS: tuple[str, ...] = (
     "supernet_hash", "dataset_id", "spec_id", "heads", "visual_keep", "inject_layer",
-    "draft_len", "temperature", "dtype", "max_new_tokens", "method", "tau", "tau_lo", "tau_hi",
-    "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
+    "draft_len", "tree", "temperature", "dtype", "max_new_tokens", "method", "tau", "tau_lo",
+    "tau_hi", "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
 )
+# The header of files written before token trees (every row a chain: `tree` empty).
+PRE_TREE_COLUMNS: tuple[str, ...] = tuple(c for c in ACCEPTANCE_COLUMNS if c != "tree")
 # The header of files written before dtype and max_new_tokens were part of the key.
 LEGACY_COLUMNS: tuple[str, ...] = tuple(
-    c for c in ACCEPTANCE_COLUMNS if c not in ("dtype", "max_new_tokens")
+    c for c in PRE_TREE_COLUMNS if c not in ("dtype", "max_new_tokens")
 )
+OLD_HEADERS = (PRE_TREE_COLUMNS, LEGACY_COLUMNS)
 METHODS = ("teacher-forced", "sampled", "expected")
 # Slack on the bounds of tau: it is a ratio of token counts, exact up to float rounding.
 TAU_TOLERANCE = 1e-6
@@ -154,6 +157,7 @@ class AcceptanceRow:
         spec = SubnetSpec(
             heads=int(row["heads"]), visual_keep=float(row["visual_keep"]),
             inject_layer=int(row["inject_layer"]), draft_len=int(row["draft_len"]),
+            tree=row.get("tree") or (),
         )
         rates = []
         for i in range(1, MAX_POSITIONS + 1):
@@ -191,17 +195,19 @@ def _read_header(path: Path) -> list[str] | None:
     return next(csv.reader(io.StringIO(_text(path), newline="")), [])
 
 
-def _migrate_legacy(path: Path) -> None:
-    """Rewrite a file of the old header (no `dtype`, `max_new_tokens`) with the current one.
+def _migrate(path: Path, old: tuple[str, ...]) -> None:
+    """Rewrite a file of an old header with the current one.
 
-    Every complete old row is kept, its `dtype` and `max_new_tokens` cells empty (the settings
-    it was scored under were not recorded, so it matches no table and is scored again); a line
-    torn by a kill is dropped, as `load` would skip it. Done under the file's lock, atomically,
-    and only if the header is still the old one once the lock is held (another process may
-    have migrated it meanwhile). Must not be called with the lock held: it is not reentrant.
+    Every complete old row is kept, the cells of the columns it lacks empty: a row written
+    before trees is a chain (`tree` empty); one written before `dtype` and `max_new_tokens`
+    were recorded matches no table (the settings it was scored under are unknown) and is scored
+    again. A line torn by a kill is dropped, as `load` would skip it. Done under the file's
+    lock, atomically, and only if the header is still the old one once the lock is held
+    (another process may have migrated it meanwhile). Must not be called with the lock held:
+    it is not reentrant.
     """
     with locked(path):
-        if _read_header(path) != list(LEGACY_COLUMNS):
+        if _read_header(path) != list(old):
             return
         out = io.StringIO()
         writer = csv.DictWriter(out, fieldnames=list(ACCEPTANCE_COLUMNS), restval="")
@@ -260,9 +266,10 @@ class AcceptanceTable:
         header = _read_header(self.path)
         if header is None or header == list(ACCEPTANCE_COLUMNS):
             return
-        if header == list(LEGACY_COLUMNS):
-            _migrate_legacy(self.path)
-            return
+        for old in OLD_HEADERS:
+            if header == list(old):
+                _migrate(self.path, old)
+                return
         missing = [c for c in ACCEPTANCE_COLUMNS if c not in header]
         unknown = [c for c in header if c not in ACCEPTANCE_COLUMNS]
         raise InputError(

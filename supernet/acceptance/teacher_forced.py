@@ -6,14 +6,19 @@ target is run once per prompt and every subnet and every draft length is scored 
 1. `trace_target`: the target's greedy continuation y_0..y_{N-1} (decoded through the adapter
    as plain decoding does) with the last hidden state of every position, plus what a draft
    reads at prefill (the inject layers' hidden states over the prompt, visual-token scores).
-2. `draft_matches`: the draft rolled out from *every* start position at once (one batch row
+2. `draft_ranks`: the draft rolled out from *every* start position at once (one batch row
    per start): at start t the draft's cache holds the prompt and y_0..y_{t-1} with the
    target's true features (as a drafter that refreshes its cache from the verified features
-   after each cycle has), it reads (y_t, H_{t-1}) and then its own tokens and features. The
-   result is, per start, how many of its draft tokens equal the target's continuation.
-3. `simulate_cycles`: the speculative loop replayed on those matches for one gamma, with the
-   engine's exact rules (room left before max_new_tokens, the bonus token, EOS), giving the
-   cycle lengths a real run produces, hence tau for every gamma from one rollout.
+   after each cycle has), it reads (y_t, H_{t-1}) and then the target's tokens with its own
+   features. The result is, per start and depth, the rank of the target's token among the
+   draft's: a chain accepts the leading depths where it is the argmax, a token tree
+   (`supernet.core.tree`) those where it is within the tree's width at that depth
+   (`accepted_depths`), because at temperature 0 the path a tree accepts is the target's
+   greedy continuation.
+3. `simulate_cycles`: the speculative loop replayed on those accepted depths for one shape,
+   with the engine's exact rules (room left before max_new_tokens, the bonus token, EOS),
+   giving the cycle lengths a real run produces, hence tau for every chain and tree from one
+   rollout.
 
 Rows are pooled over prompts (tau = tokens / target verify forwards), with a bootstrap 95%
 interval over prompts and per-position acceptance rates (accepted / offered at position i,
@@ -31,6 +36,7 @@ from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from torch import Tensor
@@ -99,18 +105,27 @@ def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: S
 
 
 @torch.inference_mode()
-def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma_max: int,
-                  chunk: int = 64) -> np.ndarray:
-    """Leading draft tokens equal to the continuation, per start -> (n_starts,) int.
+def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
+                widths: Sequence[int], chunk: int = 64) -> np.ndarray:
+    """Where the target's token ranks among the draft's, per start and depth ->
+    (n_starts, len(widths)) int.
 
     The draft runs through its own `forward` (no re-implementation): a row for start t is the
-    draft's text positions up to y_t with true inputs, followed by its own rollout so far,
-    right-padded and masked; one more token per row and step, rows that already missed drop out.
+    draft's text positions up to y_t with true inputs, followed by the target's tokens
+    y_{t+1}.. with the draft's *own* features (what a drafter has along the path the target
+    accepts: at temperature 0 that path is the target's greedy continuation, in a chain or a
+    tree alike). At depth j the entry is the rank of y_{t+j} in the draft's distribution (0 =
+    its argmax; ties broken toward the lower token id, as `argmax` and the tree drafter's
+    stable sort do), or `widths[j-1]` when it is not among the top `widths[j-1]` (that node is
+    not in any tree the caller scores) or the row stopped before depth j. A row stops after
+    its first depth outside the widths; rows are right-padded and masked, one more token per
+    row and depth.
     """
+    depth = len(widths)
     n_starts = trace.n_starts
-    matches = np.zeros(n_starts, dtype=np.int64)
-    if n_starts == 0:
-        return matches
+    ranks = np.tile(np.asarray(widths, dtype=np.int64), (n_starts, 1))
+    if n_starts == 0 or depth == 0:
+        return ranks
     device = next(draft.parameters()).device
     dtype = next(draft.parameters()).dtype
     seq = int(trace.tokens.shape[0])
@@ -127,52 +142,70 @@ def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma
     ids_all = trace.tokens[text_pos].to(device)
     pos_all = text_pos.to(device)
     cont = trace.continuation
-    with draft.using(spec.replace(draft_len=1)):
+    with draft.using(spec.triple):
         memory = draft.memory(trace.layer_hidden[spec.inject_layer][None].to(device, dtype),
                               trace.visual_mask[None].to(device),
                               trace.visual_scores[None].to(device))
-        # Step 1 for every start at once: the teacher-forced pass over all text positions.
+        # Depth 1 for every start at once: the teacher-forced pass over all text positions.
         feats = draft(ids_all[None], prev_all[None], pos_all[None], memory).feature[0]
         start_idx = torch.searchsorted(
             pos_all, torch.arange(n_starts, device=device) + trace.prompt_len)  # (n_starts,)
-        first = draft.logits(feats[start_idx]).argmax(-1).cpu()  # (n_starts,)
         start_host = start_idx.cpu()  # read per row by `_rollout_step`: one copy, not one each
         starts = torch.arange(n_starts, device="cpu")
-        ok = _agree(first, starts + 1, cont)
-        matches += ok.numpy()
-        tokens = first[:, None]  # (n_starts, 1) rollout tokens
+        ranks[:, 0] = _rank(draft.logits(feats[start_idx]), starts + 1, cont, widths[0])
         rolled = feats[start_idx][:, None]  # (n_starts, 1, hidden) rollout features
-        for j in range(2, gamma_max + 1):
-            alive = (matches == j - 1) & (starts.numpy() + j < len(cont))
-            rows = np.flatnonzero(alive)
+        alive = ranks[:, 0] < widths[0]
+        for j in range(2, depth + 1):
+            rows = np.flatnonzero(alive & (starts.numpy() + j < len(cont)))
             if len(rows) == 0:
                 break
-            nxt = torch.empty(len(rows), dtype=torch.long, device="cpu")
             step_feat = torch.empty(len(rows), hidden.shape[-1], device=device, dtype=dtype)
             for c in range(0, len(rows), chunk):
                 part = torch.as_tensor(rows[c:c + chunk], device="cpu")
-                f = _rollout_step(draft, memory, ids_all, prev_all, pos_all, start_host[part],
-                                  tokens[part], rolled[part.to(device)])
-                nxt[c:c + len(part)] = draft.logits(f).argmax(-1).cpu()
-                step_feat[c:c + len(part)] = f
-            agree = _agree(nxt, torch.as_tensor(rows, device="cpu") + j, cont)
-            matches[rows[agree.numpy()]] += 1
-            grown_tokens = tokens.new_zeros(n_starts, j)
-            grown_tokens[:, : j - 1] = tokens
-            grown_tokens[rows, j - 1] = nxt
-            grown_feats = torch.zeros(n_starts, j, hidden.shape[-1], device=device, dtype=dtype)
-            grown_feats[:, : j - 1] = rolled
-            grown_feats[torch.as_tensor(rows, device=device), j - 1] = step_feat
-            tokens, rolled = grown_tokens, grown_feats
-    return matches
+                # the path so far: the target's own tokens y_{t+1} .. y_{t+j-1}
+                path = cont[part[:, None] + torch.arange(1, j, device="cpu")]
+                step_feat[c:c + len(part)] = _rollout_step(
+                    draft, memory, ids_all, prev_all, pos_all, start_host[part], path,
+                    rolled[part.to(device)])
+            index = torch.as_tensor(rows, device="cpu") + j
+            ranks[rows, j - 1] = _rank(draft.logits(step_feat), index, cont, widths[j - 1])
+            alive = np.zeros(n_starts, dtype=bool)
+            alive[rows] = ranks[rows, j - 1] < widths[j - 1]
+            grown = torch.zeros(n_starts, j, hidden.shape[-1], device=device, dtype=dtype)
+            grown[:, : j - 1] = rolled
+            grown[torch.as_tensor(rows, device=device), j - 1] = step_feat
+            rolled = grown
+    return ranks
 
 
-def _agree(drafted: Tensor, index: Tensor, continuation: Tensor) -> Tensor:
-    """drafted[i] == continuation[index[i]] (False past its end)."""
-    inside = index < len(continuation)
-    out = torch.zeros_like(drafted, dtype=torch.bool)
-    out[inside] = drafted[inside] == continuation[index[inside]]
-    return out
+def _rank(logits: Tensor, index: Tensor, continuation: Tensor, cap: int) -> np.ndarray:
+    """Rank of continuation[index[i]] in logits[i] (ties: lower id first), capped at `cap`
+    (`cap` also past the continuation's end) -> (rows,) int."""
+    logits = logits.float()
+    inside = (index < len(continuation)).to(logits.device)
+    target = continuation[index.clamp(max=len(continuation) - 1)].to(logits.device)
+    value = logits.gather(1, target[:, None])  # (rows, 1)
+    ids = torch.arange(logits.shape[1], device=logits.device)[None]
+    rank = ((logits > value) | ((logits == value) & (ids < target[:, None]))).sum(1)
+    rank = torch.where(inside, rank.clamp(max=cap), torch.full_like(rank, cap))
+    return rank.cpu().numpy()
+
+
+def accepted_depths(ranks: np.ndarray, branching: Sequence[int]) -> np.ndarray:
+    """Per start, the depths a tree of `branching` accepts: the leading depths whose target
+    token is among the draft's top `branching[j]` -> (n_starts,) int (a chain: branching of
+    ones, the leading argmax matches)."""
+    b = np.asarray(branching, dtype=np.int64)
+    inside = ranks[:, : len(b)] < b[None]
+    return np.cumprod(inside, axis=1).sum(axis=1)
+
+
+def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma_max: int,
+                  chunk: int = 64) -> np.ndarray:
+    """Leading draft tokens equal to the continuation, per start -> (n_starts,) int: the
+    chain's accepted depths (`draft_ranks` with width 1 at every depth)."""
+    ranks = draft_ranks(draft, trace, spec, (1,) * gamma_max, chunk)
+    return accepted_depths(ranks, (1,) * gamma_max)
 
 
 def _rollout_step(draft: DreamDraft, memory, ids_all: Tensor, prev_all: Tensor, pos_all: Tensor,
@@ -264,14 +297,16 @@ class TeacherForcedScorer:
     """The `AcceptanceScorer` of the search, over one evaluation set.
 
     Traces the target once per prompt (lazily, then kept); scoring a spec rolls the draft out
-    once for its (heads, visual_keep, inject_layer) and returns rows for every draft length of
-    that triple in `draft_lens` (they are free), so the cache fills a whole triple at a time.
+    once for its (heads, visual_keep, inject_layer) and returns rows for every draft length in
+    `draft_lens` and every tree in `trees` of that triple (they are free), so the cache fills
+    a whole triple at a time.
     """
 
     def __init__(self, adapter: TargetAdapter, draft: DreamDraft,
                  prompts: Sequence[Mapping[str, Tensor]], *, supernet_hash: str, dataset_id: str,
                  max_new_tokens: int = 64, draft_lens: Sequence[int] = tuple(range(1, 8)),
-                 n_boot: int = 1000, seed: int = 0, show_progress: bool | None = None) -> None:
+                 trees: Sequence[Sequence[int]] = (), n_boot: int = 1000, seed: int = 0,
+                 show_progress: bool | None = None) -> None:
         if not prompts:
             raise InputError("no evaluation prompts to score acceptance on; "
                              "give a non-empty --data")
@@ -281,12 +316,14 @@ class TeacherForcedScorer:
         self.supernet_hash, self.dataset_id = supernet_hash, dataset_id
         self.max_new_tokens = int(max_new_tokens)
         self.draft_lens = tuple(sorted(set(int(g) for g in draft_lens)))
+        self.trees = tuple(dict.fromkeys(TokenTree(tuple(t)).branching for t in trees))
         self.n_boot, self.seed, self.show_progress = int(n_boot), int(seed), show_progress
         self._traces: list[TargetTrace] | None = None
 
     @property
     def gamma_max(self) -> int:
-        return max(self.draft_lens)
+        """The deepest chain or tree scored by default."""
+        return max([*self.draft_lens, *(len(t) for t in self.trees)])
 
     def traces(self) -> list[TargetTrace]:
         if self._traces is None:
@@ -309,35 +346,44 @@ class TeacherForcedScorer:
         return float(np.mean([t.n_starts for t in self.traces()]))
 
     def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
-        triples = dict.fromkeys(s.replace(draft_len=1) for s in specs)
-        wanted = {s.replace(draft_len=1): set() for s in specs}
+        wanted: dict[SubnetSpec, set[tuple[int, tuple[int, ...]]]] = {}
         for s in specs:
-            wanted[s.replace(draft_len=1)].add(s.draft_len)
+            wanted.setdefault(s.triple, set()).add((s.draft_len, s.tree))
         rows: list[AcceptanceRow] = []
-        for triple in triples:
-            lens = sorted(set(self.draft_lens) | wanted[triple])
-            rows.extend(self.score_triple(triple, lens))
+        for triple, shapes in wanted.items():
+            lens = sorted(set(self.draft_lens) | {g for g, t in shapes if not t})
+            trees = list(dict.fromkeys([*self.trees, *(t for _, t in shapes if t)]))
+            rows.extend(self.score_triple(triple, lens, trees))
         return rows
 
-    def score_triple(self, triple: SubnetSpec, draft_lens: Sequence[int]) -> list[AcceptanceRow]:
+    def score_triple(self, triple: SubnetSpec, draft_lens: Sequence[int],
+                     trees: Sequence[Sequence[int]] = ()) -> list[AcceptanceRow]:
+        """Rows for the chains of `draft_lens` and the `trees` of one triple, from one rollout
+        per prompt (`draft_ranks`, as deep as the deepest shape, as wide at each depth as the
+        widest)."""
         traces = self.traces()
-        gamma_max = max(draft_lens)
-        matches = [draft_matches(self.draft, t, triple, gamma_max) for t in traces]
+        shapes = [triple.replace(draft_len=g) for g in draft_lens]
+        shapes += [triple.replace(tree=tuple(t)) for t in trees]
+        depth = max(s.draft_len for s in shapes)
+        widths = [max((s.shape.branching[j] for s in shapes if s.draft_len > j), default=1)
+                  for j in range(depth)]
+        ranks = [draft_ranks(self.draft, t, triple, widths) for t in traces]
         out = []
-        for gamma in draft_lens:
+        for spec in shapes:
             # The same seed for every spec: their intervals resample the same prompts.
             rng = np.random.default_rng(self.seed)
-            cycles = [simulate_cycles(m, gamma, t.max_new_tokens, t.eos_index)
-                      for m, t in zip(matches, traces, strict=True)]
+            cycles = [simulate_cycles(accepted_depths(r, spec.shape.branching), spec.draft_len,
+                                      t.max_new_tokens, t.eos_index)
+                      for r, t in zip(ranks, traces, strict=True)]
             tau, lo, hi = pooled_tau(cycles, self.n_boot, rng)
             lengths = [n for c in cycles for n in c[0]]
             offered = [p for c in cycles for p in c[1]]
             out.append(AcceptanceRow(
-                spec=triple.replace(draft_len=gamma), tau=tau, tau_lo=lo, tau_hi=hi,
+                spec=spec, tau=tau, tau_lo=lo, tau_hi=hi,
                 supernet_hash=self.supernet_hash, dataset_id=self.dataset_id,
                 temperature=0.0, dtype=dtype_name(self.adapter),
                 max_new_tokens=self.max_new_tokens, method="teacher-forced", n_prompts=len(traces),
                 n_tokens=int(sum(lengths)), context_len=self.context_len,
-                accept_rates=tuple(accept_rates(lengths, offered, gamma)),
+                accept_rates=tuple(accept_rates(lengths, offered, spec.draft_len)),
             ))
         return out

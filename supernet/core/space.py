@@ -8,19 +8,23 @@ import math
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.tree import TokenTree, tree_family
 
 SPEC_SCHEMA_VERSION = 1
 SPACE_SCHEMA_VERSION = 1
 
-_ID_RE = re.compile(r"^h(\d+)-v(\d+(?:\.\d+)?)-l(\d+)-g(\d+)$")
+_ID_RE = re.compile(r"^h(\d+)-v(\d+(?:\.\d+)?)-l(\d+)-(?:g(\d+)|t(\d+(?:x\d+)*))$")
 DEFAULT_VISUAL_KEEP = (0.25, 0.5, 0.75, 1.0)
 DEFAULT_DRAFT_LENS = tuple(range(1, 8))
+# Token trees of the default space: the family of `tree_family` up to 12 nodes (14 shapes, wide
+# near the root, chains below, depth <= 6), beside the chains of DEFAULT_DRAFT_LENS.
+DEFAULT_TREE_NODES = 12
 
 
 @dataclass(frozen=True, order=True)
@@ -32,15 +36,24 @@ class SubnetSpec:
     visual_keep:  fraction of visual tokens the draft attends to, in (0, 1].
     inject_layer: index into the target's hidden states (0 = embeddings, L = last layer)
                   whose features the draft's cross-attention reads.
-    draft_len:    tokens drafted per speculative cycle (gamma).
+    draft_len:    tokens drafted per speculative cycle (gamma); for a tree, its depth.
+    tree:         () for a chain of `draft_len` tokens, else the token tree's branching vector
+                  (children per depth, e.g. ``(4, 2, 1)``; `supernet.core.tree`). A vector of
+                  ones is the chain it describes and is stored as one (``tree=()``).
     """
 
     heads: int
     visual_keep: float
     inject_layer: int
     draft_len: int
+    tree: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        given = _tree_field(self.tree, keep_chain=True)
+        if given and self.draft_len != len(given):
+            raise InputError(f"SubnetSpec.draft_len={self.draft_len} must equal the depth of its "
+                             f"tree {TokenTree(given).label} ({len(given)})")
+        object.__setattr__(self, "tree", () if TokenTree(given or (1,)).is_chain else given)
         for name in ("heads", "inject_layer", "draft_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -61,8 +74,10 @@ class SubnetSpec:
 
     @property
     def id(self) -> str:
-        """Stable readable id, e.g. ``h4-v0.50-l12-g5``."""
-        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}-g{self.draft_len}"
+        """Stable readable id, e.g. ``h4-v0.50-l12-g5`` (a chain), ``h4-v0.50-l12-t4x2x1``
+        (a tree)."""
+        shape = f"t{self.tree_label}" if self.tree else f"g{self.draft_len}"
+        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}-{shape}"
 
     @classmethod
     def from_id(cls, text: str) -> SubnetSpec:
@@ -70,20 +85,56 @@ class SubnetSpec:
         if match is None:
             raise InputError(
                 f"{text!r} is not a subnet id; ids look like 'h4-v0.50-l12-g5' "
-                "(heads, visual_keep, inject_layer, draft_len)"
+                "(heads, visual_keep, inject_layer, draft_len) or 'h4-v0.50-l12-t4x2x1' (a tree)"
             )
-        h, v, lyr, g = match.groups()
-        return cls(heads=int(h), visual_keep=float(v), inject_layer=int(lyr), draft_len=int(g))
+        h, v, lyr, g, tree = match.groups()
+        shape = TokenTree.parse(tree).branching if tree else ()
+        return cls(heads=int(h), visual_keep=float(v), inject_layer=int(lyr),
+                   draft_len=len(shape) if tree else int(g), tree=shape)
+
+    @property
+    def shape(self) -> TokenTree:
+        """What one cycle drafts: the tree, or the chain of `draft_len` tokens."""
+        return TokenTree(self.tree) if self.tree else TokenTree.chain(self.draft_len)
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(self.tree)
+
+    @property
+    def tree_label(self) -> str:
+        """``4x2x1`` for a tree, ``""`` for a chain (the `tree` column of tables)."""
+        return "x".join(str(b) for b in self.tree)
+
+    @property
+    def triple(self) -> SubnetSpec:
+        """The (heads, visual_keep, inject_layer) part, as the chain of one token: the unit
+        teacher-forced scoring rolls out once for every draft length and tree."""
+        return SubnetSpec(self.heads, self.visual_keep, self.inject_layer, 1)
 
     def replace(self, **changes: Any) -> SubnetSpec:
-        return SubnetSpec(**{**self.to_fields(), **changes})
+        """A copy with `changes`. A new `draft_len` alone makes a chain of that length; a new
+        `tree` alone takes its depth as `draft_len`."""
+        data = {**self.to_fields(), "tree": self.tree}
+        if "draft_len" in changes and "tree" not in changes:
+            data["tree"] = ()
+        if "tree" in changes and "draft_len" not in changes:
+            tree = _tree_field(changes["tree"], keep_chain=True)
+            changes = {**changes, "tree": tree,
+                       "draft_len": len(tree) if tree else self.draft_len}
+        return SubnetSpec(**{**data, **changes})
 
     def to_fields(self) -> dict[str, Any]:
-        """The four fields alone (for table rows)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The fields as table rows write them (`tree` as its label, ``""`` for a chain)."""
+        out = {name: getattr(self, name) for name in SPEC_FIELDS}
+        out["tree"] = self.tree_label
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": SPEC_SCHEMA_VERSION, **self.to_fields()}
+        out = {"schema_version": SPEC_SCHEMA_VERSION, **self.to_fields()}
+        if not self.tree:
+            del out["tree"]  # a chain's spec.json reads as before trees
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SubnetSpec:
@@ -93,14 +144,15 @@ class SubnetSpec:
                 f"subnet spec schema_version={version!r} is not supported (this dreams-nas "
                 f"reads version {SPEC_SCHEMA_VERSION}); re-export the spec with this version"
             )
-        names = [f.name for f in fields(cls)]
+        names = list(SPEC_FIELDS)
         missing = [n for n in names if n not in data]
         if missing:
             raise InputError(f"subnet spec is missing field(s) {missing}; a spec needs {names}")
-        unknown = sorted(set(data) - set(names) - {"schema_version", "id"})
+        unknown = sorted(set(data) - set(names) - {"schema_version", "id", "tree"})
         if unknown:
-            raise InputError(f"subnet spec has unknown field(s) {unknown}; a spec has {names}")
-        return cls(**{n: data[n] for n in names})
+            raise InputError(f"subnet spec has unknown field(s) {unknown}; a spec has "
+                             f"{names} and optionally 'tree'")
+        return cls(**{n: data[n] for n in names}, tree=data.get("tree") or ())
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -110,7 +162,25 @@ class SubnetSpec:
         return cls.from_dict(json.loads(text))
 
 
-SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SubnetSpec))
+# The numeric fields (every spec has them; `tree` is the optional fifth).
+SPEC_FIELDS: tuple[str, ...] = ("heads", "visual_keep", "inject_layer", "draft_len")
+
+
+def _tree_field(value: Any, keep_chain: bool = False) -> tuple[int, ...]:
+    """A spec's `tree` from a tuple/list, a label (``"4x2x1"``, ``""``) or a `TokenTree`;
+    () for a chain (or, with `keep_chain`, a chain's vector of ones as given)."""
+    if isinstance(value, TokenTree):
+        tree = value
+    elif value is None or (isinstance(value, str | tuple | list) and len(value) == 0):
+        return ()
+    elif isinstance(value, str):
+        tree = TokenTree.parse(value)
+    elif isinstance(value, tuple | list):
+        tree = TokenTree(tuple(int(v) if isinstance(v, np.integer) else v for v in value))
+    else:
+        raise InputError(f"SubnetSpec.tree={value!r} must be a list of children per depth "
+                         "such as [4, 2, 1], or a label such as '4x2x1'")
+    return () if tree.is_chain and not keep_chain else tree.branching
 
 
 def _as_values(name: str, values: Sequence[Any], kind: type) -> tuple[Any, ...]:
@@ -130,14 +200,36 @@ def _as_values(name: str, values: Sequence[Any], kind: type) -> tuple[Any, ...]:
     return tuple(sorted(out))
 
 
+def _as_trees(values: Any) -> tuple[tuple[int, ...], ...]:
+    """The space's trees from branching vectors or labels, each a real tree (chains belong in
+    `draft_len`), listed once, in the order given."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise InputError(f"search space field 'trees' must be a list of trees such as "
+                         f"['4x2x1', '3x1'], got {values!r}")
+    out: list[tuple[int, ...]] = []
+    for value in values:
+        tree = _tree_field(value, keep_chain=True)
+        if not tree or TokenTree(tree).is_chain:
+            raise InputError(f"search space field 'trees' holds the chain {value!r}; list "
+                             "chains under 'draft_len' and only branching shapes under 'trees'")
+        if tree in out:
+            raise InputError(f"search space field 'trees' repeats {TokenTree(tree).label}; "
+                             "list each once")
+        out.append(tree)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class SearchSpace:
-    """The allowed values of each `SubnetSpec` field; the space is their product."""
+    """The allowed values of each `SubnetSpec` field. The space is the product of heads,
+    visual_keep and inject_layer with the draft shapes: a chain for each `draft_len`, then each
+    tree of `trees` (branching vectors; none by default)."""
 
     heads: tuple[int, ...]
     visual_keep: tuple[float, ...]
     inject_layer: tuple[int, ...]
     draft_len: tuple[int, ...]
+    trees: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         kinds = {"heads": int, "visual_keep": float, "inject_layer": int, "draft_len": int}
@@ -153,19 +245,34 @@ class SearchSpace:
             bad = [v for v in getattr(self, name) if not ok(v)]
             if bad:
                 raise InputError(f"search space field '{name}' holds {bad}; values must be {rule}")
+        object.__setattr__(self, "trees", _as_trees(self.trees))
 
     # --- size and order -------------------------------------------------------------
     @property
+    def shapes(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """Every draft shape as (draft_len, tree): the chains, then the trees."""
+        return (tuple((g, ()) for g in self.draft_len)
+                + tuple((len(t), t) for t in self.trees))
+
+    @property
+    def triples(self) -> Iterator[tuple[int, float, int]]:
+        """Every (heads, visual_keep, inject_layer), in enumeration order."""
+        return itertools.product(self.heads, self.visual_keep, self.inject_layer)
+
+    @property
     def size(self) -> int:
-        return math.prod(len(getattr(self, n)) for n in SPEC_FIELDS)
+        return len(self.heads) * len(self.visual_keep) * len(self.inject_layer) * len(self.shapes)
 
     def __len__(self) -> int:
         return self.size
 
     def enumerate(self) -> Iterator[SubnetSpec]:
-        """Every subnet, exactly once, in a stable order (fields in declaration order)."""
-        for h, v, lyr, g in itertools.product(*(getattr(self, n) for n in SPEC_FIELDS)):
-            yield SubnetSpec(heads=h, visual_keep=v, inject_layer=lyr, draft_len=g)
+        """Every subnet, exactly once, in a stable order (heads, visual_keep, inject_layer,
+        then the shapes: chains by draft_len, then the trees in the space's order)."""
+        shapes = self.shapes
+        for h, v, lyr in self.triples:
+            for g, tree in shapes:
+                yield SubnetSpec(heads=h, visual_keep=v, inject_layer=lyr, draft_len=g, tree=tree)
 
     def sample(self, n: int, rng: np.random.Generator | int | None = None) -> list[SubnetSpec]:
         """`n` distinct subnets drawn uniformly without replacement."""
@@ -178,20 +285,32 @@ class SearchSpace:
         return [all_specs[int(i)] for i in picks]
 
     def largest(self) -> SubnetSpec:
+        """The largest chain subnet (every field at its maximum)."""
         return SubnetSpec(*(max(getattr(self, n)) for n in SPEC_FIELDS))
 
     def smallest(self) -> SubnetSpec:
         return SubnetSpec(*(min(getattr(self, n)) for n in SPEC_FIELDS))
 
+    @property
+    def max_depth(self) -> int:
+        """The deepest chain or tree: how many draft steps a cycle may take."""
+        return max([*self.draft_len, *(len(t) for t in self.trees)])
+
     def __contains__(self, spec: object) -> bool:
-        return isinstance(spec, SubnetSpec) and all(
-            getattr(spec, n) in getattr(self, n) for n in SPEC_FIELDS
-        )
+        if not isinstance(spec, SubnetSpec):
+            return False
+        shape_ok = spec.tree in self.trees if spec.tree else spec.draft_len in self.draft_len
+        return shape_ok and all(getattr(spec, n) in getattr(self, n) for n in SPEC_FIELDS[:3])
 
     def validate(self, spec: SubnetSpec) -> SubnetSpec:
         """Return `spec` if it lies in the space; otherwise name the field, value and allowed
         values."""
-        for name in SPEC_FIELDS:
+        if spec.tree and spec.tree not in self.trees:
+            allowed = [TokenTree(t).label for t in self.trees] or "none"
+            raise InputError(
+                f"The tree {spec.tree_label} of subnet {spec.id} isn't contained in the search "
+                f"space (trees: {allowed}); pick one of its trees or add it to the space")
+        for name in SPEC_FIELDS if not spec.tree else SPEC_FIELDS[:3]:
             value, allowed = getattr(spec, name), getattr(self, name)
             if value not in allowed:
                 raise InputError(
@@ -209,12 +328,15 @@ class SearchSpace:
         num_draft_heads: int,
         visual_keep: Sequence[float] = DEFAULT_VISUAL_KEEP,
         draft_len: Sequence[int] = DEFAULT_DRAFT_LENS,
+        trees: Sequence[Sequence[int]] | None = None,
     ) -> SearchSpace:
         """A sensible default space.
 
         heads: quarters of the draft's head count (1/4, 1/2, 3/4, all), rounded, at least 1.
         inject_layer: four target layers spread over the depth, 1-based hidden-state indices
         (L/4, L/2, 3L/4, L); the last one is the EAGLE-style choice.
+        trees: the token trees beside the chains; None: `tree_family` up to
+        DEFAULT_TREE_NODES nodes, no deeper than the longest chain; () for chains only.
         """
         if num_target_layers < 1 or num_draft_heads < 1:
             raise InputError(
@@ -223,8 +345,10 @@ class SearchSpace:
             )
         heads = sorted({max(1, round(num_draft_heads * q / 4)) for q in (1, 2, 3, 4)})
         layers = sorted({max(1, round(num_target_layers * q / 4)) for q in (1, 2, 3, 4)})
+        if trees is None:
+            trees = [t.branching for t in tree_family(DEFAULT_TREE_NODES, max(draft_len))]
         return cls(heads=tuple(heads), visual_keep=tuple(visual_keep),
-                   inject_layer=tuple(layers), draft_len=tuple(draft_len))
+                   inject_layer=tuple(layers), draft_len=tuple(draft_len), trees=tuple(trees))
 
     @classmethod
     def from_configs(cls, target_config: Any, draft_config: Any, **kwargs: Any) -> SearchSpace:
@@ -241,8 +365,13 @@ class SearchSpace:
 
     # --- persistence ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": SPACE_SCHEMA_VERSION,
-                **{n: list(getattr(self, n)) for n in SPEC_FIELDS}}
+        """The space as run.json holds it; `trees` (labels) only when it has any, so a
+        chain-only space reads, and hashes into study keys, as before trees."""
+        out = {"schema_version": SPACE_SCHEMA_VERSION,
+               **{n: list(getattr(self, n)) for n in SPEC_FIELDS}}
+        if self.trees:
+            out["trees"] = [TokenTree(t).label for t in self.trees]
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SearchSpace:
@@ -256,18 +385,21 @@ class SearchSpace:
         if missing:
             raise InputError(f"search space is missing field(s) {missing}; "
                              f"it needs {list(SPEC_FIELDS)}")
-        unknown = sorted(set(data) - set(SPEC_FIELDS) - {"schema_version"})
+        unknown = sorted(set(data) - set(SPEC_FIELDS) - {"schema_version", "trees"})
         if unknown:
             raise InputError(
                 f"search space has unknown field(s) {unknown}; "
-                f"allowed fields are {list(SPEC_FIELDS)}"
+                f"allowed fields are {[*SPEC_FIELDS, 'trees']}"
             )
-        return cls(**{n: data[n] for n in SPEC_FIELDS})
+        return cls(**{n: data[n] for n in SPEC_FIELDS}, trees=data.get("trees") or ())
 
     def to_toml(self) -> str:
         lines = [f"schema_version = {SPACE_SCHEMA_VERSION}"]
         for n in SPEC_FIELDS:
             lines.append(f"{n} = [{', '.join(repr(v) for v in getattr(self, n))}]")
+        if self.trees:
+            labels = ", ".join(f'"{TokenTree(t).label}"' for t in self.trees)
+            lines.append(f"trees = [{labels}]")
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | Path) -> Path:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.decoding.protocol import Proposal
+from dreams_nas.supernet.core.tree import TokenTree
+from dreams_nas.supernet.decoding.protocol import Proposal, TreeProposal
 from dreams_nas.supernet.decoding.sampling import SamplingConfig
 from torch import Tensor
 
@@ -30,14 +31,38 @@ class ReplayDrafter:
         # kept on the host until `start` moves it to the target's device
         self.continuation = torch.as_tensor(continuation, dtype=torch.long, device="cpu").flatten()
         self.offset = 1
+        self.vocab_size = int(self.continuation.max()) + 2 if len(self.continuation) else 2
 
     def start(self, target: TargetAdapter, prefill: PrefillOutput) -> None:
         self.offset = 1
         self.continuation = self.continuation.to(target.device)
+        self.vocab_size = target.vocab_size
 
     def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         return Proposal(self.continuation[self.offset:self.offset + gamma].unsqueeze(0))
+
+    def true_rank(self, depth: int, width: int) -> int:
+        """Which child (rank) of a node on the recorded path carries the recorded token."""
+        return 0
+
+    def propose_tree(self, last_token: Tensor, tree: TokenTree, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> TreeProposal:
+        """The recorded continuation along one path of `tree` (child `true_rank` of each node
+        on it), other tokens everywhere else; where the recording ends, other tokens too."""
+        tokens = [0] * (tree.nodes + 1)
+        on_path = [True] + [False] * tree.nodes
+        rest = self.continuation[self.offset:self.offset + tree.depth].tolist()
+        for i in range(1, tree.nodes + 1):
+            d, p = tree.depths[i], tree.parents[i]
+            recorded = rest[d - 1] if d - 1 < len(rest) else None
+            true = on_path[p] and recorded is not None and (
+                tree.ranks[i] == self.true_rank(d, tree.branching[d - 1]))
+            on_path[i] = true
+            base = recorded if recorded is not None else int(last_token)
+            tokens[i] = base if true else (base + 1 + tree.ranks[i]) % self.vocab_size
+        out = torch.tensor(tokens[1:], dtype=torch.long, device=self.continuation.device)
+        return TreeProposal(tree, out[None])
 
     def update(self, accepted_tokens: Tensor, n_accepted: int, verify: VerifyOutput) -> None:
         self.offset += accepted_tokens.shape[1]
@@ -63,6 +88,7 @@ class OracleDrafter(ReplayDrafter):
         target.rollback(len(tokens) - 1)
         self.continuation = torch.cat(tokens, dim=1).flatten()
         self.offset = 1
+        self.vocab_size = target.vocab_size
 
 
 class PromptLookupDrafter:

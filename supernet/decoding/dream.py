@@ -6,6 +6,10 @@ Per sequence the draft keeps its own KV cache over the text positions whose inpu
 * `propose`: run the pending true positions (the drafts accepted last cycle and the target's
   own newest token) in one forward, then draft autoregressively, each step feeding the draft's
   own feature in place of the target's unknown hidden state;
+* `propose_tree` (a token tree instead of a chain): the same first forward, then one forward
+  per depth over all that depth's nodes, each node seeing the true positions and its own
+  ancestors (a tree mask over the draft's cache), the top-k of each node's distribution as
+  its children (sampled without replacement when sampling);
 * `update`: crop the cache back to the true positions and queue the newly accepted tokens with
   the target hidden states the verify just returned.
 
@@ -17,8 +21,10 @@ from __future__ import annotations
 
 import torch
 from dreams_nas.supernet.core.space import SubnetSpec
-from dreams_nas.supernet.decoding.protocol import Proposal
+from dreams_nas.supernet.core.tree import TokenTree
+from dreams_nas.supernet.decoding.protocol import Proposal, TreeProposal
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, choose, logits_to_probs, sample
+from dreams_nas.supernet.decoding.tree_sampling import sample_without_replacement
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import DraftCache, Memory, SharedTargetModules
 from dreams_nas.supernet.target.adapter import PrefillOutput, TargetAdapter, VerifyOutput
@@ -37,6 +43,8 @@ class DreamDrafter:
         self.default_gamma: int = self.spec.draft_len
         self._cache = DraftCache()
         self._memory: Memory | None = None
+        self.default_tree: TokenTree | None = self.spec.shape if self.spec.is_tree else None
+        self._ancestors: dict[tuple[int, ...], Tensor] = {}
 
     @property
     def _param(self) -> Tensor:
@@ -67,16 +75,69 @@ class DreamDrafter:
         self._pending_prev = last[:, :0]
         self._next_prev = last[:, -1:]  # H_{prompt-1}: the input feature of the first new token
 
-    @torch.inference_mode()
-    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Proposal:
+    def _true_positions(self, last_token: Tensor, extra: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The pending true inputs (ids, prev features) with `last_token` and the positions of
+        this cycle: the true ones, then `extra` more for the drafted steps."""
         device = self._param.device
         ids = torch.cat((self._pending_ids, last_token.to(device).view(1, 1)), dim=1)
         prev = torch.cat((self._pending_prev, self._next_prev), dim=1)
         n = ids.shape[1]
-        # every position this cycle feeds, made on the device at once (no per-step host copy):
-        # the n true ones, then one per drafted token but the last
-        positions = torch.arange(self._pos, self._pos + n + max(gamma - 1, 0), device=device)[None]
+        positions = torch.arange(self._pos, self._pos + n + extra, device=device)[None]
+        return ids, prev, positions
+
+    def _ancestor_mask(self, tree: TokenTree) -> Tensor:
+        """bool (nodes+1, nodes+1): [i, j] when node j is node i or one of its ancestors."""
+        mask = self._ancestors.get(tree.branching)
+        if mask is None:
+            parents = tree.parents
+            rows = torch.eye(len(parents), dtype=torch.bool)  # cpu: built once per shape
+            for i in range(1, len(parents)):
+                rows[i] |= rows[parents[i]]
+            mask = self._ancestors[tree.branching] = rows.to(self._param.device)
+        return mask
+
+    @torch.inference_mode()
+    def propose_tree(self, last_token: Tensor, tree: TokenTree, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> TreeProposal:
+        ids, prev, positions = self._true_positions(last_token, 0)
+        ancestors = self._ancestor_mask(tree)
+        levels: list[Tensor] = []
+        probs: list[Tensor] = []
+        with self.draft.using(self.spec):
+            feats = self.draft(ids, prev, positions, self._memory,
+                               cache=self._cache).feature[0, -1:]  # (1, hidden): the root's
+            self._committed = self._cache.length
+            self._pos += ids.shape[1]
+            for d, width in enumerate(tree.branching, start=1):
+                logits = self.draft.logits(feats).float()  # (nodes at depth d-1, vocab)
+                if sampling.greedy:
+                    # best first, ties toward the lower id (as argmax and the scorer's ranks)
+                    children = logits.sort(dim=-1, descending=True,
+                                           stable=True).indices[:, :width]
+                else:
+                    p = logits_to_probs(logits, sampling)
+                    children = sample_without_replacement(p, width, generator)
+                    probs.append(p)
+                tokens = children.reshape(1, -1)  # parent-major, rank-minor: breadth first
+                levels.append(tokens)
+                if d == tree.depth:
+                    break
+                level = tree.level(d)
+                pos = torch.full_like(tokens, self._pos - 1 + d)
+                feats = self.draft(tokens, feats.repeat_interleave(width, 0)[None], pos,
+                                   self._memory, cache=self._cache,
+                                   tree_mask=ancestors[level.start:level.stop, 1:level.stop]
+                                   ).feature[0]
+        draft_probs = torch.cat(probs)[None] if probs else None
+        return TreeProposal(tree, torch.cat(levels, dim=1), draft_probs)
+
+    @torch.inference_mode()
+    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        ids, prev, positions = self._true_positions(last_token, max(gamma - 1, 0))
+        n = ids.shape[1]
+        # every position this cycle feeds was made on the device at once (no per-step host
+        # copy): the n true ones, then one per drafted token but the last
         tokens: list[Tensor] = []
         probs: list[Tensor] = []
         with self.draft.using(self.spec):

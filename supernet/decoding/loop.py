@@ -11,13 +11,15 @@ Both return the tokens and `GenerationStats`; neither prints anything.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.decoding.protocol import Drafter, Proposal
+from dreams_nas.supernet.core.tree import TokenTree
+from dreams_nas.supernet.decoding.protocol import Drafter, Proposal, supports_trees
 from dreams_nas.supernet.decoding.sampling import (
     SamplingConfig,
     choose,
@@ -25,8 +27,11 @@ from dreams_nas.supernet.decoding.sampling import (
     logits_to_probs,
     rejection_accept,
 )
+from dreams_nas.supernet.decoding.tree_cycle import fitted_tree, tree_step
 from dreams_nas.supernet.target.adapter import TargetAdapter, VerifyOutput
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,7 @@ class GenerationStats:
     new_tokens: int
     target_forwards: int  # prefill + one per verify (or decode) step
     cycle_lengths: tuple[int, ...]  # tokens kept per verify forward (accepted + 1, cut at EOS)
-    proposed: tuple[int, ...]  # draft tokens proposed in each cycle
+    proposed: tuple[int, ...]  # draft tokens (for a tree: depths) proposed in each cycle
     prefill_s: float  # the target's prompt pass
     draft_s: float  # the drafter's proposals and updates, every cycle
     verify_s: float
@@ -200,17 +205,37 @@ def _truncate_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]
     return tokens, False
 
 
+def tree_fallback(target: TargetAdapter, drafter: Drafter) -> str | None:
+    """Why a tree cannot be drafted and verified here (None when it can)."""
+    if not supports_trees(drafter):
+        return f"{type(drafter).__name__} drafts chains only"
+    if not getattr(target, "supports_trees", False):
+        return getattr(target, "tree_note", None) or f"{target.family} verifies chains only"
+    return None
+
+
 @torch.inference_mode()
 def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter | None = None, *,
              gamma: int = 5, max_new_tokens: int = 64, sampling: SamplingConfig = SamplingConfig(),
-             generator: torch.Generator | None = None, timed: bool = False) -> GenerationResult:
+             generator: torch.Generator | None = None, timed: bool = False,
+             tree: TokenTree | None = None) -> GenerationResult:
     """Speculative decoding with `drafter` (plain decoding when it is None).
 
+    tree: draft this token tree each cycle instead of a chain of `gamma` (a chain-shaped tree
+    is that chain). Where the drafter or the target's family cannot do trees, the chain of the
+    tree's depth is drafted and the reason logged once.
     timed: measure each phase (synchronising the device at every phase boundary); otherwise
     only the whole call is timed and the phase fields of the stats are NaN."""
     if drafter is None:
         return plain_generate(target, inputs, max_new_tokens=max_new_tokens, sampling=sampling,
                               generator=generator, timed=timed)
+    if tree is not None:
+        gamma = tree.depth
+        why = None if tree.is_chain else tree_fallback(target, drafter)
+        if tree.is_chain or why:
+            if why:
+                log.warning("tree %s drafted as a chain of %d: %s", tree.label, gamma, why)
+            tree = None
     _check(gamma, max_new_tokens)
     clock = _Clock(target.device, timed)
     pre = target.prefill(inputs, layers=drafter.required_layers)
@@ -223,7 +248,13 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
     proposed: list[int] = []
     while not done and len(tokens) < max_new_tokens:
         room = min(gamma, max_new_tokens - len(tokens) - 1)  # never produce past the budget
-        accepted, k = step(target, drafter, last, room, sampling, generator, clock)
+        if tree is not None and room > 0:
+            shape = fitted_tree(tree, room)
+            n, kept, ids = tree_step(target, drafter, last, shape, sampling, generator,
+                                     clock.lap)
+            accepted, k = Accepted(n, kept, ids), shape.depth
+        else:
+            accepted, k = step(target, drafter, last, room, sampling, generator, clock)
         new, done = _truncate_at_eos(accepted.ids, target.eos_token_ids)
         tokens.extend(new)
         lengths.append(len(new))  # accepted + 1, less anything after an EOS

@@ -20,6 +20,11 @@ protocol (in the spirit of transformers' ``CandidateGenerator``) has three calls
     cache: ``last_token`` and the n accepted draft tokens (n + 1 positions), with
     ``last_hidden`` and ``layer_hidden`` for ``required_layers``.
 
+``propose_tree(last_token, tree, sampling, generator) -> TreeProposal`` (optional)
+    a token tree (`supernet.core.tree.TokenTree`) that follows ``last_token``: the tree's
+    nodes 1..N in breadth-first order, each node's children ranked best first. Drafters
+    without it draft chains only; the loop then falls back to the chain of the tree's depth.
+
 ``required_layers`` (a tuple of HF hidden-state indices) tells the loop which target layers the
 adapter must capture at prefill and at every verify. An optional ``default_gamma`` attribute (a
 spec's ``draft_len``) is the draft length `dreams-nas generate` uses
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.sampling import SamplingConfig
 from torch import Tensor
 
@@ -44,6 +50,20 @@ class Proposal:
     tokens: Tensor  # (1, k) long, k <= gamma (may be 0)
     # (1, k, vocab) after sampling processing; None = deterministic
     draft_probs: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    tree: TokenTree
+    tokens: Tensor  # (1, tree.nodes) long: nodes 1..N, breadth first
+    # (1, m, vocab): at node i < m, the draft distribution (after sampling processing) its
+    # children were drawn from without replacement; None = children chosen deterministically
+    draft_probs: Tensor | None = None
+
+
+def supports_trees(drafter: object) -> bool:
+    """Whether `drafter` can draft token trees (has `propose_tree`)."""
+    return callable(getattr(drafter, "propose_tree", None))
 
 
 @runtime_checkable

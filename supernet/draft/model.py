@@ -142,7 +142,8 @@ class DreamDraft(nn.Module):
 
     def forward(self, input_ids: Tensor, prev_hidden: Tensor, position_ids: Tensor,
                 memory: Memory | None, *, attention_mask: Tensor | None = None,
-                cache: DraftCache | None = None) -> DraftOutput:
+                cache: DraftCache | None = None, tree_mask: Tensor | None = None
+                ) -> DraftOutput:
         """Run the active subnet over new text positions.
 
         input_ids:      (batch, seq) tokens x_p
@@ -151,12 +152,19 @@ class DreamDraft(nn.Module):
         memory:         from `memory(...)` (None only for the text-only draft)
         attention_mask: bool (batch, seq) True at real tokens (training with right padding)
         cache:          the draft's KV cache; new positions are appended to it
+        tree_mask:      bool (seq, tree_len + seq): which of the cache's last `tree_len`
+                        positions (a token tree's nodes drafted so far) and of the new ones
+                        each new position sees (its ancestors and itself); every earlier
+                        cache position stays visible. None: causal.
         """
         heads = self._active.heads
         x = self.embed(input_ids).to(prev_hidden.dtype)
         h = self.fuse(torch.cat((x, prev_hidden), dim=-1))
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         mask = self._self_mask(input_ids.shape[1], cache, attention_mask, h.device)
+        if tree_mask is not None:
+            mask = mask.clone()
+            mask[..., mask.shape[-1] - tree_mask.shape[-1]:] = tree_mask.to(h.device)
         h = self.layer_in(h, heads, cos, sin, mask, cache, 0)
         cross_out = None
         if self.cross is not None:

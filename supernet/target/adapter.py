@@ -6,6 +6,8 @@ trainer and the latency profiler all drive the same way.
     pre = adapter.prefill(inputs, layers=(4, 8))      # KV cache filled; logits of the last position
     out = adapter.verify(tokens)                      # (1, k) new tokens in one forward
     adapter.rollback(n)                               # forget the last n cache positions
+    out = adapter.verify_tree(nodes, tree.parents)    # a token tree's nodes in one forward
+    adapter.keep_path(path, tree.nodes + 1)           # the cache keeps the accepted path only
 
 Hidden states of requested layers come from forward hooks on those decoder layers only (asking HF
 for every hidden state costs noticeably more per step). ``layer_hidden[i]`` follows HF's
@@ -32,6 +34,14 @@ from dreams_nas.supernet.target.families import (
     detect_family,
     structural_token_ids,
     text_decoder,
+)
+from dreams_nas.supernet.target.tree_attention import (
+    LayoutCache,
+    check_parents,
+    check_path,
+    compact_cache,
+    sliding_window,
+    tree_support,
 )
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import rotate_half
@@ -84,6 +94,8 @@ class TargetAdapter:
         self.eos_token_ids: set[int] = self._eos_ids()
         self._structural = structural_token_ids(self.tokenizer)
         self.cache = None
+        self._layouts = LayoutCache()
+        self._tree: tuple[int, tuple[int, ...]] | None = None  # (cache_len before, parents)
 
     # ----------------------------------------------------------------- construction
     @classmethod
@@ -134,6 +146,16 @@ class TargetAdapter:
     @property
     def cache_len(self) -> int:
         return 0 if self.cache is None else int(self.cache.get_seq_length())
+
+    @property
+    def tree_note(self) -> str | None:
+        """Why this target cannot verify token trees (None when it can)."""
+        return tree_support(self.decoder.config)
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether `verify_tree` works here (the loop falls back to chains otherwise)."""
+        return self.tree_note is None
 
     def describe(self) -> dict[str, Any]:
         """The ``target`` block of run.json."""
@@ -220,10 +242,49 @@ class TargetAdapter:
         hidden, layer_hidden = self._forward({"input_ids": tokens.to(self.device)}, layers)
         return VerifyOutput(self.lm_head(hidden).float(), hidden, layer_hidden)
 
+    @torch.inference_mode()
+    def verify_tree(self, tokens: Tensor, parents: Sequence[int],
+                    layers: Sequence[int] = ()) -> VerifyOutput:
+        """Append a token tree's n nodes (1, n), breadth first with node 0 the root, to the cache
+        in one forward: node i sits at position cache_len + depth(i) and attends to the cache
+        and its own ancestors only. Logits for each node; follow with `keep_path`."""
+        if self.cache is None:
+            raise RuntimeError("verify_tree() before prefill(): call prefill(inputs) first")
+        tokens = tokens.to(self.device).view(1, -1)
+        parents = check_parents(parents, tokens.shape[1])
+        start, n = self.cache_len, len(parents)
+        window = sliding_window(self.decoder.config)
+        if window is not None and start + n >= window:
+            raise RuntimeError(f"a tree of {n} nodes after {start} cached tokens passes the "
+                               f"sliding window ({window}); verify chains instead")
+        layout = self._layouts.get(parents, self.device, self.dtype)
+        deltas = getattr(self.model.model, "rope_deltas", None) if self.info.uses_mrope else None
+        inputs = {"input_ids": tokens, "attention_mask": layout.mask(start),
+                  "position_ids": layout.positions(start, deltas, self.info.uses_mrope)}
+        hidden, layer_hidden = self._forward(inputs, layers)
+        self._tree = (start, parents)
+        return VerifyOutput(self.lm_head(hidden).float(), hidden, layer_hidden)
+
+    @torch.inference_mode()
+    def keep_path(self, path: Sequence[int], n: int) -> None:
+        """After a `verify_tree` of n nodes, keep the cache entries of the nodes in `path` (a
+        root-to-node path, root first), packed right after the old cache, and drop the rest."""
+        if self._tree is None or self.cache_len != self._tree[0] + len(self._tree[1]):
+            raise ValueError("keep_path() must follow verify_tree() directly")
+        start, parents = self._tree
+        if n != len(parents):
+            raise ValueError(f"keep_path(n={n}) but the last verify_tree appended "
+                             f"{len(parents)} nodes")
+        path = check_path(path, parents)
+        self._tree = None
+        keep = torch.tensor(path, device=self.device) + start  # one index, no host loop
+        compact_cache(self.cache, start, keep)
+
     def rollback(self, n: int) -> None:
         """Drop the last n cache positions (no-op for n == 0)."""
         if n < 0 or n > self.cache_len:
             raise ValueError(f"rollback({n}) needs 0 <= n <= cache_len ({self.cache_len})")
+        self._tree = None
         if n > 0:
             self.cache.crop(-n)
 
@@ -232,7 +293,8 @@ class TargetAdapter:
         layer_hidden: dict[int, Tensor] = {}
         handles = self._layer_hooks(layers, layer_hidden) + [h() for h in extra_hooks]
         kwargs = dict(inputs)
-        if not fresh and self.info.uses_mrope:
+        self._tree = None
+        if not fresh and self.info.uses_mrope and "position_ids" not in kwargs:
             # M-RoPE positions come from cache length + rope_deltas
             kwargs.pop("attention_mask", None)
         try:

@@ -41,6 +41,9 @@ class Batch:
                      mv(self.visual_scores), mv(self.prompt_mask))
 
 
+# weight of the k-th unrolled drafting pass (EAGLE-3 weighs its test-time steps by 0.8^k)
+UNROLL_DECAY = 0.8
+
 def collate(samples: Sequence[TargetSample]) -> Batch:
     b = len(samples)
     hidden = samples[0].last_hidden.shape[-1]
@@ -100,7 +103,9 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
     noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
             draft's own, imperfect features while drafting).
     unroll: extra passes in which the draft reads its own features, as drafting steps 2..
-            (`unroll.unrolled_forward`); every pass's terms are averaged with equal weight.
+            (`unroll.unrolled_forward`); pass k's terms weigh UNROLL_DECAY**k (EAGLE-3's
+            training-time test), normalised over the passes used, so the first drafted
+            position, which every cycle drafts, keeps the most weight however deep the unroll.
     """
     with model.using(spec):
         memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
@@ -116,7 +121,7 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
             outs = [model(batch.text_ids, prev, batch.text_pos, memory,
                           attention_mask=batch.text_mask)]
     totals = {"kl": 0.0, "distill": 0.0, "feat": 0.0}
-    used = 0
+    used = 0.0
     for k, out in enumerate(outs):
         # pass k at text index t is the k-th drafted step of a cycle whose true context ends at
         # t - k: count it only when that start also lies in the answer
@@ -126,17 +131,18 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
             m[:, :k] = False
         if not bool(m.any()):
             continue
-        used += 1
+        w = UNROLL_DECAY**k
+        used += w
         feature = out.feature[m]  # (n, hidden)
         target = batch.last_hidden[m]
         draft_logp = F.log_softmax(model.logits(feature).float(), -1)
         target_logp = F.log_softmax(model.logits(target).float(), -1)
-        totals["kl"] = totals["kl"] + F.kl_div(draft_logp, target_logp, log_target=True,
-                                               reduction="batchmean")
-        totals["feat"] = totals["feat"] + F.smooth_l1_loss(feature, target)
+        totals["kl"] = totals["kl"] + w * F.kl_div(draft_logp, target_logp, log_target=True,
+                                                   reduction="batchmean")
+        totals["feat"] = totals["feat"] + w * F.smooth_l1_loss(feature, target)
         if out.cross_out is not None and distill_layers and weights.distill > 0:
             cross = _rms(out.cross_out[m])
-            totals["distill"] = totals["distill"] + torch.stack(
+            totals["distill"] = totals["distill"] + w * torch.stack(
                 [F.smooth_l1_loss(cross, _rms(batch.distill[i][m])) for i in distill_layers]).mean()
     zero = batch.prev_hidden.new_zeros(())
     terms = {key: (val / used if used else zero) + zero for key, val in totals.items()}

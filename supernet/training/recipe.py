@@ -136,6 +136,8 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     layers = distill_layers_for(distill, data)
     if distill == "none":
         config = replace(config, weights=replace(config.weights, distill=0.0))
+    if config.unroll is None:  # the training-time test runs as deep as the space drafts
+        config = replace(config, unroll=data.space.max_depth - 1)
     draft = build_draft(target, data, num_heads=heads, seed=config.seed, device=device)
     # fp32 master weights; the forward runs in the target's dtype under autocast
     dtype = str(target.dtype).removeprefix("torch.")

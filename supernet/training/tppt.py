@@ -36,6 +36,9 @@ from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.batching import Batch, LossWeights, collate, loss_terms
 from dreams_nas.supernet.training.features import TargetSample
 
+# EAGLE-3's training-time test: 7 drafting steps, the deepest draft of the default space
+DEFAULT_UNROLL = 6
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -50,7 +53,9 @@ class TrainConfig:
     random_subnets: int = 2
     weights: LossWeights = field(default_factory=LossWeights)
     feature_noise: float = 0.1
-    unroll: int = 2  # drafting steps trained on the draft's own features (training-time test)
+    # drafting steps 2.. trained on the draft's own features (training-time test); None: up to
+    # the deepest draft of the space (`train_run`), DEFAULT_UNROLL without one
+    unroll: int | None = None
     calibration_batches: int = 4
     checkpoint_every: int = 25
     seed: int = 0
@@ -58,12 +63,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
                      "unroll"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise InputError(f"{name}={getattr(self, name)} must be >= 0")
         if self.warmup_steps + self.multires_steps < 1:
             raise InputError("warmup_steps + multires_steps is 0; train for at least one step")
         if self.batch_size < 1 or self.checkpoint_every < 1:
             raise InputError("batch_size and checkpoint_every must be at least 1")
+
+    @property
+    def unroll_depth(self) -> int:
+        """The unrolled drafting passes each step trains (after the teacher-forced one)."""
+        return DEFAULT_UNROLL if self.unroll is None else int(self.unroll)
 
     @property
     def total_steps(self) -> int:
@@ -323,7 +333,7 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         for spec in specs:
             with amp.autocast():
                 terms = loss_terms(model, batch, spec, distill_layers, config.weights,
-                                   config.feature_noise, noise_gen, config.unroll)
+                                   config.feature_noise, noise_gen, config.unroll_depth)
             amp.scaler.scale(terms["loss"] / len(specs)).backward()
             for key in sums:
                 sums[key] += float(terms[key].detach()) / len(specs)

@@ -18,8 +18,16 @@ def accept_prob(spec: SubnetSpec) -> float:
 
 
 def tau_of(spec: SubnetSpec) -> float:
+    """A chain: 1 + a + ... + a^gamma. A token tree: depth i is reached when one of the
+    branching[i-1] candidates there is right, 1 - (1 - a)^b, given depth i - 1 was."""
     a = accept_prob(spec)
-    return sum(a**i for i in range(spec.draft_len + 1))
+    if not spec.tree:
+        return sum(a**i for i in range(spec.draft_len + 1))
+    tau, reach = 1.0, 1.0
+    for b in spec.tree:
+        reach *= 1 - (1 - a) ** b
+        tau += reach
+    return tau
 
 
 class FakeScorer:
@@ -55,10 +63,13 @@ class FakeLatency:
     def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
         self.calls += 1
         if kind in ("draft", "draft_first"):  # first step as hot as the rest: old formula
-            assert spec is not None
-            return 0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
+            assert spec is not None  # k > 1: a token tree's level of k nodes
+            one = 0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
+            return one * (1 + 0.25 * (k - 1))
         if kind == "verify":
             return 10.0 + 0.9 * k
+        if kind == "verify_tree":  # the tree's mask costs a little over a chain of k
+            return 10.5 + 0.9 * k
         if kind == "decode":
             return 9.5
         raise ValueError(kind)
@@ -89,12 +100,32 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str) -> None:
                          "heads": float("nan"), "visual_keep": float("nan"),
                          "inject_layer": float("nan"), "draft_len": float("nan"),
                          "context_len": ctx, "k": k, "median_ms": 4.0 + 0.3 * k})
+        rows += _synthetic_tree_rows(space, ctx)
     predictor = LatencyPredictor.fit(pd.DataFrame(rows), hardware_id, holdout=0.0)
     predictor.save(run.latency_dir(hardware_id))
     (run.latency_dir(hardware_id) / "profile.csv").write_text("hardware_id,kind\n")
     (run.latency_dir(hardware_id) / "hardware.json").write_text(json.dumps(
         {"hardware_id": hardware_id, "kind": "cpu", "name": "test box", "threads": 1,
          "dtype": "float32"}))
+
+
+def _synthetic_tree_rows(space: SearchSpace, ctx: int) -> list[dict]:
+    """The timings a profile of `space`'s token trees adds: each tree's verify (k = nodes + 1)
+    and the draft's step over each level width, at the largest and smallest subnet."""
+    from dreams_nas.latency.plan import tree_sizes
+
+    verify, levels = tree_sizes(space)
+    nan = float("nan")
+    rows = [{"kind": "verify_tree", "spec_id": "", "heads": nan, "visual_keep": nan,
+             "inject_layer": nan, "draft_len": nan, "context_len": ctx, "k": k,
+             "median_ms": 4.2 + 0.3 * k} for k in verify]
+    for h, v in ((min(space.heads), min(space.visual_keep)),
+                 (max(space.heads), max(space.visual_keep))):
+        rows += [{"kind": "draft", "spec_id": f"h{h}-v{v:.2f}-l1-g1", "heads": h,
+                  "visual_keep": v, "inject_layer": 1, "draft_len": 1, "context_len": ctx,
+                  "k": w, "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx + 0.05 * w}
+                 for w in levels]
+    return rows
 
 
 def this_cpu() -> str:

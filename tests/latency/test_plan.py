@@ -109,3 +109,24 @@ def test_step_keys_validate() -> None:
         StepKey("draft", 64)
     with pytest.raises(InputError, match="k=3 must be 1"):
         StepKey("decode", 64, 3)
+
+
+def test_a_space_with_trees_times_each_tree_size_and_each_level_width() -> None:
+    import dataclasses
+
+    trees = ((2, 1, 1), (3, 2, 1), (4, 1))  # nodes 6, 15, 8; level widths after the root
+    keys = build_plan(dataclasses.replace(SPACE, trees=trees), CONTEXTS)
+    tree_verify = {(k.context_len, k.k) for k in keys if k.kind == "verify_tree"}
+    assert tree_verify == set(itertools.product(CONTEXTS, (7, 16, 9)))
+    wide = {(k.spec.heads, k.spec.visual_keep, k.context_len, k.k)
+            for k in keys if k.kind == "draft" and k.k > 1}
+    # levels of 2 (2x1x1), 3 and 6 (3x2x1), 4 (4x1): the largest and smallest subnet each
+    assert wide == set(itertools.product((1, 4), (0.25, 1.0), CONTEXTS, (2, 3, 4, 6))) - {
+        (h, v, c, w) for h, v, c, w in itertools.product((1, 4), (0.25, 1.0), CONTEXTS,
+                                                          (2, 3, 4, 6))
+        if (h, v) not in ((1, 0.25), (4, 1.0))}
+    assert len({k.ident for k in keys}) == len(keys)
+    chains = build_plan(SPACE, CONTEXTS)
+    assert not any(k.kind == "verify_tree" or k.k > 1 and k.kind == "draft" for k in chains)
+    with pytest.raises(InputError, match="k >= 2"):
+        StepKey("verify_tree", 64, 1)

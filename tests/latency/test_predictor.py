@@ -378,7 +378,7 @@ def test_a_crafted_pickle_with_a_matching_hash_is_never_unpickled(tmp_path, capl
     assert not (tmp_path / "predictor.joblib").exists()
     assert (tmp_path / "predictor.skops").is_file()
     fresh = json.loads((tmp_path / "predictor.json").read_text())
-    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 3
+    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 4
     assert "joblib_sha256" not in fresh and len(fresh["skops_sha256"]) == 64
 
 

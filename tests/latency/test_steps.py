@@ -47,3 +47,19 @@ def test_verify_is_prepared_by_the_draft_steps_of_the_preceding_subnet(tiny_llav
 def test_without_a_preceding_subnet_the_verify_is_timed_hot(tiny_llava) -> None:
     steps = _steps(tiny_llava, precede=False)
     assert steps.build(StepKey("verify", 20, 4)).prepare is None
+
+
+def test_a_tree_verify_and_a_tree_level_step_run_and_roll_back(tiny_llava) -> None:
+    import torch
+    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.tree import TokenTree
+
+    steps = _steps(tiny_llava, precede=False)
+    steps.trees = {7: TokenTree((2, 2))}
+    verify = steps.build(StepKey("verify_tree", 20, 7))  # the 6 nodes of 2x2 and the root
+    ranked = verify.run()
+    assert ranked.shape == (1, 7) and steps.adapter.cache_len == 20
+    level = steps.build(StepKey("draft", 20, 4, SubnetSpec(4, 1.0, 1, 1)))
+    children = level.run()
+    assert children.shape == (4, 4)  # every node of the level ranks its top children
+    assert torch.equal(children, level.run())  # the draft's cache is cropped back

@@ -12,7 +12,8 @@ from dreams_nas.supernet.core.space import SearchSpace
 from peers import REFERENCE, Decoded, Method, markdown_table, measure_methods
 
 HW = this_cpu()  # the search measures only on the profiled machine
-SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 2))
+SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 2),
+                    trees=((2, 1), (2, 2)))
 METHODS = (REFERENCE, "HF prompt lookup", "HF assisted (small VLM)", "ours: plain decoding",
            "ours: prompt lookup",
            "ours: EAGLE-like draft", "ours: full supernet", "ours: NAS-chosen subnet")
@@ -92,6 +93,18 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_t
     assert result["nas_spec"] == best["spec_id"] and best["spec_id"] in result["table"]
     assert result["eagle_spec"] == "h2-v1.00-l2-g5"
     assert result["table"].count("\n") == len(METHODS) + 1
+    # the tree benchmark on the same run: the best chain and the best tree, measured
+    import bench_trees
+
+    assert bench_trees.main(["--run", str(run.root), "--prompts", "2", "--max-new-tokens", "8",
+                             "--repeats", "2", "--threads", "1", "--json"]) == 0
+    stdout, stderr = capsys.readouterr()
+    trees = json.loads(stdout)
+    chain, tree = trees["rows"]["chain"], trees["rows"]["tree"]
+    assert "-g" in chain["spec_id"] and "-t2x" in tree["spec_id"]
+    assert chain["identical_prompts"] == tree["identical_prompts"] == 2  # lossless
+    assert trees["search_choice"] == best["spec_id"] and isinstance(trees["agrees"], bool)
+    assert trees["tree_over_chain"] > 0 and trees["table"] in stderr
 
 
 def test_full_and_eagle_specs() -> None:

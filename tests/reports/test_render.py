@@ -220,3 +220,28 @@ def test_a_search_written_before_memory_was_estimated_has_no_memory_figure(tmp_p
     assert all(s.draft_bytes is None for s in data.subnets)
     names = {f.name for f in render_figures(data)}
     assert "pareto_memory" not in names and "tau_cost" in names
+
+
+def test_chains_and_trees_are_told_apart_on_the_front(tmp_path) -> None:
+    import numpy as np
+    import pandas as pd
+
+    run = make_run(tmp_path / "run")
+    trials = next(run.glob("search/*/trials.csv"))
+    frame = pd.read_csv(trials, dtype={"spec_id": str})
+    tree = frame["draft_len"] == 3  # these subnets now draft the tree 3x1x1 (depth 3)
+    assert tree.any()
+    frame["tree"] = np.where(tree, "3x1x1", "")
+    frame.loc[tree, "spec_id"] = frame.loc[tree, "spec_id"].str.replace("-g3", "-t3x1x1")
+    frame["cycle_ms"] = (frame["first_draft_ms"] + (frame["draft_len"] - 1) * frame["draft_ms"]
+                         + frame["verify_ms"])
+    frame.loc[tree, "cycle_ms"] += 0.5  # a 3-wide level costs more than a chain's step
+    frame.to_csv(trials, index=False)
+    data = build_report_data(run)
+    table = data.columns
+    assert table.is_tree.sum() == tree.sum()
+    np.testing.assert_allclose(table.cycle_ms, table.recorded_cycle_ms)
+    page = write_report(run).read_text(encoding="utf-8")
+    note = page.split('id="shapes">', 1)[1].split("</p>", 1)[0]
+    assert "best chain:" in note and "best tree:" in note and "-t3x1x1" in note
+    assert ("tree 3x1x1" in page) == any(s.tree for s in data.front)

@@ -71,6 +71,38 @@ def test_teacher_forced_tau_agrees_with_real_speculative_runs(trained) -> None:
         assert rows[spec].tau_lo <= rows[spec].tau <= rows[spec].tau_hi
 
 
+TREE_SPECS = [SubnetSpec(4, 1.0, 4, 3, tree=(3, 2, 1)), SubnetSpec(2, 0.5, 2, 4, tree=(2, 2, 1, 1)),
+              SubnetSpec(1, 0.25, 2, 5, tree=(4, 1, 1, 1, 1))]
+
+
+@pytest.mark.slow  # 24 real tree generations
+def test_teacher_forced_tree_tau_equals_real_tree_decoding(trained) -> None:
+    """At temperature 0 a tree accepts the target's greedy path as deep as each depth's
+    target token is within the draft's top-k there: the rank pass gives tau exactly."""
+    adapter, draft, prompts = trained
+    rows = {r.spec: r for r in _scorer(trained, draft_lens=(1,)).score(TREE_SPECS)}
+    for spec in TREE_SPECS:
+        lengths = []
+        for prompt in prompts:
+            out = generate(adapter, prompt, DreamDrafter(draft, spec), tree=spec.shape,
+                           max_new_tokens=MAX_NEW)
+            lengths += out.stats.cycle_lengths
+        measured = sum(lengths) / len(lengths)
+        assert measured > 1.5
+        assert rows[spec].tau == pytest.approx(measured, rel=0.02), spec.id
+        assert rows[spec].n_tokens == sum(lengths)
+
+
+def test_a_tree_accepts_at_least_its_chain(trained) -> None:
+    """A tree whose first child at every depth is the chain's token accepts everything the
+    chain does, and more where the target's token is a lower-ranked child."""
+    scorer = _scorer(trained, draft_lens=(3,), trees=((3, 2, 1), (1, 1, 1)))
+    rows = {r.spec.id: r for r in scorer.score([SubnetSpec(2, 0.5, 2, 3)])}
+    assert set(rows) == {"h2-v0.50-l2-g3", "h2-v0.50-l2-t3x2x1"}
+    assert rows["h2-v0.50-l2-t3x2x1"].tau > rows["h2-v0.50-l2-g3"].tau
+    assert len(rows["h2-v0.50-l2-t3x2x1"].accept_rates) == 3
+
+
 def test_one_rollout_scores_every_draft_len_of_a_triple(trained) -> None:
     scorer = _scorer(trained, draft_lens=(1, 2, 3, 5))
     rows = scorer.score([SubnetSpec(2, 0.5, 2, 3)])

@@ -9,6 +9,7 @@ import pytest
 from dreams_nas.supernet.acceptance.table import (
     ACCEPTANCE_COLUMNS,
     LEGACY_COLUMNS,
+    PRE_TREE_COLUMNS,
     AcceptanceRow,
     AcceptanceTable,
 )
@@ -122,7 +123,7 @@ def _write_legacy(path, rows) -> None:
         writer.writeheader()
         for row in rows:
             fields = row.to_csv_row()
-            del fields["dtype"], fields["max_new_tokens"]
+            del fields["dtype"], fields["max_new_tokens"], fields["tree"]
             writer.writerow(fields)
         handle.write("abc,builtin,h1-v1.00-l1-g3,1,1.0")  # a kill mid-row
 
@@ -145,6 +146,26 @@ def test_an_old_header_file_is_migrated_on_append(tmp_path) -> None:
     assert table.load() == {new.spec: new}  # the old rows match no table: scored again
     table.append([_row(SubnetSpec(2, 0.5, 1, 2), tau=2.4)])
     assert len(table.load()) == 2
+
+
+def test_a_file_written_before_trees_keeps_its_rows_as_chains(tmp_path) -> None:
+    path = tmp_path / "a.csv"
+    old = [_row(SubnetSpec(1, 1.0, 1, 1), tau=1.1), _row(SubnetSpec(2, 0.5, 1, 2), tau=1.9)]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(PRE_TREE_COLUMNS))
+        writer.writeheader()
+        for row in old:
+            fields = row.to_csv_row()
+            del fields["tree"]
+            writer.writerow(fields)
+    table = AcceptanceTable(path, "abc", "builtin")
+    assert table.load() == {r.spec: r for r in old}  # chains, still valid: not scored again
+    with path.open(newline="") as handle:
+        assert csv.DictReader(handle).fieldnames == list(ACCEPTANCE_COLUMNS)
+    tree = _row(SubnetSpec(1, 1.0, 1, 3, tree=(3, 2, 1)), tau=2.5)
+    table.append([tree])
+    assert table.load()[tree.spec] == tree
+    assert "h1-v1.00-l1-t3x2x1" in path.read_text()
 
 
 def test_an_old_header_file_is_migrated_on_load_and_others_are_refused(tmp_path) -> None:
@@ -243,7 +264,7 @@ def test_a_damaged_line_is_refused_but_a_torn_last_line_is_skipped(tmp_path) -> 
     assert AcceptanceTable(path, "abc", "builtin").load() == {first.spec: first}
     with path.open("a", newline="") as handle:  # a line cut short in the middle: damage
         handle.write("0\r\nabc,builtin,h2-v1.00-l1-g2,2\r\n" + line + "\r\n")
-    with pytest.raises(InputError, match=r"a\.csv line 4 has 4 cells, not the header's 24: the "
+    with pytest.raises(InputError, match=r"a\.csv line 4 has 4 cells, not the header's 25: the "
                                          r"file is damaged; move it aside"):
         AcceptanceTable(path, "abc", "builtin").load()
 

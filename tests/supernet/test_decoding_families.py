@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _support.models import FAMILIES, PROMPTS, tiny_image
+from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.drafters import OracleDrafter, PromptLookupDrafter, ReplayDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate
 
@@ -82,3 +83,41 @@ def test_always_wrong_drafter_is_lossless(family_case) -> None:
     for _, result in _run_all(family_case, lambda ref: WrongDrafter(horizon=MAX_NEW)):
         assert set(result.stats.cycle_lengths) == {1}
         assert all(p >= 1 for p in result.stats.proposed[:-1])
+
+
+# --- token trees: one verify forward over the tree, the accepted path kept in the cache -----
+TREES = (TokenTree((2, 1)), TokenTree((3, 2, 1)), TokenTree((2, 2, 2, 1)))
+
+
+class RotatingOracle(OracleDrafter):
+    """The oracle's tokens on the path whose rank at depth d is (d - 1) mod width: every
+    depth accepts a child that is not always the first."""
+
+    def true_rank(self, depth: int, width: int) -> int:
+        return (depth - 1) % width
+
+
+def _run_trees(family_case, make_drafter):
+    adapter, cases = family_case
+    if not adapter.supports_trees:
+        pytest.skip(f"{adapter.family}: {adapter.tree_note}")
+    mismatches, results = [], []
+    for i, (inputs, ref) in enumerate(cases):
+        for tree in TREES:
+            result = generate(adapter, inputs, make_drafter(), tree=tree, max_new_tokens=MAX_NEW)
+            results.append((tree, result))
+            if result.tokens.tolist() != ref.tolist():
+                mismatches.append((i, tree.label, result.tokens.tolist(), ref.tolist()))
+    assert not mismatches, f"{adapter.family}: tree speculative != generate for {mismatches[:3]}"
+    return results
+
+
+def test_tree_oracle_is_lossless_and_accepts_every_depth(family_case) -> None:
+    for tree, result in _run_trees(family_case, lambda: RotatingOracle(horizon=MAX_NEW)):
+        lengths = result.stats.cycle_lengths
+        assert all(n == tree.depth + 1 for n in lengths[:-1]), (tree.label, lengths)
+
+
+def test_tree_always_wrong_drafter_is_lossless(family_case) -> None:
+    for _, result in _run_trees(family_case, lambda: WrongDrafter(horizon=MAX_NEW)):
+        assert set(result.stats.cycle_lengths) == {1}

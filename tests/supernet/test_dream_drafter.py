@@ -7,6 +7,7 @@ import torch
 from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.core.io import atomic_write_json
 from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate
 from dreams_nas.supernet.decoding.protocol import Drafter
@@ -59,6 +60,25 @@ def test_greedy_output_is_the_targets_token_for_token(trained, spec):
     assert sum(taus) / len(taus) > 1.15  # the trained draft is accepted, not merely harmless
 
 
+@pytest.mark.parametrize("tree", [(3, 2, 1), (2, 2, 2, 1)], ids=lambda t: "x".join(map(str, t)))
+def test_tree_greedy_output_is_the_targets_token_for_token(trained, tree):
+    adapter, draft, prompts = trained
+    chain_taus, tree_taus = [], []
+    for spec in SPECS:
+        tree_spec = spec.replace(tree=tree)
+        drafter = DreamDrafter(draft, tree_spec)
+        assert drafter.default_tree == TokenTree(tree)
+        for prompt in prompts[:8]:
+            ref = plain_generate(adapter, prompt, max_new_tokens=12)
+            out = generate(adapter, prompt, drafter, tree=tree_spec.shape, max_new_tokens=12)
+            assert out.tokens.tolist() == ref.tokens.tolist()
+            chain = generate(adapter, prompt, DreamDrafter(draft, spec), gamma=len(tree),
+                             max_new_tokens=12)
+            tree_taus.append(out.stats.tau)
+            chain_taus.append(chain.stats.tau)
+    assert sum(tree_taus) > sum(chain_taus)  # the tree's extra children are accepted too
+
+
 def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):
     adapter, draft, prompts = trained
     spec = SPECS[0]
@@ -75,8 +95,11 @@ def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):
         assert a.stats.cycle_lengths == b.stats.cycle_lengths
 
 
-def test_sampling_keeps_the_targets_distribution(trained):
-    """Second token (the first one a draft proposes) over many seeded runs vs its exact law."""
+@pytest.mark.parametrize("tree", [None, TokenTree((3,)), TokenTree((2, 2))],
+                         ids=["chain", "tree-3", "tree-2x2"])
+def test_sampling_keeps_the_targets_distribution(trained, tree):
+    """Second token (the first one a draft proposes) over many seeded runs vs its exact law;
+    with a tree, siblings sampled without replacement and tried by recursive rejection."""
     from scipy.stats import chisquare
 
     adapter, draft, prompts = trained
@@ -96,7 +119,7 @@ def test_sampling_keeps_the_targets_distribution(trained):
     accepted = 0
     for _ in range(runs):
         out = generate(adapter, prompt, drafter, gamma=1, max_new_tokens=3, sampling=sampling,
-                       generator=gen)
+                       generator=gen, tree=tree)
         counts[out.tokens[1]] += 1
         accepted += out.stats.cycle_lengths[0] > 1
     support = expected > 0
