@@ -44,6 +44,11 @@ def test_generate_json_matches_plain_decoding(checkpoint, capsys) -> None:
         assert {"text", "tau", "target_forwards", "tokens_per_s"} <= set(summary)
         if drafter == "oracle" and len(plain["tokens"]) == 8:
             assert summary["target_forwards"] == 3  # prefill + ceil(7 / (3 + 1)) verify steps
+    # a token tree: the oracle drafts the tree 2x2 each cycle, the output stays greedy
+    code, out, err = _run(capsys, *base, "--drafter", "oracle", "--tree", "2x2")
+    assert code == 0, err
+    tree = json.loads(out)
+    assert tree["tokens"] == plain["tokens"] and (tree["tree"], tree["draft_len"]) == ("2x2", 2)
     # the ids decode to the printed text; without --json the text goes to stdout
     code, out, _ = _run(capsys, *base[:-1])
     assert code == 0 and out.strip() == plain["text"]
@@ -59,6 +64,8 @@ def test_generate_json_matches_plain_decoding(checkpoint, capsys) -> None:
     (["--image", "{root}/bomb.png"], r"image file .*bomb.png' is too large to decode "
                                      r"\(400,000,000 pixels, .*; resize it"),
     (["--image", "{root}"], r"image file .*' is a folder"),
+    (["--tree", "2y1"], r"'2y1' is not a tree shape; shapes look like '4x2x1'"),
+    (["--tree", "2x2", "--draft-len", "3"], r"--draft-len 3 and --tree 2x2 \(depth 2\) disagree"),
     # HF_HUB_OFFLINE=1 (tests/conftest.py): a hub id not in the cache fails at once, no retries
     (["--target", "nobody/not-in-the-cache"], r"hub id 'nobody/not-in-the-cache' is not in the "
                                                r"local Hugging Face cache and offline mode is on"),
