@@ -24,6 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multires-steps", type=whole(0), default=None, metavar="N",
                         help="phase 2 steps, sandwich rule over subnets (default 300)")
     parser.add_argument("--batch-size", type=whole(1), default=None, metavar="N", help="default 8")
+    parser.add_argument("--unroll", type=whole(0, 15), default=None, metavar="N",
+                        help="drafting steps after the first trained on the draft's own "
+                             "features (training-time test; default: the space's deepest "
+                             "chain or tree minus 1, 6 for gamma 7)")
     parser.add_argument("--lr", type=real(0.0, low_open=True), default=None,
                         help="peak learning rate (default 2e-3)")
     parser.add_argument("--lambda-kl", type=real(0.0), default=None,
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = TrainOptions(
         target=args.target, data=args.data, n_train=args.n_train,
         warmup_steps=args.warmup_steps, multires_steps=args.multires_steps,
-        batch_size=args.batch_size, lr=args.lr, lambda_kl=args.lambda_kl,
+        batch_size=args.batch_size, unroll=args.unroll, lr=args.lr, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
         heads=args.heads, max_new_tokens=args.max_new_tokens, device=args.device,
         dtype=args.dtype,

@@ -29,6 +29,7 @@ class TrainOptions:
     warmup_steps: int | None = None
     multires_steps: int | None = None
     batch_size: int | None = None
+    unroll: int | None = None  # None: the space's deepest draft - 1 (`train_run`)
     lr: float | None = None
     lambda_kl: float | None = None
     lambda_distill: float | None = None
@@ -48,7 +49,7 @@ class TrainOptions:
 
         base = TrainConfig()
         changes = {name: getattr(self, name) for name in
-                   ("warmup_steps", "multires_steps", "batch_size", "lr")
+                   ("warmup_steps", "multires_steps", "batch_size", "lr", "unroll")
                    if getattr(self, name) is not None}
         weights = LossWeights(
             kl=base.weights.kl if self.lambda_kl is None else self.lambda_kl,

@@ -42,7 +42,7 @@ def trained_run(tmp_path_factory) -> tuple[RunFolder, list[SimpleNamespace]]:
         target = TargetAdapter.load(target_dir)
         found = examples(root, 6)
         with torch_threads(1):
-            train_run(run, target, found, TrainConfig(warmup_steps=15, multires_steps=15,
+            train_run(run, target, found, TrainConfig(warmup_steps=15, multires_steps=15, unroll=2,
                       batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=16,
                       aifd_prompts=2, show_progress=False)
         run.save_space(SPACE)

@@ -64,7 +64,7 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_t
     folder = ensure_demo_target(variant="tiny", progress=False, threads=1)
     target = TargetAdapter.load(folder)
     train_run(run, target, builtin_dataset("train", 4), TrainConfig(
-        warmup_steps=4, multires_steps=4, batch_size=2, checkpoint_every=1000),
+        warmup_steps=4, multires_steps=4, batch_size=2, checkpoint_every=1000, unroll=2),
         max_new_tokens=8, aifd_prompts=1, show_progress=False)
     run.save_space(SPACE)
     fit_synthetic_latency(run, SPACE, HW)

@@ -30,7 +30,7 @@ def trained(setup):
     root, target, jsonl = setup
     run = root / "run"
     argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
-            "--warmup-steps", "2", "--multires-steps", "2", "--batch-size", "2",
+            "--warmup-steps", "2", "--multires-steps", "2", "--batch-size", "2", "--unroll", "1",
             "--max-new-tokens", "4", "--device", "cpu", "--json", "-q"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -48,6 +48,7 @@ def test_train_writes_the_run_and_prints_a_summary(setup, trained):
     data = json.loads((run / "run.json").read_text())
     assert {"target", "space", "supernet", "aifd"} <= set(data)
     assert data["target"]["path"] == str(target.resolve())
+    assert data["supernet"]["train"]["config"]["unroll"] == 1  # --unroll, not the space's depth
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -41,7 +41,7 @@ def trained():
     cfg = DraftConfig.for_target(model.config.text_config, inject_layers=LAYERS)
     shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
     draft = DreamDraft.initialised(cfg, shared, 0)
-    train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=40,
+    train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=40, unroll=2,
                    batch_size=4, lr=5e-3, checkpoint_every=1000), show_progress=False)
     return adapter, draft, prompts
 

@@ -36,7 +36,7 @@ def trained():
     samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
     shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
     draft = DreamDraft.initialised(DraftConfig.for_target(adapter.text_config, LAYERS), shared, 0)
-    config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3,
+    config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3, unroll=2,
                          lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
     train_supernet(draft, samples, (2,), config, show_progress=False)
     return adapter, draft, prompts

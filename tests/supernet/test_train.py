@@ -67,7 +67,7 @@ def test_training_lowers_every_loss_term(target_data):
     batches = [collate(samples[i:i + 4]) for i in range(0, 12, 4)]
     spec = SubnetSpec(4, 1.0, 2, 1)
     before = evaluate_losses(draft, batches, spec, aifd.chosen)
-    config = TrainConfig(warmup_steps=25, multires_steps=15, batch_size=4, lr=3e-3,
+    config = TrainConfig(unroll=2, warmup_steps=25, multires_steps=15, batch_size=4, lr=3e-3,
                          lr_warmup_steps=3, checkpoint_every=100)
     out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False)
     after = evaluate_losses(draft, batches, spec, aifd.chosen)
@@ -80,8 +80,8 @@ def test_training_lowers_every_loss_term(target_data):
 
 def test_resume_after_kill_equals_uninterrupted(target_data, tmp_path):
     target, samples, aifd = target_data
-    config = TrainConfig(warmup_steps=5, multires_steps=5, batch_size=4, lr_warmup_steps=2,
-                         checkpoint_every=3)
+    config = TrainConfig(unroll=2, warmup_steps=5, multires_steps=5, batch_size=4,
+                         lr_warmup_steps=2, checkpoint_every=3)
     reference = _draft(target)
     ref_out = train_supernet(reference, samples, aifd.chosen, config, tmp_path / "a",
                              show_progress=False)
@@ -147,7 +147,7 @@ def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
 
     target, samples, aifd = target_data
     draft = _draft(target)
-    config = TrainConfig(warmup_steps=8, multires_steps=4, batch_size=4, lr=3e-3,
+    config = TrainConfig(unroll=2, warmup_steps=8, multires_steps=4, batch_size=4, lr=3e-3,
                          lr_warmup_steps=2, checkpoint_every=100)
     batches = [collate(samples[i:i + 4]) for i in range(0, 12, 4)]
     spec = SubnetSpec(4, 1.0, 2, 1)
