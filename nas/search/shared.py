@@ -44,7 +44,7 @@ _rows = sa.Table(
 
 def triple_of(spec: SubnetSpec) -> SubnetSpec:
     """The unit of acceptance scoring that `spec` belongs to (every draft length at once)."""
-    return spec.replace(draft_len=1)
+    return spec.triple
 
 
 def triple_key(spec: SubnetSpec) -> str:

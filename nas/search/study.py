@@ -64,13 +64,8 @@ def search_distributions(space: SearchSpace) -> dict[str, Any]:
     out = {name: distribution_of(getattr(space, name)) for name in names}
     if space.trees:
         out[SHAPE_PARAM] = CategoricalDistribution(
-            [shape_label(SubnetSpec(1, 1.0, 0, g, tree)) for g, tree in space.shapes])
+            [SubnetSpec(1, 1.0, 0, g, tree).shape_id for g, tree in space.shapes])
     return out
-
-
-def shape_label(spec: SubnetSpec) -> str:
-    """The `shape` parameter's value of `spec` (the end of its id)."""
-    return f"t{spec.tree_label}" if spec.tree else f"g{spec.draft_len}"
 
 
 def spec_of(params: Mapping[str, Any]) -> SubnetSpec:
@@ -87,7 +82,7 @@ def spec_of(params: Mapping[str, Any]) -> SubnetSpec:
 def params_of(spec: SubnetSpec, distributions: Mapping[str, Any]) -> dict[str, Any]:
     """The trial parameters of `spec` under `distributions` (the inverse of `spec_of`)."""
     fields = {n: getattr(spec, n) for n in SPEC_FIELDS}
-    fields[SHAPE_PARAM] = shape_label(spec)
+    fields[SHAPE_PARAM] = spec.shape_id
     return {name: fields[name] for name in distributions}
 MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
 

@@ -76,8 +76,12 @@ class SubnetSpec:
     def id(self) -> str:
         """Stable readable id, e.g. ``h4-v0.50-l12-g5`` (a chain), ``h4-v0.50-l12-t4x2x1``
         (a tree)."""
-        shape = f"t{self.tree_label}" if self.tree else f"g{self.draft_len}"
-        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}-{shape}"
+        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}-{self.shape_id}"
+
+    @property
+    def shape_id(self) -> str:
+        """The id's last part: ``g5`` for a chain, ``t4x2x1`` for a tree."""
+        return f"t{self.tree_label}" if self.tree else f"g{self.draft_len}"
 
     @classmethod
     def from_id(cls, text: str) -> SubnetSpec:
@@ -104,7 +108,7 @@ class SubnetSpec:
     @property
     def tree_label(self) -> str:
         """``4x2x1`` for a tree, ``""`` for a chain (the `tree` column of tables)."""
-        return "x".join(str(b) for b in self.tree)
+        return TokenTree(self.tree).label if self.tree else ""
 
     @property
     def triple(self) -> SubnetSpec:

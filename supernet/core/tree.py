@@ -133,7 +133,9 @@ class TokenTree:
         d = self.depths[node]
         if d >= self.depth:
             return []
-        return [i for i in self.level(d + 1) if self.parents[i] == node]
+        width = self.branching[d]  # siblings are consecutive, parent-major (breadth first)
+        first = self.level(d + 1).start + (node - self.level(d).start) * width
+        return list(range(first, first + width))
 
 
 def tree_family(max_nodes: int, max_depth: int = 7, widths: Sequence[int] = (2, 3, 4)

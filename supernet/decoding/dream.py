@@ -28,6 +28,7 @@ from dreams_nas.supernet.decoding.tree_sampling import sample_without_replacemen
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import DraftCache, Memory, SharedTargetModules
 from dreams_nas.supernet.target.adapter import PrefillOutput, TargetAdapter, VerifyOutput
+from dreams_nas.supernet.target.tree_attention import ancestor_mask
 from torch import Tensor
 
 
@@ -89,11 +90,8 @@ class DreamDrafter:
         """bool (nodes+1, nodes+1): [i, j] when node j is node i or one of its ancestors."""
         mask = self._ancestors.get(tree.branching)
         if mask is None:
-            parents = tree.parents
-            rows = torch.eye(len(parents), dtype=torch.bool)  # cpu: built once per shape
-            for i in range(1, len(parents)):
-                rows[i] |= rows[parents[i]]
-            mask = self._ancestors[tree.branching] = rows.to(self._param.device)
+            mask = self._ancestors[tree.branching] = ancestor_mask(tree.parents).to(
+                self._param.device)
         return mask
 
     @torch.inference_mode()

@@ -69,17 +69,23 @@ def check_parents(parents: Sequence[int], n: int) -> tuple[int, ...]:
     return out
 
 
+def ancestor_mask(parents: Sequence[int]) -> Tensor:
+    """bool (n, n) on the CPU: [i, j] when node j is node i or one of its ancestors (built once
+    per tree shape; callers cache it on their device)."""
+    out = torch.eye(len(parents), dtype=torch.bool)  # cpu: built once per shape, then moved
+    for i in range(1, len(parents)):
+        out[i] |= out[parents[i]]
+    return out
+
+
 def build_layout(parents: tuple[int, ...], device: torch.device, dtype: torch.dtype
                  ) -> TreeLayout:
     """The layout of a checked `parents` tuple, on `device`, the mask in `dtype`."""
-    n = len(parents)
-    depths = [0] * n
-    ancestors = torch.eye(n, dtype=torch.bool)  # cpu: built once per shape, then moved
-    for i in range(1, n):  # once per tree shape; the layout is cached by the caller
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):  # once per tree shape; the layout is cached by the caller
         depths[i] = depths[parents[i]] + 1
-        ancestors[i] |= ancestors[parents[i]]
-    bias = torch.zeros(n, n, dtype=dtype).masked_fill_(  # cpu: moved to `device` below
-        ~ancestors, torch.finfo(dtype).min)
+    bias = torch.zeros(len(parents), len(parents), dtype=dtype).masked_fill_(  # cpu: moved below
+        ~ancestor_mask(parents), torch.finfo(dtype).min)
     return TreeLayout(parents, torch.tensor(depths, device=device), bias.to(device))
 
 

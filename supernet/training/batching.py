@@ -13,6 +13,9 @@ from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.unroll import unrolled_forward
 from torch import Tensor
 
+# weight of the k-th unrolled drafting pass (EAGLE-3 weighs its test-time steps by 0.8^k)
+UNROLL_DECAY = 0.8
+
 
 @dataclass
 class Batch:
@@ -40,9 +43,6 @@ class Batch:
                      {k: mv(v) for k, v in self.memory_hidden.items()}, mv(self.visual_mask),
                      mv(self.visual_scores), mv(self.prompt_mask))
 
-
-# weight of the k-th unrolled drafting pass (EAGLE-3 weighs its test-time steps by 0.8^k)
-UNROLL_DECAY = 0.8
 
 def collate(samples: Sequence[TargetSample]) -> Batch:
     b = len(samples)
