@@ -1,17 +1,30 @@
-"""Supernet benchmark: acceptance length of trained subnets, ablations, end-to-end speed.
+"""Supernet benchmark: `dreams-nas train` over seeds, and the ablations, with intervals.
 
-    python benchmarks/bench_supernet.py [--run DIR] [--n-eval N] [--max-new-tokens N]
+    python benchmarks/bench_supernet.py --seeds 3 --jobs 2 [--variants ours,middle,...]
+                                        [--out bench-supernet] [--threads 1]
 
-1. `dreams-nas train` with default settings on the demo target (skipped when the run folder
-   already holds a supernet; its recorded training time is reported then).
-2. tau (tokens per target forward, bonus included) at gamma = 5, greedy, by real speculative
-   decoding on held-out synthetic eval prompts: the full subnet at every inject layer, the
-   smallest subnet, and a heads x visual_keep table at the chosen layer. Every speculative
-   output is checked token for token against plain greedy decoding.
-3. Ablation in the same run, same data and step budget: distillation from the AIFD-chosen
-   layer (ours) vs a fixed middle layer vs no distillation, and a text-only draft (no
-   cross-attention).
-4. End-to-end tokens/s of the full subnet vs plain decoding (median of 3 passes).
+For each seed s in 0..K-1 the training prompts `dreams-nas train --seed s` uses on the demo
+target (384 synthetic prompts drawn with seed s) are prepared once (self-distilled answers,
+AIFD, the target's features), then every variant trains through `train_run` -- the code of
+`dreams-nas train` -- with the default settings and seed s:
+
+  ours           the default: distillation from the AIFD-chosen layer
+  middle         distillation from the fixed middle layer
+  last           distillation from the last layer
+  no-distill     no feature distillation
+  text-only      no cross-attention (and no distillation: nothing to distil into)
+  random-keep    visual tokens kept by random scores instead of the attention they receive
+                 (the scores are replaced in training and evaluation alike)
+  natural-heads  no head ranking before phase 2 (heads keep their natural order)
+
+Each supernet is scored teacher-forced (at temperature 0 this is the tau of real speculative
+decoding; tests check it) on the demo's 32 evaluation prompts: the largest and the smallest
+subnet at gamma = 5, inject layer in the middle of the space. Per variant: the mean over seeds
+with a 95 % t-interval and the spread (max - min) / mean; against ours, a paired t-test over
+seeds and a Wilcoxon signed-rank test over the (seed, prompt) pairs of per-prompt tau.
+
+Jobs run in `--jobs` processes of `--threads` threads; each job's result is a JSON file in
+`--out`, so a killed benchmark resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -20,195 +33,233 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
-from dreams_nas.supernet.data.prompts import builtin_dataset
-from dreams_nas.supernet.decoding.dream import DreamDrafter
-from dreams_nas.supernet.decoding.loop import generate, plain_generate
-from dreams_nas.supernet.target.adapter import TargetAdapter
-from dreams_nas.supernet.training.recipe import (
-    build_draft,
-    distill_layers_for,
-    draft_for_run,
-    prepare_data,
-    prompt_inputs,
-)
-from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
-
+VARIANTS = ("ours", "middle", "last", "no-distill", "text-only", "random-keep",
+            "natural-heads")
 GAMMA = 5
+N_EVAL = 32
 
 
-def measure_tau(target, prompts, references, drafter, max_new_tokens):
-    produced = forwards = 0
-    for prompt, ref in zip(prompts, references, strict=True):
-        out = generate(target, prompt, drafter, gamma=GAMMA, max_new_tokens=max_new_tokens)
-        if out.tokens.tolist() != ref:
-            raise AssertionError("speculative output differs from plain greedy decoding")
-        produced += sum(out.stats.cycle_lengths)
-        forwards += len(out.stats.cycle_lengths)
-    return produced / max(1, forwards)
+def _target():
+    from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
+    from dreams_nas.supernet.demo.variants import builtin_variant
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+
+    folder, _, _ = ensure_demo_target_with_metrics(variant=builtin_variant(), progress=False)
+    return TargetAdapter.load(str(folder))
 
 
-def scored_taus(run, meta):
-    """(file, {spec_id: row}) of the run's teacher-forced greedy scores of this supernet, if any."""
-    import csv
+def _random_scores(items, seed: int):
+    """The items (samples or traces) with their visual scores replaced by uniform noise."""
+    import torch
 
-    digest = meta.get("supernet", {}).get("hash")
-    for path in sorted((run.root / "acceptance").glob("*.csv")):
-        with path.open(newline="") as handle:
-            rows = [r for r in csv.DictReader(handle)
-                    if float(r["temperature"]) == 0.0
-                    and (digest is None or r["supernet_hash"] == digest)]
-        if rows:
-            out = {r["spec_id"]: {"tau": float(r["tau"]), "tau_lo": float(r["tau_lo"]),
-                                  "tau_hi": float(r["tau_hi"]), "draft_len": int(r["draft_len"]),
-                                  "n_prompts": int(r["n_prompts"])} for r in rows}
-            return str(path), out
-    return None
+    gen = torch.Generator().manual_seed(10_007 + seed)
+    out = []
+    for item in items:
+        noise = torch.rand(item.visual_scores.shape, generator=gen)
+        out.append(replace(item, visual_scores=torch.where(item.visual_mask, noise,
+                                                           torch.zeros_like(noise))))
+    return out
 
 
-def tokens_per_s(fn, prompts, repeats=3):
-    rates = []
-    for _ in range(repeats):
-        tokens, start = 0, time.perf_counter()
-        for prompt in prompts:
-            tokens += fn(prompt).stats.new_tokens
-        rates.append(tokens / (time.perf_counter() - start))
-    return statistics.median(rates)
+def prepare(out: Path, seeds: list[int], threads: int) -> None:
+    """The evaluation traces and each seed's training data, once (skipped when on disk)."""
+    import torch
+    from dreams_nas.nas.stages.train import load_examples
+    from dreams_nas.supernet.acceptance.teacher_forced import TeacherForcedScorer
+    from dreams_nas.supernet.data.prompts import builtin_dataset
+    from dreams_nas.supernet.training.recipe import build_draft, prepare_data, prompt_inputs
+
+    torch.set_num_threads(threads)
+    target = _target()
+    heads = int(target.text_config.num_attention_heads)
+    for seed in seeds:
+        path = out / f"data-s{seed}.pt"
+        if path.is_file():
+            continue
+        start = time.perf_counter()
+        data = prepare_data(target, load_examples("builtin", None, seed), num_draft_heads=heads,
+                            distill=("aifd", "middle", "last"), show_progress=False)
+        torch.save(data, path)
+        print(f"seed {seed}: prepared in {time.perf_counter() - start:.0f} s", flush=True)
+        if not (out / "traces.pt").is_file():
+            prompts = prompt_inputs(target, builtin_dataset("eval", N_EVAL, seed=0))
+            scorer = TeacherForcedScorer(target, build_draft(target, data, num_heads=heads,
+                                                             seed=0),
+                                         prompts, supernet_hash="-", dataset_id="-",
+                                         show_progress=False)
+            torch.save(scorer.traces(), out / "traces.pt")
+
+
+def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
+    """(tokens, target verify forwards) per prompt of a gamma chain of `spec`."""
+    from dreams_nas.supernet.acceptance.teacher_forced import batched_ranks
+    from dreams_nas.supernet.decoding.cycles import accepted_depths, simulate_cycles
+
+    ranks = batched_ranks(draft, traces, spec, (1,) * spec.draft_len)
+    out = []
+    for trace, rank in zip(traces, ranks, strict=True):
+        lengths, _ = simulate_cycles(accepted_depths(rank, (1,) * spec.draft_len),
+                                     spec.draft_len, trace.max_new_tokens, trace.eos_index)
+        out.append((sum(lengths), len(lengths)))
+    return out
+
+
+def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None = None) -> dict:
+    """Train one variant at one seed and score it; the result is also written to disk."""
+    import torch
+    from dreams_nas.nas.stages.train import load_examples
+    from dreams_nas.supernet.core.runfolder import RunFolder
+    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.training.recipe import draft_for_run, train_run
+    from dreams_nas.supernet.training.tppt import TrainConfig
+
+    torch.set_num_threads(threads)
+    root = Path(out)
+    target = _target()
+    data = torch.load(root / f"data-s{seed}.pt", weights_only=False)
+    traces = torch.load(root / "traces.pt", weights_only=False)
+    config = TrainConfig(seed=seed)
+    if steps:  # smoke runs only: the benchmark is the default settings
+        warmup, multires = (int(x) for x in steps.split(","))
+        config = replace(config, warmup_steps=warmup, multires_steps=multires, eval_every=2)
+    distill, cross = "aifd", True
+    if variant in ("middle", "last"):
+        distill = variant
+    elif variant == "no-distill":
+        distill = "none"
+    elif variant == "text-only":
+        distill, cross = "none", False
+    elif variant == "random-keep":
+        data = replace(data, samples=_random_scores(data.samples, seed))
+        traces = _random_scores(traces, seed)
+    elif variant == "natural-heads":
+        config = replace(config, sort_heads=False)
+    elif variant != "ours":
+        raise SystemExit(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
+    run = RunFolder(root / "runs" / f"{variant}-s{seed}")
+    start = time.perf_counter()
+    summary = train_run(run, target, load_examples("builtin", None, seed), config,
+                        distill=distill, cross_attention=cross, data=data, show_progress=False)
+    seconds = time.perf_counter() - start
+    draft = draft_for_run(target, run)
+    space = data.space
+    layer = space.inject_layer[len(space.inject_layer) // 2]
+    result = {"variant": variant, "seed": seed, "train_s": round(seconds, 1),
+              "steps": summary["steps"], "stopped": summary["stopped"],
+              "best_step": summary["best_step"], "heldout_tau": summary["heldout_tau"]}
+    for name, heads, keep in (("full", max(space.heads), max(space.visual_keep)),
+                              ("smallest", min(space.heads), min(space.visual_keep))):
+        pairs = per_prompt_tau(draft, traces, SubnetSpec(heads, keep, layer, GAMMA))
+        result[f"tau_{name}"] = sum(t for t, _ in pairs) / sum(c for _, c in pairs)
+        result[f"prompts_{name}"] = [t / c for t, c in pairs]
+    (root / f"result-{variant}-s{seed}.json").write_text(json.dumps(result))
+    print(f"{variant} seed {seed}: tau full {result['tau_full']:.3f}, smallest "
+          f"{result['tau_smallest']:.3f} ({seconds:.0f} s, {summary['steps']} steps, "
+          f"{summary['stopped'] or 'step cap'})", flush=True)
+    return result
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95 % t-interval."""
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def summarise(results: list[dict], variants: list[str], seeds: list[int]) -> dict:
+    from scipy import stats
+
+    by = {(r["variant"], r["seed"]): r for r in results}
+    table = {}
+    for variant in variants:
+        rows = [by[(variant, s)] for s in seeds if (variant, s) in by]
+        if not rows:
+            continue
+        entry = {"seeds": [r["seed"] for r in rows], "train_s": [r["train_s"] for r in rows],
+                 "steps": [r["steps"] for r in rows]}
+        for name in ("full", "smallest"):
+            values = [r[f"tau_{name}"] for r in rows]
+            mean, lo, hi = interval(values)
+            entry[name] = {"values": values, "mean": mean, "lo": lo, "hi": hi,
+                           "spread_pct": 100 * (max(values) - min(values)) / mean}
+            base = [by[("ours", r["seed"])] for r in rows if ("ours", r["seed"]) in by]
+            if variant != "ours" and len(base) == len(rows) and len(rows) >= 2:
+                ours = [b[f"tau_{name}"] for b in base]
+                entry[name]["delta"] = mean - statistics.fmean(ours)
+                entry[name]["p_seeds"] = float(stats.ttest_rel(values, ours).pvalue)
+                diffs = [a - b for r, b0 in zip(rows, base, strict=True)
+                         for a, b in zip(r[f"prompts_{name}"], b0[f"prompts_{name}"],
+                                         strict=True)]
+                nonzero = [d for d in diffs if d != 0]
+                entry[name]["p_prompts"] = (float(stats.wilcoxon(nonzero).pvalue)
+                                            if nonzero else 1.0)
+        table[variant] = entry
+    return table
+
+
+def markdown(table: dict) -> str:
+    lines = ["| variant | tau full, mean [95 % CI] | per seed | spread | vs ours | p (t, seeds) "
+             "| p (Wilcoxon, prompts) | tau smallest, mean [95 % CI] | train s |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|"]
+    for variant, e in table.items():
+        f, s = e["full"], e["smallest"]
+        lines.append(
+            f"| {variant} | {f['mean']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}] | "
+            + ", ".join(f"{v:.3f}" for v in f["values"])
+            + f" | {f['spread_pct']:.1f} % | "
+            + (f"{f['delta']:+.3f}" if "delta" in f else "-") + " | "
+            + (f"{f['p_seeds']:.3f}" if "p_seeds" in f else "-") + " | "
+            + (f"{f['p_prompts']:.3g}" if "p_prompts" in f else "-") + " | "
+            + f"{s['mean']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}] | "
+            + f"{statistics.median(e['train_s']):.0f} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default="bench-run", help="run folder (trained here if empty)")
-    parser.add_argument("--n-eval", type=int, default=30)
-    parser.add_argument("--n-table", type=int, default=16, help="prompts per cell of the table")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--skip-ablation", action="store_true")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (train and eval)")
-    parser.add_argument("--out", default=None, help="also write the results as JSON here")
-    parser.add_argument("--train-args", default="",
-                        help="extra `dreams-nas train` options (smoke tests only; the benchmark "
-                             "is the default settings)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..K-1 (default 3)")
+    parser.add_argument("--variants", default="all",
+                        help=f"comma-separated, or all: {','.join(VARIANTS)}")
+    parser.add_argument("--jobs", type=int, default=2, help="trainings at once (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per job")
+    parser.add_argument("--out", default="bench-supernet", help="folder of data and results")
+    parser.add_argument("--train-steps", default=None, metavar="WARMUP,MULTIRES",
+                        help="smoke runs only (the benchmark is the default settings)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    run = RunFolder(args.run)
-    results: dict = {}
-
-    if not (run.supernet_dir / "model.safetensors").is_file():
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "dreams_nas.nas.cli", "train", "--run", args.run,
-                        "--json", *args.train_args.split()], check=True,
-                       env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-        results["train_wall_s"] = round(time.perf_counter() - start, 1)
-    meta = run.read_run()
-    results["train_recorded_s"] = meta["supernet"]["train"].get("seconds")
-    results["aifd"] = {k: meta["aifd"][k] for k in ("chosen", "ae", "delta_ae")}
-    target = TargetAdapter.load(meta["target"]["id"])
-    draft = draft_for_run(target, run)
-    space = SearchSpace.from_dict(meta["space"])
-
-    examples = builtin_dataset("eval", args.n_eval, seed=0)
-    prompts = prompt_inputs(target, examples)
-    refs = [plain_generate(target, p, max_new_tokens=args.max_new_tokens).tokens.tolist()
-            for p in prompts]
-
-    full_h, small_h = max(space.heads), min(space.heads)
-    full_v, small_v = max(space.visual_keep), min(space.visual_keep)
-    by_layer = {}
-    for layer in space.inject_layer:
-        spec = SubnetSpec(full_h, full_v, layer, GAMMA)
-        by_layer[layer] = measure_tau(target, prompts, refs, DreamDrafter(draft, spec),
-                                      args.max_new_tokens)
-        print(f"full subnet {spec.id}: tau {by_layer[layer]:.3f}", flush=True)
-    chosen = max(by_layer, key=by_layer.get)
-    smallest = SubnetSpec(small_h, small_v, chosen, GAMMA)
-    results["tau_full_by_layer"] = by_layer
-    results["chosen_layer"] = chosen
-    results["tau_full"] = by_layer[chosen]
-    results["tau_smallest"] = measure_tau(target, prompts, refs, DreamDrafter(draft, smallest),
-                                          args.max_new_tokens)
-    print(f"smallest {smallest.id}: tau {results['tau_smallest']:.3f}", flush=True)
-
-    scored = scored_taus(run, meta)
-    if scored is not None and all(SubnetSpec(h, v, chosen, GAMMA).id in scored[1]
-                                  for h in space.heads for v in space.visual_keep):
-        # The run's own teacher-forced scores (equal to real speculative runs at temperature 0,
-        # a test checks it) on its evaluation prompts: the whole space, with 95% intervals.
-        results["table_source"] = f"teacher-forced scores in {scored[0]}"
-        results["table"] = {k: r["tau"] for k, r in scored[1].items() if r["draft_len"] == GAMMA}
-        results["table_ci"] = {k: (r["tau_lo"], r["tau_hi"]) for k, r in scored[1].items()
-                               if r["draft_len"] == GAMMA}
-    else:
-        table = {}
-        tp, tr = prompts[: args.n_table], refs[: args.n_table]
-        for h in space.heads:
-            for v in space.visual_keep:
-                spec = SubnetSpec(h, v, chosen, GAMMA)
-                table[spec.id] = measure_tau(target, tp, tr, DreamDrafter(draft, spec),
-                                             args.max_new_tokens)
-        results["table_source"] = f"real speculative decoding, {len(tp)} prompts per cell"
-        results["table"] = table
-
-    full = SubnetSpec(full_h, full_v, chosen, GAMMA)
-    drafter = DreamDrafter(draft, full)
-    plain = tokens_per_s(lambda p: plain_generate(target, p, max_new_tokens=args.max_new_tokens),
-                         prompts[:10])
-    spec_rate = tokens_per_s(lambda p: generate(target, p, drafter, gamma=GAMMA,
-                                                max_new_tokens=args.max_new_tokens), prompts[:10])
-    results["tokens_per_s"] = {"plain": plain, "full_subnet": spec_rate,
-                               "speedup": spec_rate / plain}
-
-    if not args.skip_ablation:
-        train_meta = meta["supernet"]["train"]
-        cfg = TrainConfig.from_dict(train_meta["config"])
-        heads = draft.config.num_heads
-        data = prepare_data(target, builtin_dataset("train", train_meta["n_examples"], seed=0),
-                            num_draft_heads=heads, max_new_tokens=train_meta["max_new_tokens"],
-                            answers_cache=run.supernet_dir / "selfdistill.json")
-        ablation = {f"ours (AIFD layer {list(data.aifd.chosen)})": results["tau_full"]}
-        variants = [("fixed middle layer", "middle", True), ("no distillation", "none", True),
-                    ("text-only draft (no cross-attention)", "none", False)]
-        for name, mode, cross in variants:
-            layers = distill_layers_for(mode, data)
-            config = (cfg if mode != "none"
-                      else replace(cfg, weights=replace(cfg.weights, distill=0.0)))
-            model = build_draft(target, data, num_heads=heads, seed=cfg.seed, cross_attention=cross)
-            start = time.perf_counter()
-            train_supernet(model, data.samples, layers, config,
-                           Path(args.run) / "bench-ablation" / mode
-                           / ("cross" if cross else "text"))
-            spec = SubnetSpec(full_h, full_v, chosen, GAMMA)
-            ablation[name] = measure_tau(target, prompts, refs, DreamDrafter(model, spec),
-                                         args.max_new_tokens)
-            print(f"{name}: tau {ablation[name]:.3f} "
-                  f"(trained in {time.perf_counter() - start:.0f} s)", flush=True)
-        results["ablation"] = ablation
-
-    print(json.dumps(results, indent=2, default=str))
-    _print_markdown(results, space, chosen)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+    variants = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        print(f"error: unknown variant(s) {unknown}; use {','.join(VARIANTS)}", file=sys.stderr)
+        return 2
+    seeds = list(range(args.seeds))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    prepare(out, seeds, max(1, args.threads * args.jobs))
+    jobs = [(v, s) for s in seeds for v in variants
+            if not (out / f"result-{v}-s{s}.json").is_file()]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps)
+                   for v, s in jobs]
+        for future in futures:
+            future.result()
+    results = [json.loads((out / f"result-{v}-s{s}.json").read_text())
+               for s in seeds for v in variants if (out / f"result-{v}-s{s}.json").is_file()]
+    table = summarise(results, variants, seeds)
+    (out / "summary.json").write_text(json.dumps(table, indent=2))
+    print(markdown(table))
     return 0
 
 
-def _print_markdown(results, space, chosen):
-    print(f"\ntau table at layer {chosen}, gamma {GAMMA}: {results.get('table_source')}")
-    print("\n| heads \\ visual_keep | " + " | ".join(f"{v:.2f}" for v in space.visual_keep) + " |")
-    print("|---|" + "---|" * len(space.visual_keep))
-    for h in space.heads:
-        cells = [results["table"][SubnetSpec(h, v, chosen, GAMMA).id] for v in space.visual_keep]
-        print(f"| {h} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
-    for name, tau in results.get("ablation", {}).items():
-        print(f"| {name} | {tau:.2f} |")
-
-
 if __name__ == "__main__":
-    torch.set_grad_enabled(True)
     raise SystemExit(main())

@@ -31,13 +31,15 @@ from dreams_nas.reports.values import (
     ReportError,
     Subnet,
     SubnetTable,
+    TrainingCurve,
     Verified,
 )
 
 __all__ = [
     "AcceptanceCurve", "AifdInfo", "BestSubnet", "CrossHardware", "HistoryPoint",
     "MissingResultsError", "PredictorInfo", "RenderedFigure", "ReportData", "ReportError",
-    "Subnet", "SubnetTable", "Verified", "build_report_data", "figure_folder", "pareto_mask",
+    "Subnet", "SubnetTable", "TrainingCurve", "Verified", "build_report_data", "figure_folder",
+    "pareto_mask",
     "render_figures", "render_html", "render_report", "searched_hardware_ids", "write_report",
     "write_text_atomic",
 ]

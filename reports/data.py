@@ -13,7 +13,12 @@ from pathlib import Path
 
 import numpy as np
 from dreams_nas.reports import layout
-from dreams_nas.reports.diagnostics import load_acceptance, load_aifd, load_predictor
+from dreams_nas.reports.diagnostics import (
+    load_acceptance,
+    load_aifd,
+    load_predictor,
+    load_training,
+)
 from dreams_nas.reports.reading import integer, read_json_object
 from dreams_nas.reports.search_results import (
     cross_hardware,
@@ -84,6 +89,7 @@ def build_report_data(run_dir: str | Path, hardware_id: str | None = None) -> Re
         searched_hardware_ids=tuple(hardware_ids),
         exported_specs=exported,
         paired=paired_speedups(run_dir, hw, table, hardware_ids),
+        training=load_training(run),
     )
 
 

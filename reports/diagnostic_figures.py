@@ -77,6 +77,48 @@ def aifd_figure(data: ReportData) -> Figure | None:
     return fig
 
 
+def training_figure(data: ReportData) -> Figure | None:
+    curve = data.training
+    if curve is None:
+        return None
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[1.2, 2])
+    ax.plot(curve.steps, curve.loss, color="#999", lw=0.8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("training loss")
+    if curve.warmup_steps:
+        for a in (ax, ax2):
+            a.axvline(curve.warmup_steps, color="#666", lw=0.8, ls=":", zorder=0)
+        ax.annotate("phase 2", xy=(curve.warmup_steps, 1), xycoords=("data", "axes fraction"),
+                    xytext=(4, -12), textcoords="offset points", fontsize=8, color="#666")
+    if curve.eval_steps:
+        ax2.plot(curve.eval_steps, curve.tau_full, marker="o", ms=3, label="largest subnet")
+        small = [(s, v) for s, v in zip(curve.eval_steps, curve.tau_smallest, strict=True)
+                 if v is not None]
+        if small:
+            ax2.plot([s for s, _ in small], [v for _, v in small], marker="o", ms=3,
+                     label="smallest subnet")
+        if curve.best_step is not None:
+            ax2.axvline(curve.best_step, color=BEST_COLOR, lw=1.4, ls="--", zorder=0)
+            label = f"kept: step {curve.best_step}"
+            if curve.best_score is not None:
+                label += f", mean τ {curve.best_score:.2f}"
+            ax2.annotate(label, xy=(curve.best_step, 0.04), xycoords=("data", "axes fraction"),
+                         xytext=(-6, 0), textcoords="offset points", ha="right",
+                         color=BEST_COLOR, fontweight="bold", fontsize=9)
+        ax2.set_ylabel(f"held-out τ (γ = {curve.gamma or '?'})")
+        ax2.legend(loc="upper left")
+    else:
+        ax2.text(0.5, 0.5, "no held-out evaluation (trained to the step cap)",
+                 transform=ax2.transAxes, ha="center", va="center", color="#666")
+    ax2.set_xlabel("step")
+    stop = f" — stopped: {curve.stopped}" if curve.stopped else ""
+    ax.set_title(f"Supernet training{stop}", loc="left")
+    return fig
+
+
 def history_figure(data: ReportData) -> Figure | None:
     pts = [p for p in data.history if p.value is not None or p.best_so_far is not None]
     if not pts:

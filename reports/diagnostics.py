@@ -13,7 +13,13 @@ from typing import Any
 
 from dreams_nas.reports import layout
 from dreams_nas.reports.reading import integer, num, read_csv, read_json_object
-from dreams_nas.reports.values import AcceptanceCurve, AifdInfo, HoldoutPoint, PredictorInfo
+from dreams_nas.reports.values import (
+    AcceptanceCurve,
+    AifdInfo,
+    HoldoutPoint,
+    PredictorInfo,
+    TrainingCurve,
+)
 
 
 def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str | None,
@@ -91,3 +97,29 @@ def load_aifd(run: Mapping[str, Any]) -> AifdInfo | None:
         return None
     return AifdInfo(tuple(layers), tuple(ae), tuple(delta), tuple(chosen),
                     str(raw.get("rule") or ""))
+
+
+def load_training(run: Mapping[str, Any]) -> TrainingCurve | None:
+    """run.json's supernet training curve and held-out evaluations; None without a curve."""
+    supernet = run.get("supernet")
+    train = supernet.get("train") if isinstance(supernet, Mapping) else None
+    if not isinstance(train, Mapping):
+        return None
+    rows = [r for r in train.get("loss_curve") or [] if isinstance(r, Mapping)]
+    points = [(integer(r.get("step")), num(r.get("loss"))) for r in rows]
+    points = [(s, v) for s, v in points if s is not None and v is not None]
+    if not points:
+        return None
+    conv = train.get("convergence") if isinstance(train.get("convergence"), Mapping) else {}
+    evals = [e for e in conv.get("evals") or [] if isinstance(e, Mapping)
+             and integer(e.get("step")) is not None and num(e.get("tau_full")) is not None]
+    best = conv.get("best") if isinstance(conv.get("best"), Mapping) else {}
+    return TrainingCurve(
+        steps=tuple(s for s, _ in points), loss=tuple(v for _, v in points),
+        eval_steps=tuple(integer(e["step"]) for e in evals),  # type: ignore[misc]
+        tau_full=tuple(num(e["tau_full"]) for e in evals),  # type: ignore[misc]
+        tau_smallest=tuple(num(e.get("tau_smallest")) for e in evals),
+        warmup_steps=integer(train.get("warmup_steps")),
+        best_step=integer(conv.get("best_step")), best_score=num(best.get("score")),
+        stopped=str(conv["stopped"]) if conv.get("stopped") else None,
+        gamma=integer(conv.get("gamma")))

@@ -19,6 +19,7 @@ from dreams_nas.reports.diagnostic_figures import (
     cross_hardware_figure,
     history_figure,
     parity_figure,
+    training_figure,
     verified_figure,
 )
 from dreams_nas.reports.files import write_bytes_atomic
@@ -74,6 +75,10 @@ FIGURES: tuple[tuple[str, str, str, Callable[[ReportData], Figure | None]], ...]
     ("aifd", "AIFD attention entropy",
      "Mean attention entropy per target layer and its change; dashed red: the layer(s) whose "
      "features supervise the draft.", aifd_figure),
+    ("training", "Supernet training",
+     "Training loss per step (top) and the held-out acceptance length of the largest and "
+     "smallest subnet at each evaluation (bottom); dashed red: the evaluation whose weights "
+     "the supernet keeps.", training_figure),
     ("history", "Search history",
      "Objective of each Optuna trial and the best so far.", history_figure),
     ("cross_front", "Cross-hardware front",

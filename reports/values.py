@@ -285,6 +285,22 @@ class AifdInfo:
 
 
 @dataclass(frozen=True)
+class TrainingCurve:
+    """The supernet's training: loss per step, held-out tau per evaluation, the kept step."""
+
+    steps: tuple[int, ...]
+    loss: tuple[float, ...]
+    eval_steps: tuple[int, ...]
+    tau_full: tuple[float, ...]
+    tau_smallest: tuple[float | None, ...]  # None in phase 1 (the full draft only)
+    warmup_steps: int | None
+    best_step: int | None
+    best_score: float | None
+    stopped: str | None
+    gamma: int | None
+
+
+@dataclass(frozen=True)
 class HistoryPoint:
     number: int
     value: float | None
@@ -349,6 +365,7 @@ class ReportData:
     searched_hardware_ids: tuple[str, ...]
     exported_specs: frozenset[str] = field(default_factory=frozenset)
     paired: PairedSpeedups | None = None  # with a second searched hardware id
+    training: TrainingCurve | None = None
 
     @cached_property
     def columns(self) -> SubnetTable:

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=whole(0), default=None, metavar="N",
                         help="phase 1 steps, full draft (default 300)")
     parser.add_argument("--multires-steps", type=whole(0), default=None, metavar="N",
-                        help="phase 2 steps, sandwich rule over subnets (default 300)")
+                        help="phase 2 steps at most, sandwich rule over subnets; with held-out "
+                             "prompts it stops earlier at a plateau (default 400)")
     parser.add_argument("--batch-size", type=whole(1), default=None, metavar="N", help="default 8")
     parser.add_argument("--unroll", type=whole(0, 15), default=None, metavar="N",
                         help="drafting steps after the first trained on the draft's own "
@@ -30,14 +31,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "chain or tree minus 1, 6 for gamma 7)")
     parser.add_argument("--lr", type=real(0.0, low_open=True), default=None,
                         help="peak learning rate (default 2e-3)")
+    parser.add_argument("--inplace-distill", type=real(0.0, 1.0), default=None, metavar="W",
+                        help="phase 2: weight of the largest subnet's distribution in the "
+                             "sampled subnets' KL (in-place distillation; default 0.5; 0: the "
+                             "target's only)")
+    parser.add_argument("--holdout", type=whole(0), default=None, metavar="N",
+                        help="training prompts held out to judge convergence (default: an "
+                             "eighth, at most 32; 0 trains to the step cap)")
+    parser.add_argument("--eval-every", type=whole(1), default=None, metavar="N",
+                        help="steps between held-out tau evaluations (default 50)")
+    parser.add_argument("--patience", type=whole(1), default=None, metavar="N",
+                        help="stop phase 2 after N evaluations without a gain above "
+                             "--tolerance (default 3)")
+    parser.add_argument("--tolerance", type=real(0.0), default=None, metavar="TAU",
+                        help="the held-out tau gain that counts as progress (default 0.02)")
+    parser.add_argument("--time-budget", type=real(0.0, low_open=True), default=None,
+                        metavar="SECONDS",
+                        help="stop optimising after this long and keep the best evaluation "
+                             "(default: no limit but the step caps)")
     parser.add_argument("--lambda-kl", type=real(0.0), default=None,
                         help="weight of KL(target||draft) (1.0)")
     parser.add_argument("--lambda-distill", type=real(0.0), default=None,
                         help="weight of the AIFD feature distillation (0.2)")
     parser.add_argument("--lambda-feat", type=real(0.0), default=None,
                         help="weight of the final-feature regression (0.2)")
-    parser.add_argument("--distill", choices=("aifd", "middle", "none"), default="aifd",
-                        help="distillation layer: AIFD-chosen (default), fixed middle, or none")
+    parser.add_argument("--distill", choices=("aifd", "middle", "last", "none"),
+                        default="aifd", help="distillation layer: AIFD-chosen (default), fixed "
+                                             "middle, the last layer, or none")
     parser.add_argument("--heads", type=whole(1), default=None, metavar="N",
                         help="heads of the maximal draft (default: the target's)")
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
@@ -69,7 +89,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = TrainOptions(
         target=args.target, data=args.data, n_train=args.n_train,
         warmup_steps=args.warmup_steps, multires_steps=args.multires_steps,
-        batch_size=args.batch_size, unroll=args.unroll, lr=args.lr, lambda_kl=args.lambda_kl,
+        batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
+        inplace_distill=args.inplace_distill, eval_every=args.eval_every,
+        patience=args.patience, tolerance=args.tolerance, time_budget=args.time_budget,
+        holdout=args.holdout, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
         heads=args.heads, max_new_tokens=args.max_new_tokens, device=args.device,
         dtype=args.dtype,

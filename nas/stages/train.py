@@ -31,10 +31,16 @@ class TrainOptions:
     batch_size: int | None = None
     unroll: int | None = None  # None: the space's deepest draft - 1 (`train_run`)
     lr: float | None = None
+    inplace_distill: float | None = None
+    eval_every: int | None = None
+    patience: int | None = None
+    tolerance: float | None = None
+    time_budget: float | None = None  # seconds of optimisation (TrainConfig.max_seconds)
+    holdout: int | None = None  # held-out training prompts (None: `recipe.default_holdout`)
     lambda_kl: float | None = None
     lambda_distill: float | None = None
     lambda_feat: float | None = None
-    distill: str = "aifd"  # aifd | middle | none
+    distill: str = "aifd"  # aifd | middle | last | none
     heads: int | None = None  # heads of the maximal draft (None: the target's)
     max_new_tokens: int = 64
     device: str = "auto"
@@ -49,8 +55,11 @@ class TrainOptions:
 
         base = TrainConfig()
         changes = {name: getattr(self, name) for name in
-                   ("warmup_steps", "multires_steps", "batch_size", "lr", "unroll")
+                   ("warmup_steps", "multires_steps", "batch_size", "lr", "unroll",
+                    "inplace_distill", "eval_every", "patience", "tolerance")
                    if getattr(self, name) is not None}
+        if self.time_budget is not None:
+            changes["max_seconds"] = self.time_budget
         weights = LossWeights(
             kl=base.weights.kl if self.lambda_kl is None else self.lambda_kl,
             distill=base.weights.distill if self.lambda_distill is None else self.lambda_distill,
@@ -170,4 +179,5 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     target = TargetAdapter.load(options.target, device=device, dtype=torch_dtype(dtype))
     return train_run(run, target, examples, config, num_heads=options.heads,
                      max_new_tokens=options.max_new_tokens, distill=options.distill,
-                     device=device, show_progress=options.show_progress)
+                     device=device, holdout=options.holdout,
+                     show_progress=options.show_progress)

@@ -37,8 +37,12 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
+from dreams_nas.supernet.decoding.cycles import accepted_depths, simulate_cycles
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.batching import collate
+from dreams_nas.supernet.training.features import TargetSample
+from dreams_nas.supernet.training.ranks import path_ranks
 from torch import Tensor
 
 
@@ -191,13 +195,34 @@ def _rank(logits: Tensor, index: Tensor, continuation: Tensor, cap: int) -> np.n
     return rank.cpu().numpy()
 
 
-def accepted_depths(ranks: np.ndarray, branching: Sequence[int]) -> np.ndarray:
-    """Per start, the depths a tree of `branching` accepts: the leading depths whose target
-    token is among the draft's top `branching[j]` -> (n_starts,) int (a chain: branching of
-    ones, the leading argmax matches)."""
-    b = np.asarray(branching, dtype=np.int64)
-    inside = ranks[:, : len(b)] < b[None]
-    return np.cumprod(inside, axis=1).sum(axis=1)
+def trace_sample(trace: TargetTrace) -> TargetSample:
+    """A trace as a training sample (prompt + continuation, H_p per position, the inject
+    layers' prompt states), so that `ranks.path_ranks` ranks all its starts in `depth` passes.
+    The last position has no hidden state (nothing reads it): its row is zero."""
+    hidden = trace.last_hidden
+    pad = int(trace.tokens.shape[0]) - int(hidden.shape[0])
+    if pad > 0:
+        hidden = torch.cat((hidden, hidden.new_zeros(pad, hidden.shape[-1])))
+    return TargetSample(input_ids=trace.tokens, prompt_len=trace.prompt_len,
+                        visual_mask=trace.visual_mask, visual_scores=trace.visual_scores,
+                        memory_hidden=trace.layer_hidden, distill_hidden={},
+                        last_hidden=hidden[: int(trace.tokens.shape[0])])
+
+
+def batched_ranks(draft: DreamDraft, traces: Sequence[TargetTrace], spec: SubnetSpec,
+                  widths: Sequence[int], batch_size: int = 8) -> list[np.ndarray]:
+    """`draft_ranks` of every trace, from the parallel passes of `ranks.path_ranks` over
+    batches of traces (the same ranks: a test compares them) -> per trace (n_starts, depth)."""
+    device = next(draft.parameters()).device
+    out: list[np.ndarray] = []
+    for start in range(0, len(traces), batch_size):
+        part = traces[start: start + batch_size]
+        batch = collate([trace_sample(t) for t in part]).to(device)
+        ranks = path_ranks(draft, batch, spec, widths).cpu()
+        for i, trace in enumerate(part):
+            first = int((~trace.visual_mask).sum())  # y_0's text index: the prompt's text
+            out.append(ranks[i, first: first + trace.n_starts].numpy().astype(np.int64))
+    return out
 
 
 def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma_max: int,
@@ -236,29 +261,6 @@ def _rollout_step(draft: DreamDraft, memory, ids_all: Tensor, prev_all: Tensor, 
                        mask=memory.mask.expand(rows, -1))
     feature = draft(ids, prev, pos, mem, attention_mask=mask).feature  # (rows, width, hidden)
     return feature[torch.arange(rows, device=device), (lengths - 1).to(device)]
-
-
-def simulate_cycles(matches: np.ndarray, gamma: int, max_new_tokens: int,
-                    eos_index: int | None) -> tuple[list[int], list[int]]:
-    """Replay the engine's loop: (cycle lengths = accepted + 1, tokens proposed per cycle)."""
-    lengths: list[int] = []
-    proposed: list[int] = []
-    produced = 1  # y_0 comes from the prefill
-    done = eos_index == 0
-    while not done and produced < max_new_tokens:
-        room = min(gamma, max_new_tokens - produced - 1)
-        last = produced - 1
-        n = min(int(matches[last]) if last < len(matches) else 0, room)
-        lengths.append(n + 1)
-        proposed.append(room)
-        end = last + n + 1  # index of the cycle's bonus token
-        if eos_index is not None and last < eos_index <= end:
-            lengths[-1] = eos_index - last  # the loop keeps the tokens up to the EOS only
-            done = True
-            produced = eos_index + 1
-        else:
-            produced = end + 1
-    return lengths, proposed
 
 
 def dtype_name(adapter: TargetAdapter) -> str:
@@ -359,15 +361,15 @@ class TeacherForcedScorer:
     def score_triple(self, triple: SubnetSpec, draft_lens: Sequence[int],
                      trees: Sequence[Sequence[int]] = ()) -> list[AcceptanceRow]:
         """Rows for the chains of `draft_lens` and the `trees` of one triple, from one rollout
-        per prompt (`draft_ranks`, as deep as the deepest shape, as wide at each depth as the
-        widest)."""
+        per prompt (`batched_ranks`, as deep as the deepest shape, as wide at each depth as
+        the widest)."""
         traces = self.traces()
         shapes = [triple.replace(draft_len=g) for g in draft_lens]
         shapes += [triple.replace(tree=tuple(t)) for t in trees]
         depth = max(s.draft_len for s in shapes)
         widths = [max((s.shape.branching[j] for s in shapes if s.draft_len > j), default=1)
                   for j in range(depth)]
-        ranks = [draft_ranks(self.draft, t, triple, widths) for t in traces]
+        ranks = batched_ranks(self.draft, traces, triple, widths)
         out = []
         for spec in shapes:
             # The same seed for every spec: their intervals resample the same prompts.

@@ -97,7 +97,9 @@ def _rms(x: Tensor) -> Tensor:
 
 def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers: Sequence[int],
                weights: LossWeights, noise: float = 0.0,
-               generator: torch.Generator | None = None, unroll: int = 0) -> dict[str, Tensor]:
+               generator: torch.Generator | None = None, unroll: int = 0,
+               teacher: list[Tensor] | None = None, teacher_weight: float = 0.0,
+               keep_logp: bool = False) -> dict[str, Tensor]:
     """KL(target || draft), SmoothL1(cross block, AIFD feature), SmoothL1(feature, last hidden).
 
     noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
@@ -106,6 +108,10 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
             (`unroll.unrolled_forward`); pass k's terms weigh UNROLL_DECAY**k (EAGLE-3's
             training-time test), normalised over the passes used, so the first drafted
             position, which every cycle drafts, keeps the most weight however deep the unroll.
+    teacher: per pass, the largest subnet's log-probabilities at the counted positions (from
+            `keep_logp`, detached): the KL term becomes (1 - teacher_weight) KL(target || draft)
+            + teacher_weight KL(teacher || draft) (in-place distillation).
+    keep_logp: also return, under "logp", this subnet's detached log-probabilities per pass.
     """
     with model.using(spec):
         memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
@@ -122,6 +128,7 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
                           attention_mask=batch.text_mask)]
     totals = {"kl": 0.0, "distill": 0.0, "feat": 0.0}
     used = 0.0
+    kept: list[Tensor] = []
     for k, out in enumerate(outs):
         # pass k at text index t is the k-th drafted step of a cycle whose true context ends at
         # t - k: count it only when that start also lies in the answer
@@ -137,8 +144,13 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
         target = batch.last_hidden[m]
         draft_logp = F.log_softmax(model.logits(feature).float(), -1)
         target_logp = F.log_softmax(model.logits(target).float(), -1)
-        totals["kl"] = totals["kl"] + w * F.kl_div(draft_logp, target_logp, log_target=True,
-                                                   reduction="batchmean")
+        kl = F.kl_div(draft_logp, target_logp, log_target=True, reduction="batchmean")
+        if teacher is not None and teacher_weight > 0:
+            kl = (1 - teacher_weight) * kl + teacher_weight * F.kl_div(
+                draft_logp, teacher[len(kept)], log_target=True, reduction="batchmean")
+        if keep_logp or teacher is not None:
+            kept.append(draft_logp.detach())
+        totals["kl"] = totals["kl"] + w * kl
         totals["feat"] = totals["feat"] + w * F.smooth_l1_loss(feature, target)
         if out.cross_out is not None and distill_layers and weights.distill > 0:
             cross = _rms(out.cross_out[m])
@@ -148,4 +160,6 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
     terms = {key: (val / used if used else zero) + zero for key, val in totals.items()}
     terms["loss"] = (weights.kl * terms["kl"] + weights.distill * terms["distill"]
                      + weights.feat * terms["feat"])
+    if keep_logp:
+        terms["logp"] = kept  # type: ignore[assignment]
     return terms

@@ -25,6 +25,7 @@ from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.draft.store import save_supernet
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.aifd import AifdResult
+from dreams_nas.supernet.training.convergence import HeldOut
 from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.selfdistill import (
     collect_samples,
@@ -35,7 +36,7 @@ from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_s
 from torch import Tensor
 
 log = logging.getLogger("dreams_nas")
-DistillMode = Literal["aifd", "middle", "none"]
+DistillMode = Literal["aifd", "middle", "last", "none"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,10 @@ def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str,
 
 def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_heads: int,
                  max_new_tokens: int = 64, aifd_prompts: int = 16,
-                 answers_cache: Any = None, show_progress: bool | None = None) -> PreparedData:
+                 answers_cache: Any = None, distill: Sequence[DistillMode] = ("aifd",),
+                 show_progress: bool | None = None) -> PreparedData:
+    """Self-distilled answers, AIFD and the target's features of every prompt; `distill`:
+    the distillation modes whose layers' features to keep (an ablation keeps several)."""
     if not examples:
         raise InputError("the training data hold no examples; give a JSONL file with at least one")
     prompts = prompt_inputs(target, examples)
@@ -95,20 +99,45 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
     aifd = measure_aifd(target.model, prompts[:n], answers[:n])
     layers = target.num_layers
     space = SearchSpace.default_for(layers, num_draft_heads)
-    distill = sorted(set(aifd.chosen) | {max(1, layers // 2)})  # also the ablation's layer
-    samples = collect_samples(target, prompts, answers, space.inject_layer, distill,
+    kept = sorted({i for mode in distill for i in mode_layers(mode, aifd, layers)})
+    samples = collect_samples(target, prompts, answers, space.inject_layer, kept,
                               show_progress=show_progress)
     return PreparedData(samples, aifd, space, layers)
 
 
-def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]:
+def default_holdout(n_samples: int) -> int:
+    """Training prompts held out for the convergence check: an eighth, at most 32, none below
+    8 prompts (too few to both train and judge)."""
+    return min(32, n_samples // 8)
+
+
+def split_heldout(samples: Sequence[TargetSample], holdout: int | None
+                  ) -> tuple[list[TargetSample], list[TargetSample]]:
+    """(training samples, held-out samples): the last `holdout` (None: `default_holdout`)."""
+    n = default_holdout(len(samples)) if holdout is None else int(holdout)
+    if n >= len(samples):
+        raise InputError(f"--holdout {n} keeps all {len(samples)} prompts out of training; "
+                         f"give fewer than {len(samples)} (or 0 to train to the step cap)")
+    if n <= 0:
+        return list(samples), []
+    return list(samples[:-n]), list(samples[-n:])
+
+
+def mode_layers(mode: DistillMode, aifd: AifdResult, num_layers: int) -> tuple[int, ...]:
+    """The target layers whose features supervise the draft's cross block in `mode`."""
     if mode == "aifd":
-        return tuple(data.aifd.chosen)
+        return tuple(aifd.chosen)
     if mode == "middle":
-        return (max(1, data.num_target_layers // 2),)
+        return (max(1, num_layers // 2),)
+    if mode == "last":
+        return (num_layers,)
     if mode == "none":
         return ()
-    raise InputError(f"distillation mode {mode!r} is not one of aifd, middle, none")
+    raise InputError(f"distillation mode {mode!r} is not one of aifd, middle, last, none")
+
+
+def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]:
+    return mode_layers(mode, data.aifd, data.num_target_layers)
 
 
 def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, seed: int,
@@ -122,15 +151,22 @@ def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, se
 def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], config: TrainConfig,
               *, num_heads: int | None = None, max_new_tokens: int = 64, aifd_prompts: int = 16,
               distill: DistillMode = "aifd", device: str | torch.device = "cpu",
-              show_progress: bool | None = None) -> dict[str, Any]:
-    """Train the supernet of `target` on `examples` into `run`; returns the command's summary."""
+              holdout: int | None = None, show_progress: bool | None = None,
+              data: PreparedData | None = None, cross_attention: bool = True
+              ) -> dict[str, Any]:
+    """Train the supernet of `target` on `examples` into `run`; returns the command's summary.
+
+    data: the prompts' target side when already prepared (`prepare_data` over `examples`
+    with at least `distill`'s layers: a benchmark shares it between runs); cross_attention:
+    False trains the text-only ablation draft."""
     start = time.perf_counter()
     heads = int(num_heads or target.text_config.num_attention_heads)
     run.supernet_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare_data(target, examples, num_draft_heads=heads, max_new_tokens=max_new_tokens,
-                        aifd_prompts=aifd_prompts,
-                        answers_cache=run.supernet_dir / "selfdistill.json",
-                        show_progress=show_progress)
+    if data is None:
+        data = prepare_data(target, examples, num_draft_heads=heads,
+                            max_new_tokens=max_new_tokens, aifd_prompts=aifd_prompts,
+                            answers_cache=run.supernet_dir / "selfdistill.json",
+                            distill=(distill,), show_progress=show_progress)
     log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
              [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
     layers = distill_layers_for(distill, data)
@@ -138,13 +174,23 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
         config = replace(config, weights=replace(config.weights, distill=0.0))
     if config.unroll is None:  # the training-time test runs as deep as the space drafts
         config = replace(config, unroll=data.space.max_depth - 1)
-    draft = build_draft(target, data, num_heads=heads, seed=config.seed, device=device)
+    draft = build_draft(target, data, num_heads=heads, seed=config.seed,
+                        cross_attention=cross_attention, device=device)
     # fp32 master weights; the forward runs in the target's dtype under autocast
     dtype = str(target.dtype).removeprefix("torch.")
-    outcome: TrainOutcome = train_supernet(draft, data.samples, layers, config,
+    train_samples, held = split_heldout(data.samples, holdout)
+    heldout = (HeldOut(held, data.space.max_depth, max_new_tokens, target.eos_token_ids)
+               if held else None)
+    outcome: TrainOutcome = train_supernet(draft, train_samples, layers, config,
                                            run.supernet_dir / "checkpoint",
                                            show_progress=show_progress,
-                                           compute_dtype=target.dtype)
+                                           compute_dtype=target.dtype, heldout=heldout)
+    write_curve(run.supernet_dir / "curve.csv", outcome)
+    best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
+    if outcome.stopped:
+        log.info("training stopped at step %d of %d (%s); keeping step %s (held-out tau %s)",
+                 outcome.steps, config.total_steps, outcome.stopped, outcome.best_step,
+                 best and best.get("score"))
     digest = save_supernet(draft, run.supernet_dir, extra={"distill_layers": list(layers)})
     supernet = {
         "hash": digest, "config": draft.config.to_dict(),
@@ -155,22 +201,51 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                   "batch_size": config.batch_size, "lr": config.lr,
                   "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
                               "feat": config.weights.feat},
-                  "n_samples": len(data.samples), "n_examples": len(examples),
+                  "n_samples": len(train_samples), "n_heldout": len(held),
+                  "n_examples": len(examples),
                   "max_new_tokens": max_new_tokens, "distill": distill,
                   "config": config.to_dict(), "compute_dtype": dtype,
                   "master_dtype": "float32",
                   "seconds": round(time.perf_counter() - start, 1),
-                  "loss_curve": outcome.loss_curve},
+                  "loss_curve": outcome.loss_curve,
+                  "convergence": {
+                      "evals": outcome.evals, "best_step": outcome.best_step,
+                      "best": best, "stopped": outcome.stopped, "steps": outcome.steps,
+                      "gamma": data.space.max_depth, "eval_every": config.eval_every,
+                      "patience": config.patience, "tolerance": config.tolerance,
+                      "max_seconds": config.max_seconds}},
     }
     run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
                    aifd=data.aifd.to_dict(), dtype=dtype)
     last = outcome.loss_curve[-1] if outcome.loss_curve else {}
     return {"supernet": str(run.supernet_dir), "hash": digest,
             "num_params": supernet["num_params"], "aifd_chosen": list(data.aifd.chosen),
-            "distill_layers": list(layers), "steps": config.total_steps,
+            "distill_layers": list(layers), "steps": outcome.steps,
+            "max_steps": config.total_steps, "stopped": outcome.stopped,
+            "best_step": outcome.best_step,
+            "heldout_tau": best and best.get("score"),
             "resumed_from": outcome.resumed_from, "final_loss": last.get("loss"),
             "final_kl": last.get("kl"), "n_samples": len(data.samples),
             "seconds": round(time.perf_counter() - start, 1)}
+
+
+def write_curve(path: Any, outcome: TrainOutcome) -> None:
+    """The training curve as CSV: one row per step (losses), held-out tau where evaluated."""
+    import csv
+    import io
+
+    from dreams_nas.supernet.core.io import atomic_write_text
+
+    evals = {e["step"]: e for e in outcome.evals}
+    columns = ["step", "phase", "loss", "kl", "distill", "feat", "tau_full", "tau_smallest",
+               "score"]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in outcome.loss_curve:
+        writer.writerow({**row, **{k: v for k, v in evals.get(row["step"], {}).items()
+                                   if k in ("tau_full", "tau_smallest", "score")}})
+    atomic_write_text(path, buffer.getvalue())
 
 
 def draft_for_run(target: TargetAdapter, run: RunFolder, device: str | torch.device = "cpu"

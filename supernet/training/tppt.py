@@ -16,9 +16,8 @@ atomically.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,12 +27,21 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.draft.elastic import importance_order
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.batching import Batch, LossWeights, collate, loss_terms
+from dreams_nas.supernet.training.checkpoint import (
+    TrainState,
+    fingerprint_of,
+    load_best,
+    load_checkpoint,
+    save_best,
+    save_checkpoint,
+    weights_of,
+)
+from dreams_nas.supernet.training.convergence import HeldOut
 from dreams_nas.supernet.training.features import TargetSample
 
 # EAGLE-3's training-time test: 7 drafting steps, the deepest draft of the default space
@@ -43,32 +51,46 @@ DEFAULT_UNROLL = 6
 @dataclass(frozen=True)
 class TrainConfig:
     warmup_steps: int = 300  # phase 1: the full draft
-    multires_steps: int = 300  # phase 2: sandwich rule
+    multires_steps: int = 400  # phase 2: sandwich rule (at most: it stops at a plateau)
     batch_size: int = 8
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
     lr_warmup_steps: int = 20
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    random_subnets: int = 2
+    random_subnets: int = 1
     weights: LossWeights = field(default_factory=LossWeights)
     feature_noise: float = 0.1
     # drafting steps 2.. trained on the draft's own features (training-time test); None: up to
     # the deepest draft of the space (`train_run`), DEFAULT_UNROLL without one
     unroll: int | None = None
     calibration_batches: int = 4
+    sort_heads: bool = True  # False: heads keep their natural order (the ablation)
     checkpoint_every: int = 25
     seed: int = 0
+    # phase 2: the sampled subnets also learn the largest subnet's distribution (in-place
+    # distillation, BigNAS/OFA) with this weight against the target's; 0: the target's only
+    inplace_distill: float = 0.5
+    # convergence (with held-out prompts): evaluate every `eval_every` steps; phase 2 stops
+    # after `patience` evaluations without a gain of more than `tolerance` in held-out tau
+    eval_every: int = 50
+    patience: int = 3
+    tolerance: float = 0.02
+    max_seconds: float | None = None  # optimisation time budget (None: the step cap only)
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
-                     "unroll"):
+                     "unroll", "patience", "tolerance"):
             if (getattr(self, name) or 0) < 0:
                 raise InputError(f"{name}={getattr(self, name)} must be >= 0")
         if self.warmup_steps + self.multires_steps < 1:
             raise InputError("warmup_steps + multires_steps is 0; train for at least one step")
-        if self.batch_size < 1 or self.checkpoint_every < 1:
-            raise InputError("batch_size and checkpoint_every must be at least 1")
+        if self.batch_size < 1 or self.checkpoint_every < 1 or self.eval_every < 1:
+            raise InputError("batch_size, checkpoint_every and eval_every must be at least 1")
+        if not 0.0 <= self.inplace_distill <= 1.0:
+            raise InputError(f"inplace_distill={self.inplace_distill} must be within [0, 1]")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise InputError(f"max_seconds={self.max_seconds} must be above 0 (or None)")
 
     @property
     def unroll_depth(self) -> int:
@@ -97,13 +119,6 @@ class TrainConfig:
         if isinstance(known.get("weights"), dict):
             known["weights"] = LossWeights(**known["weights"])
         return cls(**known)
-
-
-@dataclass
-class TrainState:
-    step: int = 0
-    heads_sorted: bool = False
-    loss_curve: list[dict[str, float]] = field(default_factory=list)
 
 
 def _step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
@@ -204,67 +219,6 @@ def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequ
     return orders
 
 
-# --- checkpoints ----------------------------------------------------------------------
-def _save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
-                     state: TrainState, fingerprint: str) -> None:
-    from dreams_nas.supernet.draft.store import save_tensors
-
-    directory.mkdir(parents=True, exist_ok=True)
-    weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    opt = optimizer.state_dict()
-    moments = {f"{idx}.{key}": (val.detach().cpu().contiguous() if val.dim() else val.reshape(1))
-               for idx, entry in opt["state"].items() for key, val in entry.items()
-               if torch.is_tensor(val)}
-    for name, tensors in (("model", weights), ("optimizer", moments)):
-        tmp = directory / f".{name}.safetensors.tmp"
-        save_tensors(tensors, tmp, directory / f"{name}.safetensors")
-        tmp.replace(directory / f"{name}.safetensors")
-    # state.json last: it names the step the two weight files belong to
-    atomic_write_json(directory / "state.json", {
-        "fingerprint": fingerprint, "step": state.step, "heads_sorted": state.heads_sorted,
-        "loss_curve": state.loss_curve, "param_groups": opt["param_groups"],
-    })
-
-
-def _load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
-                     fingerprint: str) -> TrainState | None:
-    from dreams_nas.supernet.draft.store import load_weights
-
-    if not (directory / "state.json").is_file():
-        return None
-    meta = read_json(directory / "state.json")
-    if meta.get("fingerprint") != fingerprint:
-        raise InputError(
-            f"the checkpoint in {directory} belongs to another training set-up (data, target or "
-            "settings differ); use another --run folder or delete that checkpoint folder"
-        )
-    device = next(model.parameters()).device
-    fix = f"delete {directory} and rerun `dreams-nas train` to train from the start"
-    model.load_state_dict(load_weights(directory / "model.safetensors", device, fix))
-    flat = load_weights(directory / "optimizer.safetensors", device, fix)
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, tensor in flat.items():
-        idx, key = name.split(".", 1)
-        state.setdefault(int(idx), {})[key] = tensor.reshape(()) if key == "step" else tensor
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    return TrainState(step=int(meta["step"]), heads_sorted=bool(meta["heads_sorted"]),
-                      loss_curve=list(meta["loss_curve"]))
-
-
-def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
-                   distill_layers: Sequence[int], config: TrainConfig,
-                   compute_dtype: torch.dtype | None = None) -> str:
-    digest = hashlib.sha256()
-    fields = {"draft": model.config.to_dict(), "train": config.to_dict(),
-              "distill": list(distill_layers)}
-    if compute_dtype not in (None, torch.float32):  # float32 runs keep their old fingerprint
-        fields["compute_dtype"] = str(compute_dtype)
-    digest.update(json.dumps(fields, sort_keys=True).encode())
-    for s in samples:
-        digest.update(s.input_ids.numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 # --- the loop -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainOutcome:
@@ -272,6 +226,10 @@ class TrainOutcome:
     head_orders: list[list[int]] | None
     resumed_from: int
     steps_run: int
+    evals: list[dict[str, Any]] = field(default_factory=list)  # held-out tau per evaluation
+    best_step: int | None = None  # the step whose weights the model holds (None: the last)
+    stopped: str | None = None  # "plateau" | "time budget" | None (the step cap)
+    steps: int = 0  # optimizer steps taken in all (resumed ones included)
 
 
 def make_optimizer(model: DreamDraft, config: TrainConfig) -> torch.optim.AdamW:
@@ -279,18 +237,52 @@ def make_optimizer(model: DreamDraft, config: TrainConfig) -> torch.optim.AdamW:
                              weight_decay=config.weight_decay)
 
 
+def _calibration(samples: Sequence[TargetSample], config: TrainConfig, device: torch.device
+                 ) -> list[Batch]:
+    return [collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
+                                                        config.seed, j)]).to(device)
+            for j in range(config.calibration_batches)]
+
+
+def _step_losses(model: DreamDraft, batch: Batch, specs: Sequence[SubnetSpec],
+                 distill_layers: Sequence[int], config: TrainConfig, amp: MixedPrecision,
+                 noise_gen: torch.Generator, phase: int) -> dict[str, float]:
+    """Forward and backward of every subnet of one step (gradients summed, mean loss)."""
+    sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
+    teacher: list[torch.Tensor] | None = None
+    inplace = config.inplace_distill if phase == 2 else 0.0
+    for i, spec in enumerate(specs):
+        with amp.autocast():
+            terms = loss_terms(model, batch, spec, distill_layers, config.weights,
+                               config.feature_noise, noise_gen, config.unroll_depth,
+                               teacher=teacher if i else None, teacher_weight=inplace,
+                               keep_logp=inplace > 0 and i == 0)
+        if i == 0 and inplace > 0:
+            teacher = terms.pop("logp")  # the largest subnet's, detached
+        amp.scaler.scale(terms["loss"] / len(specs)).backward()
+        for key in sums:
+            sums[key] += float(terms[key].detach()) / len(specs)
+    return sums
+
+
 def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
                    distill_layers: Sequence[int], config: TrainConfig,
                    checkpoint_dir: str | Path | None = None,
                    on_step: Callable[[int, dict[str, float]], None] | None = None,
                    show_progress: bool | None = None,
-                   compute_dtype: torch.dtype | None = None) -> TrainOutcome:
+                   compute_dtype: torch.dtype | None = None,
+                   heldout: HeldOut | None = None) -> TrainOutcome:
     """Train `model` in place; resumes from `checkpoint_dir` when it holds a checkpoint.
 
     compute_dtype: the dtype the forward passes run in under autocast (the run's dtype, that
     of the target the draft is deployed with); the weights and optimiser state stay float32
     (master weights), and float16 scales the loss against gradient underflow. None or
     float32: plain float32.
+
+    heldout: prompts kept out of training; with them the run evaluates held-out tau every
+    `config.eval_every` steps, stops phase 2 at a plateau (`convergence`) or at the time
+    budget, and leaves the model with its best phase-2 evaluation's weights. Without them it
+    runs every step and keeps the last weights.
 
     on_step(step, losses) is called after each optimizer step (tests use it to stop a run
     half-way, as a kill would).
@@ -304,11 +296,13 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
             param.requires_grad_(False)
     space = training_space(model)
     optimizer = make_optimizer(model, config)
-    fingerprint = fingerprint_of(model, samples, distill_layers, config, compute_dtype)
+    fingerprint = fingerprint_of(model, samples, distill_layers, config.to_dict(), compute_dtype)
     amp = MixedPrecision(device, compute_dtype)
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    state = ((_load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None)
+    state = ((load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None)
              or TrainState())
+    tracker = state.tracker
+    best = load_best(ckpt, device) if tracker.best_step is not None else None
     resumed_from = state.step
     orders: list[list[int]] | None = None
     bar = progress(total=config.total_steps, desc="train supernet", unit="step",
@@ -316,27 +310,21 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     bar.update(state.step)
     model.train()
     steps_run = 0
-    while state.step < config.total_steps:
+    clock, spent = time.perf_counter(), tracker.seconds
+    while state.step < config.total_steps and tracker.stopped is None:
         step = state.step
-        if step >= config.warmup_steps and not state.heads_sorted:
-            calib = [collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
-                                                                 config.seed, j)]).to(device)
-                     for j in range(config.calibration_batches)]
-            orders = sort_heads(model, calib, distill_layers, config, optimizer, amp)
+        phase = 1 if step < config.warmup_steps else 2
+        if phase == 2 and not state.heads_sorted:
+            if config.sort_heads:
+                orders = sort_heads(model, _calibration(samples, config, device),
+                                    distill_layers, config, optimizer, amp)
             state.heads_sorted = True
         batch = collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
                                                            config.seed, step)]).to(device)
-        specs = step_specs(model, space, step, config)
-        noise_gen = _step_generator(config.seed, step, salt=3)
         optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
-        for spec in specs:
-            with amp.autocast():
-                terms = loss_terms(model, batch, spec, distill_layers, config.weights,
-                                   config.feature_noise, noise_gen, config.unroll_depth)
-            amp.scaler.scale(terms["loss"] / len(specs)).backward()
-            for key in sums:
-                sums[key] += float(terms[key].detach()) / len(specs)
+        sums = _step_losses(model, batch, step_specs(model, space, step, config),
+                            distill_layers, config, amp,
+                            _step_generator(config.seed, step, salt=3), phase)
         amp.scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         for group in optimizer.param_groups:
@@ -346,18 +334,38 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         state.step += 1
         steps_run += 1
         state.loss_curve.append({"step": state.step, **{k: round(v, 6) for k, v in sums.items()},
-                                 "phase": 1 if step < config.warmup_steps else 2})
+                                 "phase": phase})
+        tracker.seconds = spent + time.perf_counter() - clock
+        over = config.max_seconds is not None and tracker.seconds >= config.max_seconds
+        evaluated = False
+        if heldout is not None and (state.step % config.eval_every == 0 or over
+                                    or state.step in (config.warmup_steps, config.total_steps)):
+            evaluated = True
+            if tracker.record(state.step, phase, heldout.evaluate(model, phase),
+                              config.tolerance):
+                best = weights_of(model)
+                save_best(ckpt, best)
+            if phase == 2 and tracker.stale >= config.patience:
+                tracker.stopped = "plateau"
+            model.train()
+            bar.set_postfix(tau=tracker.evals[-1].get("score", tracker.evals[-1]["tau_full"]))
+        if over:
+            tracker.stopped = "time budget"
         bar.update(1)
         bar.set_postfix(loss=f"{sums['loss']:.4f}", kl=f"{sums['kl']:.3f}")
-        if ckpt is not None and (state.step % config.checkpoint_every == 0
-                                 or state.step == config.total_steps):
-            _save_checkpoint(ckpt, model, optimizer, state, fingerprint)
+        if ckpt is not None and (evaluated or tracker.stopped or state.step == config.total_steps
+                                 or state.step % config.checkpoint_every == 0):
+            save_checkpoint(ckpt, model, optimizer, state, fingerprint)
         if on_step is not None:
             on_step(state.step, sums)
     bar.close()
+    if best is not None and tracker.best_step != state.step:
+        model.load_state_dict(best)
     model.eval()
     return TrainOutcome(loss_curve=state.loss_curve, head_orders=orders,
-                        resumed_from=resumed_from, steps_run=steps_run)
+                        resumed_from=resumed_from, steps_run=steps_run,
+                        evals=list(tracker.evals), best_step=tracker.best_step,
+                        stopped=tracker.stopped, steps=state.step)
 
 
 @torch.no_grad()

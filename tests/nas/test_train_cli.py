@@ -158,3 +158,35 @@ def test_a_read_only_run_folder_is_one_line_exit_2(setup, tmp_path, capsys, monk
     assert err.startswith("dreams-nas train: error: ") and err.count("\n") == 1
     assert str(run) in err and "internal error" not in err
     assert os.strerror(errno.EROFS) in err or os.strerror(errno.EACCES) in err
+
+
+def test_train_to_a_plateau_keeps_the_best_evaluation(setup, capsys):
+    """With held-out prompts the run evaluates held-out tau, stops phase 2 at a plateau (here
+    at once: no gain beats the tolerance), keeps the best evaluation and writes the curve."""
+    import csv
+
+    from dreams_nas.supernet.data.prompts import write_synthetic
+
+    root, target, _ = setup
+    jsonl = write_synthetic(root / "data8", 8, "train", seed=1)
+    run = root / "plateau"
+    argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
+            "--warmup-steps", "2", "--multires-steps", "40", "--batch-size", "2", "--unroll", "1",
+            "--holdout", "2", "--eval-every", "2", "--patience", "2", "--tolerance", "100",
+            "--max-new-tokens", "4", "--device", "cpu", "--json", "-q"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["stopped"] == "plateau" and summary["steps"] == 8
+    assert summary["max_steps"] == 42 and summary["best_step"] in (4, 6, 8)
+    train = json.loads((run / "run.json").read_text())["supernet"]["train"]
+    conv = train["convergence"]
+    assert [e["step"] for e in conv["evals"]] == [2, 4, 6, 8]
+    assert conv["best"]["step"] == conv["best_step"] == summary["best_step"]
+    assert train["n_heldout"] == 2 and train["n_samples"] == 6
+    with (run / "supernet" / "curve.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [int(r["step"]) for r in rows] == list(range(1, 9))
+    assert [r["step"] for r in rows if r["tau_full"]] == ["2", "4", "6", "8"]
+    assert main(argv[:-2] + ["--holdout", "8", "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--holdout 8" in err[0]

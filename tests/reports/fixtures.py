@@ -322,6 +322,25 @@ def write_acceptance(root: Path, specs: Sequence[tuple[int, float, int, int]],
     _write_csv(root / "acceptance" / f"{dataset_id}.csv", ACCEPT_COLUMNS, rows)
 
 
+def training_block(warmup: int = 300, stop: int = 700, every: int = 50) -> dict[str, Any]:
+    """run.json's supernet `train` block of a run that stopped at a plateau: a loss falling
+    per step, held-out tau rising to the plateau, the kept evaluation."""
+    curve = [{"step": s, "phase": 1 if s <= warmup else 2,
+              "loss": round(0.15 + 2.5 * math.exp(-s / 80.0), 6)} for s in range(1, stop + 1)]
+    evals = []
+    for s in range(every, stop + 1, every):
+        full = round(5.5 - 2.5 * math.exp(-s / 120.0), 4)
+        row: dict[str, Any] = {"step": s, "phase": 1 if s <= warmup else 2, "tau_full": full}
+        if s > warmup:
+            small = round(full - 0.6 * math.exp(-(s - warmup) / 60.0) - 0.2, 4)
+            row.update(tau_smallest=small, score=round((full + small) / 2, 4))
+        evals.append(row)
+    best = max((e for e in evals if "score" in e), key=lambda e: e["score"])
+    return {"warmup_steps": warmup, "multires_steps": 900, "loss_curve": curve,
+            "convergence": {"evals": evals, "best_step": best["step"], "best": best,
+                            "stopped": "plateau", "steps": stop, "gamma": 7}}
+
+
 def write_run_json(root: Path, space: Space, aifd: bool = True) -> None:
     layers = list(range(1, 17))
     # Entropy falls with depth, flattens in the upper-middle layers, rises again at the top.
@@ -335,7 +354,7 @@ def write_run_json(root: Path, space: Space, aifd: bool = True) -> None:
         "supernet": {"hash": SUPERNET_HASH,
                      "config": {"hidden_size": 192, "num_attention_heads": 8},
                      "num_params": draft_params(8),
-                     "train": {"warmup_steps": 300, "multires_steps": 900, "loss_curve": []}},
+                     "train": training_block()},
         "versions": VERSIONS, "schema_version": 1, "a_key_from_a_newer_writer": {"x": 1},
     }
     if aifd:

@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 
 from .fixtures import A10G, CPU, H100, make_run, make_single_subnet_run
 
-ALWAYS = {"pareto_latency", "pareto_params", "pareto_memory", "tau_cost"}
+ALWAYS = {"pareto_latency", "pareto_params", "pareto_memory", "tau_cost", "training"}
 KINDS = {
     "exhaustive": ({}, ALWAYS | {"acceptance", "verified", "parity", "aifd"}),
     "optuna-3hw": ({"optuna": True, "hardware": (CPU, H100, A10G)},

@@ -183,3 +183,38 @@ def test_sampled_scoring_is_seeded_real_runs(trained) -> None:
     assert [r.tau for r in scorer(0).score(specs)] == [r.tau for r in rows]
     with pytest.raises(InputError, match="needs a temperature > 0"):
         SampledScorer(adapter, draft, prompts, supernet_hash="a", dataset_id="d", temperature=0)
+
+
+def test_held_out_tau_of_training_equals_the_scorers(trained) -> None:
+    """The training loop's held-out tau (the training-time test's parallel passes over
+    self-distilled samples) is the scorer's teacher-forced tau on the same greedy answers."""
+    from dreams_nas.supernet.training.features import collect_sample
+    from dreams_nas.supernet.training.heldout import heldout_tau
+
+    adapter, draft, prompts = trained
+    scorer = _scorer(trained)
+    samples = []
+    for prompt, trace in zip(prompts, scorer.traces(), strict=True):
+        end = trace.max_new_tokens if trace.eos_index is None else trace.eos_index + 1
+        samples.append(collect_sample(adapter, prompt, trace.continuation[:end], LAYERS, (2,)))
+    rows = {r.spec: r for r in scorer.score(SPECS)}
+    for spec in SPECS:
+        tau = heldout_tau(draft, samples, spec, spec.draft_len, MAX_NEW,
+                          adapter.eos_token_ids, batch_size=3)
+        assert tau > 1.5
+        assert tau == pytest.approx(rows[spec].tau, rel=1e-6), spec.id
+
+
+def test_parallel_ranks_equal_the_rollout_per_start(trained) -> None:
+    """The scorer's batched ranks (the training-time test's passes over whole traces) equal
+    the reference rollout that runs the draft's cached forward once per start and depth."""
+    from dreams_nas.supernet.acceptance.teacher_forced import batched_ranks, draft_ranks
+
+    _, draft, _ = trained
+    traces = _scorer(trained).traces()
+    for spec, widths in ((SubnetSpec(4, 1.0, 4, 5), (1, 1, 1, 1, 1)),
+                         (SubnetSpec(2, 0.5, 2, 4), (3, 2, 2, 1)),
+                         (SubnetSpec(1, 0.25, 2, 7), (4, 1, 1, 1, 1, 1, 1))):
+        fast = batched_ranks(draft, traces, spec, widths, batch_size=3)
+        for trace, ranks in zip(traces, fast, strict=True):
+            np.testing.assert_array_equal(ranks, draft_ranks(draft, trace, spec, widths))

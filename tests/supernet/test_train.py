@@ -164,3 +164,91 @@ def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
     assert evaluate_losses(draft, batches, spec, aifd.chosen)["kl"] < before["kl"]
     amp = MixedPrecision(torch.device("cpu"), dtype)
     assert amp.scaler.is_enabled() == (dtype == torch.float16)  # bf16 needs no loss scaling
+
+
+def _heldout(samples):
+    from dreams_nas.supernet.training.convergence import HeldOut
+
+    return HeldOut(samples[-3:], gamma=3, max_new_tokens=8)
+
+
+def test_training_stops_at_a_plateau_and_keeps_the_best_evaluation(target_data, tmp_path):
+    """Phase 2 stops after `patience` evaluations without a gain above the tolerance, and the
+    model holds the weights of its best phase-2 evaluation (not the last); a run killed
+    half-way resumes to the same evaluations, stop and weights."""
+    target, samples, aifd = target_data
+    heldout = _heldout(samples)
+    # a tolerance no gain can beat: the run stops at the third phase-2 evaluation
+    config = TrainConfig(unroll=2, warmup_steps=6, multires_steps=200, batch_size=4, lr=5e-3,
+                         lr_warmup_steps=2, eval_every=3, patience=2, tolerance=100.0,
+                         checkpoint_every=4)
+    draft = _draft(target)
+    out = train_supernet(draft, samples[:-3], aifd.chosen, config, tmp_path / "a",
+                         show_progress=False, heldout=heldout)
+    assert out.stopped == "plateau" and out.steps == 15 and len(out.loss_curve) == 15
+    assert [(e["step"], e["phase"]) for e in out.evals] == [(3, 1), (6, 1), (9, 2), (12, 2),
+                                                            (15, 2)]
+    assert "tau_smallest" not in out.evals[0] and "score" in out.evals[-1]
+    phase2 = [e for e in out.evals if e["phase"] == 2]
+    best = max(phase2, key=lambda e: e["score"])  # the first of equal scores
+    assert out.best_step == best["step"]
+    assert heldout.evaluate(draft, 2) == {k: best[k] for k in ("tau_full", "tau_smallest",
+                                                                "score")}
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_11(step, _losses):
+        if step == 11:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_supernet(_draft(target), samples[:-3], aifd.chosen, config, tmp_path / "b",
+                       on_step=kill_at_11, show_progress=False, heldout=heldout)
+    resumed = _draft(target, seed=5)
+    again = train_supernet(resumed, samples[:-3], aifd.chosen, config, tmp_path / "b",
+                           show_progress=False, heldout=heldout)
+    assert again.resumed_from == 9  # the checkpoint of the evaluation at step 9
+    assert [{k: v for k, v in e.items() if k != "seconds"} for e in again.evals] == [
+        {k: v for k, v in e.items() if k != "seconds"} for e in out.evals]
+    assert again.stopped == "plateau" and again.best_step == out.best_step
+    for (name, a), (_, b) in zip(draft.state_dict().items(), resumed.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_a_time_budget_stops_the_run_with_an_evaluation(target_data):
+    target, samples, aifd = target_data
+    config = TrainConfig(unroll=1, warmup_steps=0, multires_steps=50, batch_size=4,
+                         max_seconds=1e-6)
+    out = train_supernet(_draft(target), samples[:-3], aifd.chosen, config,
+                         show_progress=False, heldout=_heldout(samples))
+    assert out.stopped == "time budget" and out.steps == 1
+    assert [e["step"] for e in out.evals] == [1] and out.best_step == 1
+
+
+def test_in_place_distillation_mixes_the_largest_subnets_distribution(target_data):
+    from dreams_nas.supernet.training.batching import LossWeights, loss_terms
+
+    target, samples, aifd = target_data
+    draft = _draft(target, seed=3)
+    batch = collate(samples[:4])
+    weights = LossWeights()
+    spec = SubnetSpec(2, 0.5, 2, 1)
+    with torch.no_grad():
+        own = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2, keep_logp=True)
+        assert len(own["logp"]) == 3
+        # taught by its own distribution, the in-place term is zero
+        same = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2,
+                          teacher=own["logp"], teacher_weight=1.0)
+        assert float(same["kl"]) == pytest.approx(0.0, abs=1e-6)
+        half = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2,
+                          teacher=own["logp"], teacher_weight=0.5)
+        assert float(half["kl"]) == pytest.approx(0.5 * float(own["kl"]), rel=1e-5)
+        largest = loss_terms(draft, batch, SubnetSpec(4, 1.0, 2, 1), aifd.chosen, weights,
+                             unroll=2, keep_logp=True)["logp"]
+        taught = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2,
+                            teacher=largest, teacher_weight=1.0)
+        assert float(taught["kl"]) > 0
+    with pytest.raises(InputError, match="inplace_distill"):
+        TrainConfig(inplace_distill=1.5)
