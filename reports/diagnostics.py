@@ -113,13 +113,14 @@ def load_training(run: Mapping[str, Any]) -> TrainingCurve | None:
     conv = train.get("convergence") if isinstance(train.get("convergence"), Mapping) else {}
     evals = [e for e in conv.get("evals") or [] if isinstance(e, Mapping)
              and integer(e.get("step")) is not None and num(e.get("tau_full")) is not None]
-    best = conv.get("best") if isinstance(conv.get("best"), Mapping) else {}
+    best_step = integer(conv.get("best_step"))
+    best = next((e for e in evals if integer(e["step"]) == best_step), {})
     return TrainingCurve(
         steps=tuple(s for s, _ in points), loss=tuple(v for _, v in points),
         eval_steps=tuple(integer(e["step"]) for e in evals),  # type: ignore[misc]
         tau_full=tuple(num(e["tau_full"]) for e in evals),  # type: ignore[misc]
         tau_smallest=tuple(num(e.get("tau_smallest")) for e in evals),
         warmup_steps=integer(train.get("warmup_steps")),
-        best_step=integer(conv.get("best_step")), best_score=num(best.get("score")),
+        best_step=best_step, best_score=num(best.get("score")),
         stopped=str(conv["stopped"]) if conv.get("stopped") else None,
         gamma=integer(conv.get("gamma")))

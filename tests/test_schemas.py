@@ -41,6 +41,7 @@ SCHEMAS = Schemas.read(ROOT / "SCHEMAS.md")
 # writes beside them): each must have its own section.
 ARTEFACTS = (
     "run.json", "supernet/config.json", "supernet/model.safetensors", "supernet/selfdistill.json",
+    "supernet/curve.csv",
     "supernet/checkpoint/state.json", "latency/<hardware-id>/hardware.json",
     "latency/<hardware-id>/plan.json", "latency/<hardware-id>/profile.csv",
     "latency/<hardware-id>/predictor.skops", "latency/<hardware-id>/predictor_train.csv",
@@ -58,7 +59,14 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
         "supernet", "supernet.hash", "supernet.num_params", "aifd", "aifd.ae", "aifd.layers",
         "aifd.delta_ae", "aifd.chosen", "aifd.rule", "versions", "versions.dreams-nas",
         "versions.torch", "versions.transformers", "versions.optuna", "versions.scikit-learn",
-        "versions.python",
+        "versions.python", "supernet.train", "supernet.train.loss_curve",
+        "supernet.train.loss_curve[].step", "supernet.train.loss_curve[].loss",
+        "supernet.train.warmup_steps", "supernet.train.convergence",
+        "supernet.train.convergence.evals", "supernet.train.convergence.evals[].step",
+        "supernet.train.convergence.evals[].tau_full",
+        "supernet.train.convergence.evals[].tau_smallest",
+        "supernet.train.convergence.evals[].score", "supernet.train.convergence.best_step",
+        "supernet.train.convergence.stopped", "supernet.train.convergence.gamma",
     ),
     "latency/<hardware-id>/hardware.json": (
         "name", "kind", "memory_gb", "cuda", "driver", "threads", "dtype",
@@ -123,6 +131,7 @@ def test_csv_columns_are_the_writers_columns() -> None:
     from dreams_nas.latency.store import PROFILE_COLUMNS
     from dreams_nas.nas.stages.export import HISTORY_COLUMNS, TRIAL_COLUMNS
     from dreams_nas.supernet.acceptance.table import ACCEPTANCE_COLUMNS
+    from dreams_nas.supernet.training.recipe import CURVE_COLUMNS
 
     expected = {
         "latency/<hardware-id>/profile.csv": PROFILE_COLUMNS,
@@ -131,6 +140,7 @@ def test_csv_columns_are_the_writers_columns() -> None:
         "search/<hardware-id>/trials.csv": TRIAL_COLUMNS,
         "search/<hardware-id>/pareto.csv": TRIAL_COLUMNS,
         "search/<hardware-id>/history.csv": HISTORY_COLUMNS,
+        "supernet/curve.csv": CURVE_COLUMNS,
     }
     csv_sections = {s.heading for s in SCHEMAS.artefacts() if s.kind == "csv"}
     assert csv_sections == set(expected)

@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="steps of each supernet training phase (default 300 + 300)")
     small.add_argument("--profile-budget", default=None, metavar="N|FRACTION",
                        help="draft measurements of the profile (default: the whole grid)")
-    small.add_argument("--repeats", type=whole(1), default=100, metavar="N",
-                       help="timed repeats per profiled step (default 100)")
+    small.add_argument("--repeats", type=whole(1), default=40, metavar="N",
+                       help="timed repeats per profiled step, in 4 passes (default 40)")
     small.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
                        help="profiled prompt lengths (default: image + 16..256 text)")
     small.add_argument("--limit", type=whole(1), default=None, metavar="N",

@@ -36,6 +36,9 @@ from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_s
 from torch import Tensor
 
 log = logging.getLogger("dreams_nas")
+# supernet/curve.csv: the losses of every step, held-out tau where evaluated (SCHEMAS.md)
+CURVE_COLUMNS = ("step", "phase", "loss", "kl", "distill", "feat", "tau_full", "tau_smallest",
+                 "score")
 DistillMode = Literal["aifd", "middle", "last", "none"]
 
 
@@ -237,10 +240,8 @@ def write_curve(path: Any, outcome: TrainOutcome) -> None:
     from dreams_nas.supernet.core.io import atomic_write_text
 
     evals = {e["step"]: e for e in outcome.evals}
-    columns = ["step", "phase", "loss", "kl", "distill", "feat", "tau_full", "tau_smallest",
-               "score"]
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer = csv.DictWriter(buffer, fieldnames=CURVE_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     for row in outcome.loss_curve:
         writer.writerow({**row, **{k: v for k, v in evals.get(row["step"], {}).items()
