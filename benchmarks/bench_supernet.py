@@ -23,8 +23,9 @@ subnet at gamma = 5, inject layer in the middle of the space. Per variant: the m
 with a 95 % t-interval and the spread (max - min) / mean; against ours, a paired t-test over
 seeds and a Wilcoxon signed-rank test over the (seed, prompt) pairs of per-prompt tau.
 
-Jobs run in `--jobs` processes of `--threads` threads; each job's result is a JSON file in
-`--out`, so a killed benchmark resumes where it stopped.
+Jobs run in `--jobs` processes of `--threads` threads, the default's seeds first; each job's
+result is a JSON file in `--out` and each training checkpoints in its run folder, so a killed
+benchmark resumes where it stopped (a resumed job's `train_s` counts its last attempt only).
 """
 
 from __future__ import annotations
@@ -246,8 +247,10 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     prepare(out, seeds, max(1, args.threads * args.jobs))
-    jobs = [(v, s) for s in seeds for v in variants
-            if not (out / f"result-{v}-s{s}.json").is_file()]
+    # the default's seeds first (the convergence claim), then the ablations seed by seed
+    order = sorted(((v, s) for s in seeds for v in variants),
+                   key=lambda job: (job[0] != "ours", job[1], variants.index(job[0])))
+    jobs = [job for job in order if not (out / f"result-{job[0]}-s{job[1]}.json").is_file()]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps)
                    for v, s in jobs]

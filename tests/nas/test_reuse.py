@@ -257,7 +257,7 @@ def test_the_demo_reuses_a_supernet_trained_otherwise_and_says_how_to_retrain(
     assert "prompts" not in warning.split("(")[1].split(")")[0]
     assert (f"`dreams-nas train --run {run.root} --target builtin --n-train 3 --warmup-steps 2 "
             "--multires-steps 2 --max-new-tokens 8`") in warning
-    default = TrainOptions()  # 384 builtin prompts, 300 + 300 steps, 64 tokens
+    default = TrainOptions()  # 384 builtin prompts, 300 + at most 400 steps, 64 tokens
     ensure_supernet(run, default)
     assert "prompts 3 -> 384" in logged[-1]
 
