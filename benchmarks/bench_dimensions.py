@@ -31,7 +31,7 @@ def restricted_best(trials: list[dict], space, free: tuple[str, ...]) -> dict:
     sit at the default (largest heads and visual_keep, the middle inject layer)."""
     fixed = {"heads": max(space.heads), "visual_keep": max(space.visual_keep),
              "inject_layer": space.inject_layer[len(space.inject_layer) // 2]}
-    rows = [r for r in trials if r.get("state", "COMPLETE") == "COMPLETE" and r["speedup"]
+    rows = [r for r in trials if r.get("state", "complete").lower() == "complete" and r["speedup"]
             and all(d in free or float(r[d]) == float(fixed[d]) for d in DIMENSIONS)]
     return max(rows, key=lambda r: (float(r["speedup"]), r["spec_id"]))
 
