@@ -39,8 +39,8 @@ class HeldOut:
         out = {"tau_full": heldout_tau(model, self.samples, full, self.gamma,
                                        self.max_new_tokens, self.eos_ids)}
         if phase == 2:
-            small = SubnetSpec(min(model.space().heads), min(model.space().visual_keep), layer,
-                               self.gamma)
+            space = model.space()
+            small = SubnetSpec(min(space.heads), min(space.visual_keep), layer, self.gamma)
             out["tau_smallest"] = heldout_tau(model, self.samples, small, self.gamma,
                                               self.max_new_tokens, self.eos_ids)
             out["score"] = (out["tau_full"] + out["tau_smallest"]) / 2

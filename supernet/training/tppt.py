@@ -348,11 +348,12 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
             if phase == 2 and tracker.stale >= config.patience:
                 tracker.stopped = "plateau"
             model.train()
-            bar.set_postfix(tau=tracker.evals[-1].get("score", tracker.evals[-1]["tau_full"]))
         if over:
             tracker.stopped = "time budget"
         bar.update(1)
-        bar.set_postfix(loss=f"{sums['loss']:.4f}", kl=f"{sums['kl']:.3f}")
+        last = tracker.evals[-1] if tracker.evals else {}
+        bar.set_postfix(loss=f"{sums['loss']:.4f}", kl=f"{sums['kl']:.3f}",
+                        tau=last.get("score", last.get("tau_full", "-")))
         if ckpt is not None and (evaluated or tracker.stopped or state.step == config.total_steps
                                  or state.step % config.checkpoint_every == 0):
             save_checkpoint(ckpt, model, optimizer, state, fingerprint)
