@@ -219,10 +219,12 @@ class ModelSteps:
         memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
         expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
         assert memory is None or abs(memory.length - expected) <= 1
-        # The draft's own cache over the prompt's text positions.
-        text = int(ctx - n_vis)
+        # The draft's own cache over the prompt positions its sequence holds (the text, and
+        # the kept visual tokens in a draft that keeps them there).
+        own = draft.draft_positions(visual_mask, scores)[0]
+        text = int(own.sum())
         cache = DraftCache()
-        positions = torch.arange(ctx, device=dev)[~visual_mask[0]][None]  # (1, text)
+        positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
         prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
         out = draft(self._ids(text), prev, positions, memory, cache=cache)
         token = self._ids(width)

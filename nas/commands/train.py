@@ -58,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--distill", choices=("aifd", "middle", "last", "none"),
                         default="aifd", help="distillation layer: AIFD-chosen (default), fixed "
                                              "middle, the last layer, or none")
+    parser.add_argument("--visual-context", choices=("self", "cross"), default="self",
+                        help="where the draft reads the kept visual tokens: self (its own "
+                             "sequence, where each kept token costs attention on every step, "
+                             "and the cross-attention memory; default) or cross (the memory "
+                             "only)")
     parser.add_argument("--heads", type=whole(1), default=None, metavar="N",
                         help="heads of the maximal draft (default: the target's)")
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
@@ -94,7 +99,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         patience=args.patience, tolerance=args.tolerance, time_budget=args.time_budget,
         holdout=args.holdout, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
-        heads=args.heads, max_new_tokens=args.max_new_tokens, device=args.device,
-        dtype=args.dtype,
+        heads=args.heads, visual_context=args.visual_context,
+        max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
         seed=args.seed, show_progress=False if args.json or args.quiet else None)
     return train(RunFolder(args.run), options)

@@ -144,12 +144,14 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
                     ) -> Callable[[SubnetSpec], int]:
     """Bytes a subnet's draft holds while decoding at `context_len` tokens of context, of which
     `visual_tokens` are the image's: its weights, the KV cache of its two decoder layers over
-    the context, and its cross-attention memory (the context with the visual tokens it drops
-    left out), all in `dtype`. An estimate from the shapes, not a measurement: activations and
+    its own sequence (the text, plus the visual tokens it keeps when the draft keeps them
+    there), and its cross-attention memory (the context with the visual tokens it drops left
+    out), all in `dtype`. An estimate from the shapes, not a measurement: activations and
     the allocator's slack are not counted; the target's shared embedding and LM head are not
     the draft's."""
     import torch
     from dreams_nas.supernet.core.device import torch_dtype
+    from dreams_nas.supernet.draft.state import keep_count
     from dreams_nas.supernet.draft.store import read_supernet_config
 
     config = read_supernet_config(run.supernet_dir)
@@ -159,9 +161,10 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
 
     def memory(spec: SubnetSpec) -> int:
         width = spec.heads * config.head_dim  # keys (and values) per token, per layer
-        kv_tokens = 2 * context  # the draft's two decoder layers
+        kept = context - visual + (keep_count(visual, spec.visual_keep) if visual else 0)
+        kv_tokens = 2 * (kept if config.visual_in_self else context - visual)  # 2 layers
         if config.cross_attention:
-            kv_tokens += max(1, round(context - visual * (1.0 - spec.visual_keep)))
+            kv_tokens += max(1, kept)
         return element * (params(spec) + 2 * width * kv_tokens)
 
     return memory

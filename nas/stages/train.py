@@ -42,6 +42,7 @@ class TrainOptions:
     lambda_feat: float | None = None
     distill: str = "aifd"  # aifd | middle | last | none
     heads: int | None = None  # heads of the maximal draft (None: the target's)
+    visual_context: str = "self"  # self: kept visual tokens in the draft's own sequence too
     max_new_tokens: int = 64
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
@@ -95,8 +96,14 @@ def training_changes(block: dict[str, Any], options: TrainOptions) -> list[str]:
     asked = {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
              "n_examples": prompts, "max_new_tokens": options.max_new_tokens}
     names = {"n_examples": "prompts"}
-    return [f"{names.get(key, key)} {trained[key]} -> {value}" for key, value in asked.items()
-            if value is not None and key in trained and trained[key] != value]
+    changes = [f"{names.get(key, key)} {trained[key]} -> {value}" for key, value in asked.items()
+               if value is not None and key in trained and trained[key] != value]
+    draft = block.get("config") if isinstance(block.get("config"), dict) else None
+    if draft is not None:  # a draft config without the field keeps visual tokens out (cross)
+        recorded = "self" if draft.get("visual_in_self", False) else "cross"
+        if recorded != options.visual_context:
+            changes.append(f"visual-context {recorded} -> {options.visual_context}")
+    return changes
 
 
 def retrain_command(run: RunFolder, options: TrainOptions) -> str:
@@ -109,6 +116,8 @@ def retrain_command(run: RunFolder, options: TrainOptions) -> str:
         parts += ["--data", options.data]
     if options.n_train is not None:
         parts += ["--n-train", str(options.n_train)]
+    if options.visual_context != "self":
+        parts += ["--visual-context", options.visual_context]
     parts += ["--warmup-steps", str(config.warmup_steps),
               "--multires-steps", str(config.multires_steps),
               "--max-new-tokens", str(options.max_new_tokens)]
@@ -180,4 +189,5 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     return train_run(run, target, examples, config, num_heads=options.heads,
                      max_new_tokens=options.max_new_tokens, distill=options.distill,
                      device=device, holdout=options.holdout,
+                     visual_in_self=options.visual_context == "self",
                      show_progress=options.show_progress)

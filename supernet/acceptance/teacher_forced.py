@@ -136,7 +136,9 @@ def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
     # host-side bookkeeping (which starts are alive, what they drafted) stays on the CPU with
     # the trace; the draft's inputs and features live on its device
     is_text = torch.ones(seq, dtype=torch.bool, device="cpu")
-    is_text[: trace.prompt_len] = ~trace.visual_mask
+    with draft.using(spec.triple):  # the prompt positions the subnet's own sequence holds
+        is_text[: trace.prompt_len] = draft.draft_positions(
+            trace.visual_mask[None], trace.visual_scores[None])[0]
     text_pos = is_text.nonzero().flatten()  # (n_text,) target positions the draft runs over
     n_hidden = int(trace.last_hidden.shape[0])
     text_pos = text_pos[text_pos <= n_hidden]  # a position needs H_{p-1}
@@ -217,10 +219,12 @@ def batched_ranks(draft: DreamDraft, traces: Sequence[TargetTrace], spec: Subnet
     out: list[np.ndarray] = []
     for start in range(0, len(traces), batch_size):
         part = traces[start: start + batch_size]
-        batch = collate([trace_sample(t) for t in part]).to(device)
+        samples = [trace_sample(t) for t in part]
+        with_visual = draft.config.visual_in_self
+        batch = collate(samples, with_visual).to(device)
         ranks = path_ranks(draft, batch, spec, widths).cpu()
-        for i, trace in enumerate(part):
-            first = int((~trace.visual_mask).sum())  # y_0's text index: the prompt's text
+        for i, (trace, sample) in enumerate(zip(part, samples, strict=True)):
+            first = sample.answer_index(with_visual)  # y_0's index in the row
             out.append(ranks[i, first: first + trace.n_starts].numpy().astype(np.int64))
     return out
 

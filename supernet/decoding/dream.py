@@ -1,7 +1,8 @@
 """The DREAM-S draft behind the engine's `Drafter` protocol (supernet subnet or extracted draft).
 
-Per sequence the draft keeps its own KV cache over the text positions whose inputs are *true*
-(token + the target's hidden state of the position before). Each cycle:
+Per sequence the draft keeps its own KV cache over the positions whose inputs are *true*
+(token + the target's hidden state of the position before): the prompt's text and kept visual
+tokens (`DreamDraft.draft_positions`), then the verified tokens. Each cycle:
 
 * `propose`: run the pending true positions (the drafts accepted last cycle and the target's
   own newest token) in one forward, then draft autoregressively, each step feeding the draft's
@@ -67,7 +68,10 @@ class DreamDrafter:
         with self.draft.using(self.spec):
             layer = prefill.layer_hidden[self.spec.inject_layer].to(device, dtype)
             self._memory = self.draft.memory(layer, visual, scores)
-            text = torch.nonzero(~visual[0], as_tuple=False).flatten()
+            # the subnet's own sequence: the text and, in a draft that keeps visual tokens
+            # there, the kept ones (the memory's)
+            text = torch.nonzero(self.draft.draft_positions(visual, scores)[0],
+                                 as_tuple=False).flatten()
             prev = torch.cat((torch.zeros_like(last[:, :1]), last[:, :-1]), dim=1)
             self.draft(ids[:, text], prev[:, text], text[None], self._memory, cache=self._cache)
         self._committed = self._cache.length

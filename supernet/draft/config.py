@@ -25,7 +25,12 @@ class DraftConfig:
     num_target_layers: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    cross_attention: bool = True  # False: the text-only ablation (two decoder layers)
+    cross_attention: bool = True  # False: no cross-attention layer (two decoder layers)
+    # True: the kept visual tokens are positions of the draft's own sequence (its
+    # self-attention reads them, so each kept token costs attention work on every step), as
+    # well as of the cross-attention memory; False: the memory only (drafts saved before this
+    # field read as False). With neither, the draft is text-only.
+    visual_in_self: bool = True
     # Set on an extracted draft only: the subnet it was cut from.
     spec: SubnetSpec | None = None
 
@@ -71,6 +76,7 @@ class DraftConfig:
                              f"(this dreams-nas reads {CONFIG_SCHEMA_VERSION}); "
                              "retrain or re-extract")
         spec = data.pop("spec", None)
+        data.setdefault("visual_in_self", False)  # written before the field: memory only
         return cls(**data, spec=None if spec is None else SubnetSpec.from_dict(spec))
 
     def largest(self) -> SubnetSpec:

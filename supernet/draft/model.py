@@ -6,13 +6,18 @@ zeros at p = 0), fuses them with one linear layer, and outputs a feature ``F_p``
 equal ``H_p``; the target's own LM head turns ``F_p`` into the distribution of ``x_{p+1}``.
 While drafting, ``F_p`` stands in for the ``H_p`` that is not known yet.
 
-The draft's self-attention runs over the *text* positions only (prompt text and generated
-tokens); what the image says reaches it through the cross-attention, whose keys/values are the
-target's hidden states at layer ``inject_layer`` over the prompt: every text position plus the
-kept visual positions (the top ``visual_keep`` fraction ranked by the attention they *receive*
-from the text in the target's last layer at prefill), in their original order. The memory is
-the prompt only, known in full at prefill, so training (teacher forced) and drafting see the
-same memory and its keys/values are computed once per request.
+The image reaches the draft two ways. Its *own sequence* (the self-attention's positions and
+KV cache) holds the prompt's text, the generated tokens and -- with ``visual_in_self``, the
+default -- the kept visual positions (the top ``visual_keep`` fraction ranked by the attention
+they *receive* from the text in the target's last layer at prefill), each reading
+(image token, H_{p-1}) like any other position; a kept visual token therefore costs attention
+work on every drafting step, and dropping it saves that work, as in the paper. The
+cross-attention reads a *memory*: the target's hidden states at layer ``inject_layer`` over the
+prompt's text and kept visual positions, in their original order. The memory is the prompt
+only, known in full at prefill, so training (teacher forced) and drafting see the same memory
+and its keys/values are computed once per request. Without ``visual_in_self`` the sequence is
+text only and the image reaches the draft through the memory alone (measured worse:
+BENCHMARKS.md).
 
 The target's embedding and LM head are shared, frozen, and not part of this module's
 parameters or state dict (they are held outside the module tree and passed in).
@@ -140,6 +145,20 @@ class DreamDraft(nn.Module):
         k, v = self.cross.attn.project_kv(states, spec.heads)
         return Memory(keys=k, values=v, mask=mask)
 
+    def draft_positions(self, visual_mask: Tensor, visual_scores: Tensor,
+                        prompt_mask: Tensor | None = None) -> Tensor:
+        """Which prompt positions are in the active subnet's own sequence -> bool (batch, prompt).
+
+        Every text position, and with ``visual_in_self`` the visual positions it keeps (those of
+        its memory); arguments as in `select_memory_positions` (any length: positions past the
+        prompt are text)."""
+        if prompt_mask is None:
+            prompt_mask = torch.ones_like(visual_mask, dtype=torch.bool)
+        if not self.config.visual_in_self:
+            return prompt_mask & ~visual_mask
+        return select_memory_positions(visual_mask, visual_scores, prompt_mask,
+                                       self._active.visual_keep)
+
     def forward(self, input_ids: Tensor, prev_hidden: Tensor, position_ids: Tensor,
                 memory: Memory | None, *, attention_mask: Tensor | None = None,
                 cache: DraftCache | None = None, tree_mask: Tensor | None = None
@@ -150,7 +169,9 @@ class DreamDraft(nn.Module):
         prev_hidden:    (batch, seq, hidden) target last hidden H_{p-1} (or the draft's own F_{p-1})
         position_ids:   (batch, seq) positions in the target's sequence (rotary)
         memory:         from `memory(...)` (None only for the text-only draft)
-        attention_mask: bool (batch, seq) True at real tokens (training with right padding)
+        attention_mask: bool (batch, seq) True at the keys that exist (training: real tokens,
+                        with right padding, and the visual tokens the subnet keeps); a
+                        position always sees itself, so a dropped one stays finite
         cache:          the draft's KV cache; new positions are appended to it
         tree_mask:      bool (seq, tree_len + seq): which of the cache's last `tree_len`
                         positions (a token tree's nodes drafted so far) and of the new ones
@@ -185,7 +206,8 @@ class DreamDraft(nn.Module):
         if attention_mask is not None:
             if past:
                 raise ValueError("attention_mask is for training without a cache")
-            mask = mask & attention_mask[:, None, None, :]
+            own = torch.eye(seq, dtype=torch.bool, device=device)
+            mask = (mask & attention_mask[:, None, None, :]) | own
         return mask
 
     @classmethod

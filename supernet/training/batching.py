@@ -19,7 +19,9 @@ UNROLL_DECAY = 0.8
 
 @dataclass
 class Batch:
-    """Right-padded tensors; `text` = the draft's positions (visual tokens removed)."""
+    """Right-padded tensors. A row (`text_*`) holds the text positions, or every position
+    (`collate(..., with_visual=True)`, for a draft whose own sequence keeps visual tokens:
+    `DreamDraft.draft_positions` over `seq_visual`/`seq_scores` says which, per subnet)."""
 
     text_ids: Tensor  # (batch, text) token x_p
     text_pos: Tensor  # (batch, text) position p in the target's sequence
@@ -32,6 +34,22 @@ class Batch:
     visual_mask: Tensor  # bool (batch, prompt)
     visual_scores: Tensor  # (batch, prompt)
     prompt_mask: Tensor  # bool (batch, prompt)
+    seq_visual: Tensor  # bool (batch, text): visual-token positions of the rows
+    seq_scores: Tensor  # (batch, text): their scores (`visual_scores` at those positions)
+
+    @property
+    def first_counted(self) -> int:
+        """The first position (over the rows) whose prediction counts (`loss_mask`): the
+        prompt's last; drafting passes start there (`unrolled_forward`'s `start`)."""
+        counted = self.loss_mask.any(dim=1)
+        if not bool(counted.any()):
+            return int(self.loss_mask.shape[1])
+        return int(self.loss_mask.to(torch.int8).argmax(dim=1)[counted].min())
+
+    def keys(self, model: DreamDraft) -> Tensor:
+        """bool (batch, text): the positions the active subnet's own sequence holds (its
+        attention keys): the real text positions and the visual ones it keeps."""
+        return model.draft_positions(self.seq_visual, self.seq_scores, self.text_mask)
 
     def to(self, device: torch.device | str) -> Batch:
         def mv(x: Tensor) -> Tensor:
@@ -41,13 +59,16 @@ class Batch:
                      mv(self.prev_hidden), mv(self.last_hidden),
                      {k: mv(v) for k, v in self.distill.items()}, mv(self.loss_mask),
                      {k: mv(v) for k, v in self.memory_hidden.items()}, mv(self.visual_mask),
-                     mv(self.visual_scores), mv(self.prompt_mask))
+                     mv(self.visual_scores), mv(self.prompt_mask), mv(self.seq_visual),
+                     mv(self.seq_scores))
 
 
-def collate(samples: Sequence[TargetSample]) -> Batch:
+def collate(samples: Sequence[TargetSample], with_visual: bool = False) -> Batch:
+    """Pad `samples` into a batch whose rows hold their text positions, or every position
+    when `with_visual` (`DraftConfig.visual_in_self`)."""
     b = len(samples)
     hidden = samples[0].last_hidden.shape[-1]
-    texts = [s.text_positions for s in samples]
+    texts = [s.sequence_positions(with_visual) for s in samples]
     t_max = max(int(t.numel()) for t in texts)
     p_max = max(s.prompt_len for s in samples)
     device = samples[0].last_hidden.device  # padded where the samples are (the CPU as collected)
@@ -62,6 +83,8 @@ def collate(samples: Sequence[TargetSample]) -> Batch:
     visual_mask = torch.zeros(b, p_max, dtype=torch.bool, device=device)
     scores = torch.zeros(b, p_max, device=device)
     prompt_mask = torch.zeros(b, p_max, dtype=torch.bool, device=device)
+    seq_visual = torch.zeros(b, t_max, dtype=torch.bool, device=device)
+    seq_scores = torch.zeros(b, t_max, device=device)
     for i, (s, pos) in enumerate(zip(samples, texts, strict=True)):
         n, seq = int(pos.numel()), int(s.input_ids.shape[0])
         text_ids[i, :n] = s.input_ids[pos]
@@ -79,8 +102,11 @@ def collate(samples: Sequence[TargetSample]) -> Batch:
         visual_mask[i, :p] = s.visual_mask
         scores[i, :p] = s.visual_scores
         prompt_mask[i, :p] = True
+        seq_visual[i, :n] = s.seq_visual[pos]
+        seq_scores[i, :n] = torch.cat((s.visual_scores, s.visual_scores.new_zeros(
+            seq - p)))[pos]
     return Batch(text_ids, text_pos, text_mask, prev, last, distill, loss_mask, memory,
-                 visual_mask, scores, prompt_mask)
+                 visual_mask, scores, prompt_mask, seq_visual, seq_scores)
 
 
 @dataclass(frozen=True)
@@ -120,12 +146,12 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
         if noise > 0:
             eps = torch.randn(prev.shape, generator=generator, device="cpu").to(prev.device)
             prev = prev + noise * eps
+        keys = batch.keys(model)
         if unroll > 0:
             outs = unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory,
-                                    batch.text_mask, unroll)
+                                    keys, unroll, start=batch.first_counted)
         else:
-            outs = [model(batch.text_ids, prev, batch.text_pos, memory,
-                          attention_mask=batch.text_mask)]
+            outs = [model(batch.text_ids, prev, batch.text_pos, memory, attention_mask=keys)]
     totals = {"kl": 0.0, "distill": 0.0, "feat": 0.0}
     used = 0.0
     kept: list[Tensor] = []

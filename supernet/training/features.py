@@ -30,12 +30,22 @@ class TargetSample:
     last_hidden: Tensor  # (seq, hidden) post-norm: logits = lm_head(last_hidden)
 
     @property
-    def text_positions(self) -> Tensor:
-        """Positions the draft's self-attention runs over: everything but visual tokens."""
-        seq = self.input_ids.shape[0]
-        visual = self.visual_mask.new_zeros(seq)  # bool, where the sample is
+    def seq_visual(self) -> Tensor:
+        """bool (seq,): the visual-token positions of the whole sequence."""
+        visual = self.visual_mask.new_zeros(self.input_ids.shape[0])  # bool, where the sample is
         visual[: self.prompt_len] = self.visual_mask
-        return torch.nonzero(~visual, as_tuple=False).flatten()
+        return visual
+
+    def sequence_positions(self, with_visual: bool) -> Tensor:
+        """Positions a batch row holds: every one (`with_visual`: a draft whose own sequence
+        may keep visual tokens; which it keeps is masked per subnet) or the text ones only."""
+        if with_visual:
+            return torch.arange(self.input_ids.shape[0], device=self.input_ids.device)
+        return torch.nonzero(~self.seq_visual, as_tuple=False).flatten()
+
+    def answer_index(self, with_visual: bool) -> int:
+        """Index of the first answer token in the row of `sequence_positions(with_visual)`."""
+        return self.prompt_len if with_visual else int((~self.visual_mask).sum())
 
 
 @torch.no_grad()

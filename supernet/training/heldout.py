@@ -26,12 +26,13 @@ def chain_matches(model: DreamDraft, samples: Sequence[TargetSample], spec: Subn
                   gamma: int) -> list[np.ndarray]:
     """Per sample, the accepted depth (0..gamma) of a chain started after each answer token
     y_t, t = 0 .. len(answer) - 2 -> one (n_answer - 1,) int array per sample."""
-    batch = collate(samples).to(next(model.parameters()).device)
+    with_visual = model.config.visual_in_self
+    batch = collate(samples, with_visual).to(next(model.parameters()).device)
     ranks = path_ranks(model, batch, spec, (1,) * gamma)
     accepted = torch.cumprod((ranks == 0).long(), dim=-1).sum(-1).cpu()  # (batch, text)
     result = []
     for i, s in enumerate(samples):
-        first = int((~s.visual_mask).sum())  # y_0's text index: the prompt's text positions
+        first = s.answer_index(with_visual)  # y_0's index in the row
         n_answer = int(s.input_ids.shape[0]) - s.prompt_len
         result.append(accepted[i, first: first + max(0, n_answer - 1)].numpy())
     return result

@@ -41,7 +41,8 @@ def path_ranks(model: DreamDraft, batch: Batch, spec: SubnetSpec, widths: Sequen
     Entry [b, s, j-1] is the rank of the text token at s + j in the draft's distribution at
     depth j of the cycle started at text index s, or `widths[j-1]` when it is not within that
     width, when an earlier depth already left the widths (the path is not in the shape), or
-    when s + j is past the sequence. `chunk`: positions whose logits are formed at once
+    when s + j is past the sequence; starts before `Batch.first_counted` (inside the prompt)
+    are not ranked (`widths` throughout). `chunk`: positions whose logits are formed at once
     (bounds memory at large vocabularies)."""
     depth = len(widths)
     dtype = next(model.parameters()).dtype
@@ -57,8 +58,9 @@ def path_ranks(model: DreamDraft, batch: Batch, spec: SubnetSpec, widths: Sequen
     with model.using(spec.triple):
         memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
                               batch.visual_scores, batch.prompt_mask)
+        start = batch.first_counted  # the prompt's last position: y_0's cycle starts after
         outs = unrolled_forward(model, batch.text_ids, batch.prev_hidden, batch.text_pos,
-                                memory, batch.text_mask, depth - 1)
+                                memory, batch.keys(model), depth - 1, start=start)
     for j, out in enumerate(outs):  # pass j: depth j + 1, read at s + j, ranking s + j + 1
         width = n - 1 - j
         if width <= 0:
@@ -71,6 +73,7 @@ def path_ranks(model: DreamDraft, batch: Batch, spec: SubnetSpec, widths: Sequen
                                           batch.text_ids[:, j + 1 + c: j + 1 + stop])
         valid = batch.text_mask[:, j + 1:]
         ranks[:, :width, j] = torch.where(valid, rank.clamp(max=widths[j]), caps[j])
+    ranks[:, :start] = caps  # starts before the first counted position are not ranked
     inside = ranks < caps
     # a depth counts only when every depth before it kept the path
     alive = torch.cumprod(inside.long(), dim=-1).bool()

@@ -144,9 +144,10 @@ def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]
 
 
 def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, seed: int,
-                cross_attention: bool = True, device: str | torch.device = "cpu") -> DreamDraft:
+                cross_attention: bool = True, visual_in_self: bool = True,
+                device: str | torch.device = "cpu") -> DreamDraft:
     cfg = DraftConfig.for_target(target.text_config, data.space.inject_layer, num_heads=num_heads,
-                                 cross_attention=cross_attention)
+                                 cross_attention=cross_attention, visual_in_self=visual_in_self)
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
     return DreamDraft.initialised(cfg, shared, seed).to(device)
 
@@ -155,13 +156,14 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
               *, num_heads: int | None = None, max_new_tokens: int = 64, aifd_prompts: int = 16,
               distill: DistillMode = "aifd", device: str | torch.device = "cpu",
               holdout: int | None = None, show_progress: bool | None = None,
-              data: PreparedData | None = None, cross_attention: bool = True
-              ) -> dict[str, Any]:
+              data: PreparedData | None = None, cross_attention: bool = True,
+              visual_in_self: bool = True) -> dict[str, Any]:
     """Train the supernet of `target` on `examples` into `run`; returns the command's summary.
 
     data: the prompts' target side when already prepared (`prepare_data` over `examples`
     with at least `distill`'s layers: a benchmark shares it between runs); cross_attention:
-    False trains the text-only ablation draft."""
+    False drops the cross-attention layer; visual_in_self: False keeps the visual tokens out of
+    the draft's own sequence (`DraftConfig.visual_in_self`; with neither: text only)."""
     start = time.perf_counter()
     heads = int(num_heads or target.text_config.num_attention_heads)
     run.supernet_dir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +180,8 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     if config.unroll is None:  # the training-time test runs as deep as the space drafts
         config = replace(config, unroll=data.space.max_depth - 1)
     draft = build_draft(target, data, num_heads=heads, seed=config.seed,
-                        cross_attention=cross_attention, device=device)
+                        cross_attention=cross_attention, visual_in_self=visual_in_self,
+                        device=device)
     # fp32 master weights; the forward runs in the target's dtype under autocast
     dtype = str(target.dtype).removeprefix("torch.")
     train_samples, held = split_heldout(data.samples, holdout)

@@ -237,10 +237,11 @@ def make_optimizer(model: DreamDraft, config: TrainConfig) -> torch.optim.AdamW:
                              weight_decay=config.weight_decay)
 
 
-def _calibration(samples: Sequence[TargetSample], config: TrainConfig, device: torch.device
-                 ) -> list[Batch]:
+def _calibration(model: DreamDraft, samples: Sequence[TargetSample], config: TrainConfig,
+                 device: torch.device) -> list[Batch]:
     return [collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
-                                                        config.seed, j)]).to(device)
+                                                        config.seed, j)],
+                    model.config.visual_in_self).to(device)
             for j in range(config.calibration_batches)]
 
 
@@ -316,11 +317,12 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         phase = 1 if step < config.warmup_steps else 2
         if phase == 2 and not state.heads_sorted:
             if config.sort_heads:
-                orders = sort_heads(model, _calibration(samples, config, device),
+                orders = sort_heads(model, _calibration(model, samples, config, device),
                                     distill_layers, config, optimizer, amp)
             state.heads_sorted = True
         batch = collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
-                                                           config.seed, step)]).to(device)
+                                                           config.seed, step)],
+                        model.config.visual_in_self).to(device)
         optimizer.zero_grad(set_to_none=True)
         sums = _step_losses(model, batch, step_specs(model, space, step, config),
                             distill_layers, config, amp,

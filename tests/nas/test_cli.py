@@ -122,6 +122,7 @@ def test_help_does_not_import_torch() -> None:
     (["train", "--heads", "0"], "argument --heads: 0 is out of range: give a number >= 1"),
     (["train", "--lambda-distill", "-0.2"], "argument --lambda-distill: -0.2 is out of range"),
     (["train", "--max-new-tokens", "0"], "argument --max-new-tokens: 0 is out of range"),
+    (["train", "--visual-context", "both"], "argument --visual-context: invalid choice: 'both'"),
     (["profile", "--threads", "0"], "argument --threads: 0 is out of range"),
     (["profile", "--holdout", "1"], "argument --holdout: 1 is out of range: give a finite "
                                     "number in [0, 1)"),

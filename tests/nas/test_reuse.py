@@ -260,6 +260,14 @@ def test_the_demo_reuses_a_supernet_trained_otherwise_and_says_how_to_retrain(
     default = TrainOptions()  # 384 builtin prompts, 300 + at most 400 steps, 64 tokens
     ensure_supernet(run, default)
     assert "prompts 3 -> 384" in logged[-1]
+    assert "visual-context" not in logged[-1]  # a config without the field: not compared
+    block = run.read_run()["supernet"]
+    run.update_run(supernet={**block, "config": {"visual_in_self": True}})
+    memory_only = TrainOptions(n_train=3, warmup_steps=1, multires_steps=1, max_new_tokens=5,
+                               visual_context="cross")
+    ensure_supernet(run, memory_only)
+    assert "(visual-context self -> cross)" in logged[-1]
+    assert "--visual-context cross" in logged[-1]
 
 
 # --- the demo's own option names ----------------------------------------------------------------

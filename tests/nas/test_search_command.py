@@ -254,8 +254,18 @@ def test_the_front_pair_is_chosen_recorded_and_optimised(tiny_run, cmd) -> None:
     spec = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=3)
     fp32 = draft_memory_fn(run, 100, 40, "float32")
     kv = fp32(spec) - 4 * draft_params_fn(run)(spec)
-    head_dim = json.loads((run.supernet_dir / "config.json").read_text())["head_dim"]
-    assert kv == 4 * 2 * 2 * head_dim * (2 * 100 + (100 - 20))  # 2 layers' KV + the memory
+    config = json.loads((run.supernet_dir / "config.json").read_text())
+    assert config["visual_in_self"]  # the default: kept visual tokens in its own sequence
+    # 60 text + 20 kept visual positions: 2 layers' KV over its own sequence + the memory
+    assert kv == 4 * 2 * 2 * config["head_dim"] * (2 * 80 + 80)
+    path = run.supernet_dir / "config.json"
+    original = path.read_text()
+    path.write_text(json.dumps({**config, "visual_in_self": False}))
+    try:  # the memory only: the decoder layers' KV over the 60 text positions
+        kv = draft_memory_fn(run, 100, 40, "float32")(spec) - 4 * draft_params_fn(run)(spec)
+        assert kv == 4 * 2 * 2 * config["head_dim"] * (2 * 60 + 80)
+    finally:
+        path.write_text(original)
     assert fp32(spec.replace(visual_keep=1.0)) > fp32(spec)  # more visual tokens kept
     assert fp32(spec.replace(heads=4)) > fp32(spec)
     assert fp32(spec.replace(draft_len=5)) == fp32(spec)

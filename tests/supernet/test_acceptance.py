@@ -218,3 +218,41 @@ def test_parallel_ranks_equal_the_rollout_per_start(trained) -> None:
         fast = batched_ranks(draft, traces, spec, widths, batch_size=3)
         for trace, ranks in zip(traces, fast, strict=True):
             np.testing.assert_array_equal(ranks, draft_ranks(draft, trace, spec, widths))
+
+
+def _memory_only(draft: DreamDraft) -> DreamDraft:
+    """The same weights as a draft that keeps visual tokens out of its own sequence."""
+    from dataclasses import replace
+
+    other = DreamDraft(replace(draft.config, visual_in_self=False), draft.shared)
+    other.load_state_dict(draft.state_dict())
+    return other.eval()
+
+
+def test_a_memory_only_draft_scores_as_it_decodes(trained) -> None:
+    """The parallel ranks equal the rollout, and held-out tau equals the scorer's, for a draft
+    whose own sequence is text only (`visual_in_self=False`); its positions differ from the
+    default draft's, so its ranks do too."""
+    from dreams_nas.supernet.acceptance.teacher_forced import batched_ranks, draft_ranks
+
+    adapter, draft, prompts = trained
+    other = _memory_only(draft)
+    traces = _scorer(trained).traces()
+    spec, widths = SubnetSpec(2, 0.5, 2, 4), (3, 2, 2, 1)
+    fast = batched_ranks(other, traces, spec, widths, batch_size=3)
+    for trace, ranks in zip(traces, fast, strict=True):
+        np.testing.assert_array_equal(ranks, draft_ranks(other, trace, spec, widths))
+    default = batched_ranks(draft, traces, spec, widths, batch_size=3)
+    assert any(not np.array_equal(a, b) for a, b in zip(fast, default, strict=True))
+    spec = SubnetSpec(4, 1.0, 4, 3)
+    lengths = []
+    for prompt in prompts[:4]:
+        out = generate(adapter, prompt, DreamDrafter(other, spec), gamma=3,
+                       max_new_tokens=MAX_NEW)
+        lengths += out.stats.cycle_lengths
+    scorer = TeacherForcedScorer(adapter, other, prompts[:4], supernet_hash="abc",
+                                 dataset_id="tiny", max_new_tokens=MAX_NEW, show_progress=False)
+    rows = {r.spec: r for r in scorer.score([spec])}
+    assert sum(lengths) / len(lengths) > 1.5  # not the trivial tau = 1
+    assert rows[spec].tau == pytest.approx(sum(lengths) / len(lengths), rel=0.02)
+

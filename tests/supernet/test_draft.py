@@ -108,3 +108,50 @@ def test_shared_modules_are_not_parameters():
     names = [n for n, _ in model.named_parameters()]
     assert not any("embed" in n or "lm_head" in n for n in names)
     assert model.num_params(SubnetSpec(1, 1.0, 1, 1)) < model.num_params(SubnetSpec(4, 1.0, 1, 1))
+
+
+def test_the_own_sequence_holds_the_kept_visual_tokens_only_in_self_mode():
+    """With visual_in_self the draft's own positions are its memory's (text + the kept visual
+    tokens, by the attention they receive); without, the text only."""
+    layer_hidden, visual, scores = tiny_prompt(num_visual=8)
+    model = tiny_draft()
+    assert model.config.visual_in_self
+    for keep in (0.25, 0.5, 1.0):
+        with model.using(SubnetSpec(4, keep, 2, 1)):
+            own = model.draft_positions(visual, scores)
+            expected = select_memory_positions(visual, scores, torch.ones_like(visual), keep)
+            assert torch.equal(own, expected)
+            assert int(own.sum()) == 4 + keep_count(8, keep)
+    cross = tiny_draft(visual_in_self=False)
+    with cross.using(SubnetSpec(4, 1.0, 2, 1)):
+        assert torch.equal(cross.draft_positions(visual, scores), ~visual)
+
+
+def test_a_config_saved_before_visual_in_self_reads_as_memory_only():
+    from dreams_nas.supernet.draft.config import DraftConfig
+
+    data = tiny_draft().config.to_dict()
+    assert data["visual_in_self"] is True
+    del data["visual_in_self"]
+    assert DraftConfig.from_dict(data).visual_in_self is False
+
+
+def test_masked_keys_equal_removed_positions_and_stay_finite():
+    """Training masks the visual tokens a subnet drops; drafting leaves them out. Both give
+    the same features at the kept positions, even when a dropped token comes first (it sees
+    only itself, so nothing turns NaN)."""
+    model = tiny_draft()
+    layer_hidden, visual, scores = tiny_prompt(prompt_len=10, num_visual=4)
+    visual[:, :2] = True  # the prompt opens with visual tokens
+    scores[:, 0] = -1.0  # ... and the first one is dropped at any keep below 1
+    ids, prev, pos = _inputs(10)
+    pos = torch.arange(10)[None]
+    with model.using(SubnetSpec(2, 0.5, 1, 1)), torch.no_grad():
+        memory = model.memory(layer_hidden, visual, scores)
+        keys = model.draft_positions(visual, scores)
+        assert not bool(keys[0, 0])
+        masked = model(ids, prev, pos, memory, attention_mask=keys).feature
+        kept = keys[0].nonzero().flatten()
+        removed = model(ids[:, kept], prev[:, kept], pos[:, kept], memory).feature
+    assert torch.isfinite(masked).all()
+    torch.testing.assert_close(masked[:, kept], removed)

@@ -37,3 +37,30 @@ def test_pass_k_equals_the_kth_drafting_step(heads, depth):
                 feat = model(ids[:, p:p + 1], feat, pos[:, p:p + 1], memory, cache=cache).feature
                 torch.testing.assert_close(feat[0, 0], passes[k].feature[0, p], atol=1e-5,
                                            rtol=1e-4)
+
+
+def test_passes_from_a_start_position_equal_the_full_passes_there():
+    """Drafting passes run only from the first position a cycle may start at (a prompt's
+    visual tokens then cost one pass, not depth + 1); there they equal the full passes, with
+    a masked (dropped) key inside the prompt as well."""
+    model = tiny_draft()
+    gen = torch.Generator().manual_seed(3)
+    seq, depth, start = 12, 4, 5
+    ids = torch.randint(0, 50, (1, seq), generator=gen)
+    prev = torch.randn(1, seq, HIDDEN, generator=gen)
+    pos = torch.arange(seq)[None]
+    keys = torch.ones(1, seq, dtype=torch.bool)
+    keys[0, 2] = False
+    layer_hidden, visual, scores = tiny_prompt()
+    with model.using(SubnetSpec(4, 0.5, 1, 3)), torch.no_grad():
+        memory = model.memory(layer_hidden, visual, scores)
+        full = unrolled_forward(model, ids, prev, pos, memory, keys, depth=depth)
+        cut = unrolled_forward(model, ids, prev, pos, memory, keys, depth=depth, start=start)
+        late = unrolled_forward(model, ids, prev, pos, memory, keys, depth=depth, start=seq - 2)
+    torch.testing.assert_close(cut[0].feature, full[0].feature)
+    for k in range(1, depth + 1):
+        torch.testing.assert_close(cut[k].feature[:, start + k:], full[k].feature[:, start + k:],
+                                   atol=1e-5, rtol=1e-4)
+        assert not cut[k].feature[:, :start + k].any()
+        assert cut[k].cross_out is not None and not cut[k].cross_out[:, :start + k].any()
+    assert len(late) == depth + 1 and not late[depth].feature.any()  # nothing left to draft
