@@ -36,6 +36,7 @@ class Hardware:
     dtype: str
     speedups: dict[str, float]  # spec id -> predicted speedup (complete trials)
     taus: dict[str, float]
+    chosen: str | None = None  # the search's own pick (best.json), ties broken as it breaks them
 
     @property
     def label(self) -> str:
@@ -43,6 +44,8 @@ class Hardware:
 
     @property
     def best(self) -> str:
+        if self.chosen in self.speedups:
+            return self.chosen
         return max(self.speedups, key=lambda s: (self.speedups[s], s))
 
 
@@ -59,9 +62,11 @@ def load(run: Path, space_size: int | None = None) -> list[Hardware]:
         if space_size is not None and len(rows) < space_size:
             print(f"warning: {trials} holds {len(rows)} of {space_size} subnets (not an "
                   "exhaustive search); its best may be missed", file=sys.stderr)
+        best_json = trials.parent / "best.json"
+        chosen = json.loads(best_json.read_text()).get("spec_id") if best_json.is_file() else None
         found.append(Hardware(run, trials.parent.name, str(meta.get("dtype")),
                               {r["spec_id"]: float(r["speedup"]) for r in rows},
-                              {r["spec_id"]: float(r["tau"]) for r in rows}))
+                              {r["spec_id"]: float(r["tau"]) for r in rows}, chosen))
     return found
 
 

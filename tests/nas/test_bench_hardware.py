@@ -40,3 +40,11 @@ def test_each_hardware_loses_by_another_ones_choice(tmp_path, capsys) -> None:
     assert "1.500 (-6.2 %)" in rows["| cpu-x-2t float32"]  # 1t's choice a on 2t: 1.5 / 1.6
     assert "1.800 (-10.0 %)" in rows["| cpu-x-1t float32"]
     assert rows["| cpu-x-2t bfloat16"].count("+0.0 %") == 2
+
+
+def test_the_searchs_own_pick_breaks_a_tie(tmp_path) -> None:
+    run = _run(tmp_path / "run", "float32", {"cpu-x-1t": {"h4-v1.00-l4-g7": 2.0,
+                                                          "h4-v1.00-l8-g7": 2.0}})
+    (run / "search" / "cpu-x-1t" / "best.json").write_text(
+        json.dumps({"spec_id": "h4-v1.00-l4-g7"}))
+    assert bench_hardware.load(run)[0].best == "h4-v1.00-l4-g7"
