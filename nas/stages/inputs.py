@@ -161,7 +161,7 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
 
     def memory(spec: SubnetSpec) -> int:
         width = spec.heads * config.head_dim  # keys (and values) per token, per layer
-        kept = context - visual + (keep_count(visual, spec.visual_keep) if visual else 0)
+        kept = context - visual + keep_count(visual, spec.visual_keep)
         kv_tokens = 2 * (kept if config.visual_in_self else context - visual)  # 2 layers
         if config.cross_attention:
             kv_tokens += max(1, kept)

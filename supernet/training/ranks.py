@@ -65,8 +65,8 @@ def path_ranks(model: DreamDraft, batch: Batch, spec: SubnetSpec, widths: Sequen
         width = n - 1 - j
         if width <= 0:
             break
-        rank = torch.empty(b, width, dtype=torch.long, device=device)
-        for c in range(0, width, chunk):
+        rank = caps[j].repeat(b, width)
+        for c in range(min(start, width), width, chunk):  # starts before `start`: not ranked
             stop = min(width, c + chunk)
             feature = out.feature[:, j + c: j + stop]
             rank[:, c:stop] = token_ranks(model.logits(feature),
