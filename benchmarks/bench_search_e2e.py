@@ -10,8 +10,10 @@ Measures, in one interleaved run against plain decoding of the same prompts:
     draft length by the same prediction,
   * a fixed EAGLE-like configuration: all heads, all visual tokens, last layer, gamma = 5,
 and prints predicted and measured speedups (target: predicted within 10% of measured for the
-best subnet). With --repeats R the whole measurement runs R times; the table shows the median
-of each figure over the repeats and the range of the measured decode-phase speedup.
+best subnet), the searched best over the better of the two fixed configurations, and the cost
+range of a draft step across the space (the slowest over the fastest subnet the profile timed,
+at each context length). With --repeats R the whole measurement runs R times; the table shows
+the median of each figure over the repeats and the range of the measured decode-phase speedup.
 """
 
 from __future__ import annotations
@@ -61,20 +63,42 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hardware {hw}; {len(prompts)} evaluation prompts, {args.max_new_tokens} new tokens, "
           f"{len(runs)} repeat(s) (medians); "
           f"plain decoding {results[0].baseline_tokens_per_s:.1f} tokens/s")
-    print(f"{'configuration':24} {'spec':18} {'pred. tau':>9} {'meas. tau':>9} "
+    print(f"{'configuration':24} {'spec':26} {'pred. tau':>9} {'meas. tau':>9} "
           f"{'pred. x':>8} {'meas. x':>8} {'gap':>6} {'whole calls x':>13} {'meas. x range':>14}")
     for name, spec in chosen.items():
         m, t = by_spec[spec], trials[spec.id]
         pred = predicted[spec.id]
-        print(f"{name:24} {spec.id:18} {float(t['tau']):9.2f} {m.tau:9.2f} {pred:8.2f} "
+        print(f"{name:24} {spec.id:26} {float(t['tau']):9.2f} {m.tau:9.2f} {pred:8.2f} "
               f"{m.speedup:8.2f} {abs(m.speedup - pred) / pred:6.1%} {m.speedup_end_to_end:13.2f} "
               f"{spread[spec][0]:9.2f}-{spread[spec][1]:.2f}")
     b, f, e = (by_spec[chosen[k]] for k in chosen)
     print("meas. x: decode phase (tokens after the first / time after the prefill, both sides), "
           "what the formula predicts; whole calls x: prefill included")
     print(f"searched / full draft: {b.speedup / f.speedup:.2f}x; searched / EAGLE-like: "
-          f"{b.speedup / e.speedup:.2f}x")
+          f"{b.speedup / e.speedup:.2f}x; searched / best fixed: "
+          f"{b.speedup / max(f.speedup, e.speedup):.2f}x")
+    for ctx, (slow, fast) in sorted(draft_cost_range(run.profile_csv(hw)).items()):
+        print(f"draft step at context {ctx}: slowest {slow[1]:.3f} ms ({slow[0]}), fastest "
+              f"{fast[1]:.3f} ms ({fast[0]}): {slow[1] / fast[1]:.2f}x")
     return 0
+
+
+def draft_cost_range(profile_csv) -> dict[int, tuple[tuple[str, float], tuple[str, float]]]:
+    """context -> ((slowest spec, ms), (fastest spec, ms)) over the profile's one-token
+    ``draft`` steps (the median of each point's repeats; several passes: their median)."""
+    import statistics
+    from collections import defaultdict
+
+    points: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in _read_csv(profile_csv):
+        if row["kind"] == "draft" and row["k"] == "1" and row.get("status", "ok") == "ok":
+            points[int(row["context_len"])][row["spec_id"]].append(float(row["median_ms"]))
+    out = {}
+    for ctx, specs in points.items():
+        ms = {spec: statistics.median(v) for spec, v in specs.items()}
+        slow, fast = max(ms, key=ms.get), min(ms, key=ms.get)
+        out[ctx] = ((slow, ms[slow]), (fast, ms[fast]))
+    return out
 
 
 def _median_measured(ms):

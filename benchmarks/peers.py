@@ -64,17 +64,20 @@ class PeerRow:
 # --- the configurations the benchmarks compare --------------------------------------------
 def full_and_eagle_specs(space: SearchSpace, predicted_speedup: Mapping[str, float],
                          ) -> tuple[SubnetSpec, SubnetSpec]:
-    """(the largest subnet at the draft length of its best predicted speedup — the draft
-    length nearest 5 when the search predicted none of them (an Optuna search may skip them) —
-    and the fixed EAGLE-like configuration: all heads, all visual tokens, the last inject
-    layer, gamma = 5)."""
+    """(the largest subnet -- every heads, visual token, layer a side and MLP channel, the last
+    inject layer -- at the draft length of its best predicted speedup -- the draft length
+    nearest 5 when the search predicted none of them (an Optuna search may skip them) -- and
+    the fixed EAGLE-like configuration: all heads, all visual tokens, the last inject layer,
+    one decoder layer a side, the whole MLP, gamma = 5)."""
     heads, layer = max(space.heads), max(space.inject_layer)
+    largest = space.largest().arch.replace(inject_layer=layer)
     full = [s for s in space.enumerate() if not s.tree  # its chains (bench_trees: the trees)
-            and (s.heads, s.visual_keep, s.inject_layer) == (heads, max(space.visual_keep), layer)]
+            and s.arch == largest]
     scored = [s for s in full if s.id in predicted_speedup]
     full_best = (max(scored, key=lambda s: predicted_speedup[s.id]) if scored
                  else min(full, key=lambda s: (abs(s.draft_len - 5), s.draft_len)))
-    return full_best, SubnetSpec(heads, 1.0, layer, 5)
+    return full_best, SubnetSpec(heads, 1.0, layer, 5, depth=min(space.depth),
+                                 mlp=max(space.mlp))
 
 
 def predicted_speedups(trials_csv: Path) -> dict[str, float]:

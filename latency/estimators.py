@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dreams_nas.latency.plan import DRAFT_KINDS, KINDS
+from dreams_nas.supernet.core.space import SIZE_DEFAULTS
 from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin, clone
 from sklearn.compose import TransformedTargetRegressor
 from sklearn.ensemble import GradientBoostingRegressor, RandomForestRegressor
@@ -36,10 +37,14 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 FEATURE_NAMES = (
     "is_draft", "heads", "visual_keep", "attended", "heads_x_attended", "log_context",
     "context", "k", "k_x_context", "log_k", "is_first", "draft_width", "log_draft_width",
-    "is_tree",
+    "is_tree", "mlp", "blocks", "log_blocks", "blocks_x_heads", "blocks_x_mlp",
+    "blocks_x_attended", "blocks_x_heads_x_attended",
 )
 
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
+# Optional input columns: rows without them (written before elastic depth and MLP width) are
+# the paper's draft size, `SIZE_DEFAULTS`.
+_SIZE_COLUMNS = tuple(SIZE_DEFAULTS)
 
 # What a saved predictor (skops) holds beyond skops's default-trusted types (scikit-learn's
 # estimators, numpy): our two classes, defined below, and the trees of the two ensembles. Loading
@@ -52,10 +57,18 @@ SKOPS_TRUSTED_TYPES = (
 
 
 class StepFeatures(TransformerMixin, BaseEstimator):
-    """Rows of (kind, heads, visual_keep, context_len, k) -> the numeric features of a step.
+    """Rows of (kind, heads, visual_keep, depth, mlp, context_len, k) -> the numeric features
+    of a step (rows without depth and mlp columns are depth 1, mlp 1: the paper's draft).
 
     A draft step's cost grows with its heads and with the keys its attention reads: the text
     and the *kept* visual tokens, ``attended = context_len - visual_tokens * (1 - visual_keep)``.
+    It runs ``blocks = 2 * depth + 1`` blocks (depth decoder layers on each side of the
+    cross-attention), each paying a fixed overhead, its heads' work over the attended keys and
+    its MLP's share of channels: cost ~ fixed + blocks * (overhead + heads * attended + mlp).
+    So the features carry ``blocks`` and its products with heads, mlp, attended and
+    heads x attended (which let a linear model carry a per-block cost to an unprofiled depth),
+    and ``log_blocks`` (the fit is in log space, where a cost proportional to the blocks is
+    linear in log_blocks).
     A target step (decode is verify with k = 1) grows with k and the context. `inject_layer`
     and `draft_len` are deliberately absent: they do not change what one step costs. Features
     of the other kind are zero, so one regressor serves both kinds. A ``draft_first`` step
@@ -93,6 +106,14 @@ class StepFeatures(TransformerMixin, BaseEstimator):
         keep = np.where(is_draft, pd.to_numeric(frame["visual_keep"], errors="coerce"), 0.0)
         if np.isnan(heads).any() or np.isnan(keep).any():
             raise ValueError("draft rows need numeric heads and visual_keep")
+        depth, mlp = (
+            np.where(is_draft, pd.to_numeric(frame[name], errors="coerce"), 0.0)
+            if name in frame.columns else np.where(is_draft, float(SIZE_DEFAULTS[name]), 0.0)
+            for name in _SIZE_COLUMNS)
+        if np.isnan(depth).any() or np.isnan(mlp).any():
+            raise ValueError("draft rows need numeric depth and mlp (or neither column: "
+                             "depth 1, mlp 1)")
+        blocks = np.where(is_draft, 2.0 * depth + 1.0, 0.0)  # decoder layers + cross-attention
         if self.visual_tokens:
             attended = ctx - self.visual_tokens * (1.0 - keep)
         else:
@@ -106,6 +127,8 @@ class StepFeatures(TransformerMixin, BaseEstimator):
             ctx, target_k, target_k * target_ctx, np.log(np.maximum(target_k, 1.0)),
             is_first.astype(float), width, np.log(np.maximum(width, 1.0)),
             (kinds == "verify_tree").to_numpy().astype(float),
+            mlp, blocks, np.log(np.maximum(blocks, 1.0)), blocks * heads, blocks * mlp,
+            blocks * attended, blocks * heads * attended,
         ])
         return out  # (rows, len(FEATURE_NAMES))
 

@@ -3,11 +3,13 @@
 Four kinds of step are timed, each at several context lengths:
 
 * ``draft``: one step of an extracted subnet. Its cost depends on `heads` and `visual_keep`
-  (sliced weights, fewer visual keys) and the context length -- not on `inject_layer` (every
-  target layer has the same width, so the cross-attention costs the same) and not on
-  `draft_len` (that is how many steps a cycle takes, not what one step costs). A draft
-  measurement therefore stands for every spec sharing its (heads, visual_keep); it is recorded
-  for the canonical spec with the largest inject_layer and draft_len of the space.
+  (sliced weights, fewer visual keys), `depth` (decoder layers on each side of the
+  cross-attention: a step runs 2 * depth + 1 blocks), `mlp` (the MLP channels kept) and the
+  context length -- not on `inject_layer` (every target layer has the same width, so the
+  cross-attention costs the same) and not on `draft_len` (that is how many steps a cycle
+  takes, not what one step costs). A draft measurement therefore stands for every spec sharing
+  its (heads, visual_keep, depth, mlp); it is recorded for the canonical spec with the largest
+  inject_layer and draft_len of the space (`canonical_spec`).
 * ``draft_first``: the same draft step timed right after a target verify, as the first step
   of every speculative cycle runs: the verify evicts the draft's weights from the CPU caches
   (on a GPU the launch queue drains at the verify's synchronisation), so this step costs more
@@ -25,9 +27,11 @@ Four kinds of step are timed, each at several context lengths:
   width's cost to the other subnets).
 
 The target steps are few (contexts x 8) and always all timed. The draft grid is
-(heads x visual_keep x context) and is timed whole unless a budget says otherwise; then the
-points are a discrete Latin hypercube over the three axes (each level of each axis used about
-equally often), always including the largest and smallest subnet at every context length.
+(heads x visual_keep x depth x mlp x context) and is timed whole when it has at most
+FULL_GRID_LIMIT points and no budget is given; otherwise the points are a discrete Latin
+hypercube over the five axes (each level of each axis used about equally often), always
+including the largest subnet (every axis at its maximum) and the smallest (every axis at its
+minimum) at every context length, so the regressor interpolates between measured extremes.
 Every draft point chosen is timed twice, as ``draft`` and as ``draft_first``: the budget
 counts draft *points* (a fraction is a share of the draft grid), so a plan has twice as many
 draft keys as the budget says.
@@ -41,13 +45,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SearchSpace, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 
 KINDS = ("draft", "draft_first", "decode", "verify", "verify_tree")
 DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec
 DEFAULT_VERIFY_KS = tuple(range(2, 9))
 FULL_GRID_LIMIT = 256  # draft points timed whole when no budget is given
+# The spec fields one draft step's cost depends on (the grid's axes besides the context).
+DRAFT_AXES = ("heads", "visual_keep", "depth", "mlp")
 
 
 @dataclass(frozen=True, order=True)
@@ -84,10 +90,21 @@ class StepKey:
         return (self.kind, self.spec_id, int(self.context_len), int(self.k))
 
 
-def canonical_spec(space: SearchSpace, heads: int, visual_keep: float) -> SubnetSpec:
-    """The spec a draft measurement of (heads, visual_keep) is recorded under."""
+def canonical_spec(space: SearchSpace, heads: int, visual_keep: float,
+                   depth: int = SIZE_DEFAULTS["depth"], mlp: float = SIZE_DEFAULTS["mlp"]
+                   ) -> SubnetSpec:
+    """The spec a draft measurement of (heads, visual_keep, depth, mlp) is recorded under: the
+    space's largest inject_layer and draft_len (neither changes one step's cost). depth and
+    mlp default to the paper's draft size (one layer a side, the whole MLP)."""
     return SubnetSpec(heads=heads, visual_keep=visual_keep,
-                      inject_layer=max(space.inject_layer), draft_len=max(space.draft_len))
+                      inject_layer=max(space.inject_layer), draft_len=max(space.draft_len),
+                      depth=depth, mlp=mlp)
+
+
+def draft_axes(space: SearchSpace) -> tuple[tuple[int | float, ...], ...]:
+    """The axes a draft step's cost depends on, in grid order: (heads, visual_keep, depth,
+    mlp), each sorted ascending (the first level is the smallest, the last the largest)."""
+    return tuple(tuple(sorted(getattr(space, name))) for name in DRAFT_AXES)
 
 
 def parse_budget(budget: float | int | str | None, option: str = "--budget") -> float | None:
@@ -210,12 +227,12 @@ def build_plan(
     bad_k = [k for k in verify_ks if k < 2]
     if bad_k:
         raise InputError(f"verify k values {bad_k} must be at least 2 (k=1 is the decode step)")
-    heads, keeps = space.heads, space.visual_keep
-    levels = (len(heads), len(keeps), len(contexts))
+    axes = draft_axes(space)
+    levels = (*(len(a) for a in axes), len(contexts))
     grid_size = math.prod(levels)
     n = resolve_budget(budget, grid_size, budget_option)
-    top = (len(heads) - 1, len(keeps) - 1)
-    anchors = sorted({(0, 0, c) for c in range(len(contexts))}
+    bottom, top = (0,) * len(axes), tuple(len(a) - 1 for a in axes)
+    anchors = sorted({(*bottom, c) for c in range(len(contexts))}
                      | {(*top, c) for c in range(len(contexts))})
     if n < len(anchors) and n < grid_size:
         raise InputError(
@@ -229,8 +246,9 @@ def build_plan(
         rng = np.random.default_rng(seed)
         picks = anchors + latin_hypercube_grid(levels, n - len(anchors), rng, taken=anchors)
     keys = [
-        StepKey(kind, contexts[c], 1, canonical_spec(space, heads[h], keeps[v]))
-        for kind in DRAFT_KINDS for h, v, c in sorted(picks)
+        StepKey(kind, contexts[p[-1]], 1,
+                canonical_spec(space, *(axis[i] for axis, i in zip(axes, p[:-1], strict=True))))
+        for kind in DRAFT_KINDS for p in sorted(picks)
     ]
     for c in contexts:
         keys.append(StepKey("decode", c, 1))
@@ -250,11 +268,12 @@ def tree_sizes(space: SearchSpace) -> tuple[list[int], list[int]]:
 
 def tree_keys(space: SearchSpace, contexts: Sequence[int]) -> list[StepKey]:
     """The ``verify_tree`` keys (every tree size, every context) and the wide ``draft`` keys
-    (every level width, the largest and smallest subnet, every context) of the space's trees."""
+    (every level width, the largest and smallest subnet -- every draft axis at its maximum, at
+    its minimum -- every context) of the space's trees."""
     verify, levels = tree_sizes(space)
-    ends = sorted({(min(space.heads), min(space.visual_keep)),
-                   (max(space.heads), max(space.visual_keep))})
-    keys = [StepKey("draft", c, w, canonical_spec(space, h, v))
-            for h, v in ends for c in contexts for w in levels]
+    axes = draft_axes(space)
+    ends = sorted({tuple(a[0] for a in axes), tuple(a[-1] for a in axes)})
+    keys = [StepKey("draft", c, w, canonical_spec(space, *end))
+            for end in ends for c in contexts for w in levels]
     keys += [StepKey("verify_tree", c, k) for c in contexts for k in verify]
     return keys

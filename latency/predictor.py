@@ -41,6 +41,7 @@ from dreams_nas.latency.estimators import (
     latency_metrics,
     make_latency_model,
 )
+from dreams_nas.latency.plan import DRAFT_KINDS
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import (
     atomic_write_bytes,
@@ -48,15 +49,17 @@ from dreams_nas.supernet.core.io import (
     atomic_write_text,
     read_json,
 )
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SubnetSpec
 from dreams_nas.supernet.core.versions import library_versions
 
 log = logging.getLogger("dreams_nas.latency")
 TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
-                 "context_len", "k", "median_ms")
+                 "depth", "mlp", "context_len", "k", "median_ms")
 # 3: the model is predictor.skops (skops), no longer predictor.joblib (a pickle)
 # 4: token trees: draft steps over a tree level (draft_width) and tree verifies (is_tree)
-PREDICTOR_SCHEMA_VERSION = 4
+# 5: elastic depth and MLP width: rows carry depth and mlp, features blocks = 2 * depth + 1 and
+#    its products (a schema-4 folder is refitted from its rows, their draft rows at depth 1)
+PREDICTOR_SCHEMA_VERSION = 5
 MODEL_FILE = "predictor.skops"
 LEGACY_PICKLE = "predictor.joblib"  # saved before schema 3; never unpickled, removed on save
 
@@ -92,21 +95,52 @@ class LatencyPredictor:
     # what the timed rows depend on besides the hardware id (dtype, software stack, the
     # target's architecture hash): a predictor answers only for these (`check_fingerprint`)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    _sizes: dict[str, tuple[float, float]] | None = field(default=None, init=False, repr=False,
+                                                          compare=False)
 
     # --- prediction ---------------------------------------------------------------------
     def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
-        """Milliseconds for rows with columns kind, heads, visual_keep, context_len, k."""
+        """Milliseconds for rows with columns kind, heads, visual_keep, depth, mlp, context_len,
+        k (without depth and mlp: depth 1, mlp 1)."""
         return np.asarray(self.model.predict(rows), dtype=float)
 
     def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int,
                  kind: str = "draft", k: int = 1) -> np.ndarray:
         """One draft step of each spec (its inject_layer and draft_len do not change it):
         kind ``draft`` a hot step (over `k` nodes: a token tree's level), ``draft_first`` the
-        cycle's first step, right after the target's verify."""
+        cycle's first step, right after the target's verify. A spec whose depth or mlp lies
+        outside the profiled range is refused (`check_sizes`): it would be extrapolated."""
+        specs = list(specs)
+        self.check_sizes(specs)
         rows = pd.DataFrame({"kind": kind, "heads": [s.heads for s in specs],
                              "visual_keep": [s.visual_keep for s in specs],
+                             "depth": [s.depth for s in specs], "mlp": [s.mlp for s in specs],
                              "context_len": int(context_len), "k": int(k)})
         return self.predict_rows(rows)
+
+    def size_range(self) -> dict[str, tuple[float, float]]:
+        """{depth/mlp: (lowest, highest)} over the draft rows fitted on (empty without any)."""
+        if self._sizes is None:
+            drafts = self.train_rows[self.train_rows["kind"].isin(DRAFT_KINDS)]
+            self._sizes = {} if drafts.empty else {
+                name: ((float(drafts[name].min()), float(drafts[name].max()))
+                       if name in drafts else (float(default), float(default)))
+                for name, default in SIZE_DEFAULTS.items()}
+        return self._sizes
+
+    def check_sizes(self, specs: Sequence[SubnetSpec]) -> None:
+        """Refuse specs deeper or shallower, wider or narrower than any draft row profiled: the
+        regressor would extrapolate their cost (a profile made before the space searched depth
+        and width holds depth 1 and the whole MLP only)."""
+        for name, (low, high) in self.size_range().items():
+            outside = sorted({getattr(s, name) for s in specs
+                              if not low - 1e-9 <= getattr(s, name) <= high + 1e-9})
+            if outside:
+                span = f"{low:g}" if low == high else f"{low:g}..{high:g}"
+                raise InputError(
+                    f"the latency predictor of {self.hardware_id} was profiled at {name} {span}, "
+                    f"not at {name} {', '.join(f'{v:g}' for v in outside)}; rerun "
+                    "`dreams-nas profile` with the run's search space to time them")
 
     def tree_verify_ms(self, k: Sequence[int], context_len: int) -> np.ndarray:
         """The target's verify of a token tree over k positions (its nodes and the root)."""
@@ -350,7 +384,7 @@ def _read_train_rows(path: Path) -> pd.DataFrame:
         raise MissingArtefactError(f"no predictor training rows in {path}; {fix}")
     try:
         frame = pd.read_csv(path, dtype={"spec_id": str}, keep_default_na=False,
-                            na_values={"heads": [""], "visual_keep": [""]})
+                            na_values={n: [""] for n in ("heads", "visual_keep", *SIZE_DEFAULTS)})
         return _training_frame(frame)
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__
@@ -393,8 +427,15 @@ def _training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.Data
         raise InputError(f"latency rows lack column(s) {missing}")
     frame = frame[[c for c in TRAIN_COLUMNS if c in frame.columns]].copy()
     frame["spec_id"] = frame.get("spec_id", "").fillna("").astype(str) if "spec_id" in frame else ""
-    for name in ("heads", "visual_keep", "median_ms"):
+    for name in ("heads", "visual_keep", "median_ms", *(n for n in SIZE_DEFAULTS if n in frame)):
         frame[name] = pd.to_numeric(frame[name], errors="coerce")
+    # Rows from before elastic depth and MLP width (no such column): draft rows at the paper's
+    # size, target rows without one (NaN, as their heads).
+    drafted = frame["kind"].isin(DRAFT_KINDS).to_numpy()
+    for name, default in SIZE_DEFAULTS.items():
+        if name not in frame:
+            frame[name] = np.where(drafted, float(default), np.nan)
+    frame = frame[[c for c in TRAIN_COLUMNS if c in frame.columns]]
     for name in ("context_len", "k"):
         frame[name] = frame[name].astype(int)
     return frame.reset_index(drop=True)

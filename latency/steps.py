@@ -1,10 +1,11 @@
 """The steps that are timed, built from real models.
 
-* ``draft``: one step of the subnet *extracted* from the DREAM-S supernet (sliced weights, so
-  fewer heads really cost less) -- embed the last token, fuse with the previous feature, the
-  three draft layers over the draft's own KV cache and the cross-attention memory of the kept
-  visual + text positions, the target's LM head, argmax. The memory's keys/values are computed
-  once per request at prefill, so they are built before timing, as the draft's cache is.
+* ``draft``: one step of the subnet *extracted* from the DREAM-S supernet (sliced weights and
+  only its `depth` layers a side, so fewer heads, MLP channels and layers really cost less) --
+  embed the last token, fuse with the previous feature, the draft's 2 * depth + 1 blocks over
+  its own KV cache and the cross-attention memory of the kept visual + text positions, the
+  target's LM head, argmax. The memory's keys/values are computed once per request at
+  prefill, so they are built before timing, as the draft's cache is.
 * ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
   (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
   runs the target's verify over the cycle's gamma_max + 1 positions at the same context length
@@ -70,8 +71,10 @@ def default_context_lengths(visual_tokens: int) -> list[int]:
 
 def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
                    seed: int = 0) -> nn.Module:
-    """An (untrained, seeded) DREAM-S supernet for `target`, or one with `config` (a
-    DraftConfig): its cost is what is timed, not its weights."""
+    """An (untrained, seeded) DREAM-S supernet for `target` covering `space` (its heads, its
+    deepest subnet's layers, its MLP widths), or one with `config` (a DraftConfig, e.g. the
+    trained supernet's), which must cover the space: its cost is what is timed, not its
+    weights."""
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
@@ -81,11 +84,21 @@ def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
     if config is None:
         config = DraftConfig.for_target(text_config(target.config),
                                         inject_layers=space.inject_layer,
-                                        num_heads=max(space.heads))
+                                        num_heads=max(space.heads),
+                                        num_layers=max(space.depth), mlp_shares=space.mlp)
     missing = [h for h in space.heads if h > config.num_heads]
     if missing:
         raise InputError(f"the space's heads {missing} exceed the supernet's "
                          f"{config.num_heads} heads")
+    deep = [d for d in space.depth if d > config.num_layers]
+    if deep:
+        raise InputError(f"the space's depths {deep} exceed the supernet's {config.num_layers} "
+                         "layer(s) a side; search depths up to that, or train a deeper supernet")
+    widths = [m for m in space.mlp if m not in config.mlp_shares]
+    if widths:
+        raise InputError(f"the space's MLP widths {widths} are not ones the supernet was "
+                         f"trained at {list(config.mlp_shares)}; search those, or train it at "
+                         "these widths")
     param = next(target.parameters())
     draft = DreamDraft.initialised(config, shared, seed)
     return draft.to(device=param.device, dtype=param.dtype).eval()
@@ -111,7 +124,8 @@ class ModelSteps:
         self.avoid = {adapter.info.image_token_id}
         self.verify_layers = (max(supernet.config.inject_layers),)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        self._compact: tuple[tuple[int, float, int], nn.Module] | None = None
+        # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
+        self._compact: tuple[SubnetSpec, nn.Module] | None = None
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
         # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
@@ -190,7 +204,7 @@ class ModelSteps:
     def _extracted(self, spec: SubnetSpec) -> nn.Module:
         from dreams_nas.supernet.draft.extract import extract
 
-        ident = (spec.heads, spec.visual_keep, spec.inject_layer)
+        ident = spec.arch  # heads, visual_keep, inject_layer, depth, mlp: what extract cuts
         if self._compact is None or self._compact[0] != ident:
             self._compact = None  # free the previous subnet first
             self._compact = (ident, extract(self.supernet, spec))

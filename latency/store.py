@@ -4,11 +4,17 @@ A row is appended (under a lock, flushed whole) as soon as its step is timed, so
 loses at most the row in flight. A rerun reads the keys already there -- (kind, spec_id,
 context_len, k) -- and times only the rest; the append re-checks the keys under a lock so two
 processes timing the same hardware id (two identical GPUs) never write a key twice.
+
+A file written before elastic depth and MLP width (no ``depth``/``mlp`` columns,
+`PRE_SIZE_COLUMNS`) reads as it is, its draft rows at depth 1 and the whole MLP (the only draft
+size there was); the first append migrates it once, under the lock, to the current header
+(draft rows get ``1``/``1``, target rows stay empty there), so a file has one header.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -20,13 +26,20 @@ from dreams_nas.latency.hardware import HardwareInfo
 from dreams_nas.latency.plan import DRAFT_KINDS, KINDS, StepKey
 from dreams_nas.latency.timing import Timing
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import append_csv_rows, locked
+from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_text, locked
+from dreams_nas.supernet.core.space import SIZE_DEFAULTS
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "hardware_id", "kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
-    "context_len", "k", "median_ms", "p10_ms", "p90_ms", "n_samples", "throttled", "status",
-    "timestamp", "device", "dtype", "threads", "clock", "clock_mhz", "torch", "error", "samples_ms",
+    "depth", "mlp", "context_len", "k", "median_ms", "p10_ms", "p90_ms", "n_samples", "throttled",
+    "status", "timestamp", "device", "dtype", "threads", "clock", "clock_mhz", "torch", "error",
+    "samples_ms",
 )
+# The draft size columns (SubnetSpec.depth and .mlp): empty on target rows.
+SIZE_COLUMNS: tuple[str, ...] = tuple(SIZE_DEFAULTS)
+# The header of files written before elastic depth and MLP width (every draft row: depth 1,
+# the whole MLP); read as is, migrated to PROFILE_COLUMNS on the first append.
+PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in PROFILE_COLUMNS if c not in SIZE_COLUMNS)
 STATUSES = ("ok", "oom", "failed")
 _INT_COLUMNS = ("context_len", "k", "n_samples", "throttled")
 _FLOAT_COLUMNS = ("median_ms", "p10_ms", "p90_ms")
@@ -51,6 +64,8 @@ def make_row(
         "visual_keep": "" if spec is None else f"{spec.visual_keep:g}",
         "inject_layer": "" if spec is None else spec.inject_layer,
         "draft_len": "" if spec is None else spec.draft_len,
+        "depth": "" if spec is None else spec.depth,
+        "mlp": "" if spec is None else f"{spec.mlp:g}",
         "context_len": key.context_len, "k": key.k,
         "median_ms": "", "p10_ms": "", "p90_ms": "", "n_samples": 0, "throttled": 0,
         "status": status, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -116,7 +131,11 @@ class ProfileStore:
                 self._corrupt(line, f"has {len(values)} fields where the header has {len(header)}")
             record = dict(zip(header, values, strict=True))
             records.append(self._parse(record, line))
-        return pd.DataFrame.from_records(records, columns=list(header))
+        # A file from before depth and mlp reads with them (`_parse` fills them in), in the
+        # current column order; columns this version does not know are kept, last.
+        columns = [c for c in PROFILE_COLUMNS if c in header or c in SIZE_COLUMNS]
+        columns += [c for c in header if c not in PROFILE_COLUMNS]
+        return pd.DataFrame.from_records(records, columns=columns)
 
     def _corrupt(self, line: int, problem: str) -> None:
         raise InputError(
@@ -147,14 +166,32 @@ class ProfileStore:
             if not (math.isfinite(value) and value > 0):
                 self._corrupt(line, f"{name}={text!r} must be a positive time in ms")
             record[name] = value
-        if record["kind"] in DRAFT_KINDS:
+        drafted = record["kind"] in DRAFT_KINDS
+        if drafted:
             try:
                 record["heads"] = int(record["heads"])
                 record["visual_keep"] = float(record["visual_keep"])
             except (KeyError, ValueError):
                 self._corrupt(line, "a draft row needs whole-number heads and a numeric "
                                     "visual_keep")
+        for name, default in SIZE_DEFAULTS.items():
+            if name not in record:  # written before depth and mlp: the paper's draft size
+                record[name] = default if drafted else ""
+            elif drafted:
+                record[name] = self._size(record[name], name, line)
         return record
+
+    def _size(self, text: str, name: str, line: int) -> int | float:
+        """A draft row's depth (a whole number >= 1) or mlp (a share in (0, 1])."""
+        try:
+            value: float = int(text) if name == "depth" else float(text)
+        except ValueError:
+            value = math.nan
+        if name == "depth" and not value >= 1:  # NaN fails too
+            self._corrupt(line, f"depth={text!r} of a draft row is not a whole number >= 1")
+        if name == "mlp" and not 0.0 < value <= 1.0:
+            self._corrupt(line, f"mlp={text!r} of a draft row is not a share in (0, 1]")
+        return value
 
     def done_keys(self) -> set[tuple[str, str, int, int]]:
         """Resume keys (kind, spec_id, context_len, k) of every recorded row, failed ones too."""
@@ -168,6 +205,7 @@ class ProfileStore:
         """Append rows whose key is not recorded yet; returns how many were written."""
         rows = list(rows)
         with locked(self.path.with_name(self.path.name + ".keys")):
+            self._migrate_old_header()
             done = self.done_keys()
             fresh = []
             for row in rows:
@@ -177,6 +215,35 @@ class ProfileStore:
                     done.add(key)
                     fresh.append(row)
             return append_csv_rows(self.path, fresh, PROFILE_COLUMNS)
+
+    def _migrate_old_header(self) -> None:
+        """Rewrite a file of `PRE_SIZE_COLUMNS` with PROFILE_COLUMNS, once: draft rows at depth 1
+        and mlp 1 (what they measured), target rows empty there. A line torn by a kill is
+        dropped (`read` skips it); a damaged line is kept as it is, for `read` to name. Atomic,
+        under the lock `append_csv_rows` takes (the caller holds only the keys lock); a file of
+        any other header is left for `append_csv_rows` to refuse."""
+        if not self.exists():
+            return
+        with locked(self.path):
+            text = self.path.read_bytes().decode("utf-8", errors="replace")
+            lines = text.splitlines()
+            if not text.endswith("\n"):
+                lines = lines[:-1]  # torn by a kill
+            records = list(csv.reader(lines))
+            if not records or records[0] != list(PRE_SIZE_COLUMNS):
+                return
+            at = PRE_SIZE_COLUMNS.index("draft_len") + 1  # where PROFILE_COLUMNS has the sizes
+            assert PROFILE_COLUMNS[at:at + len(SIZE_COLUMNS)] == SIZE_COLUMNS
+            out = io.StringIO()
+            writer = csv.writer(out)  # csv's line ends, as `append_csv_rows` writes them
+            writer.writerow(PROFILE_COLUMNS)
+            for values in records[1:]:
+                if len(values) == len(PRE_SIZE_COLUMNS):
+                    drafted = values[PRE_SIZE_COLUMNS.index("kind")] in DRAFT_KINDS
+                    sizes = [f"{v:g}" if drafted else "" for v in SIZE_DEFAULTS.values()]
+                    values = [*values[:at], *sizes, *values[at:]]
+                writer.writerow(values)
+            atomic_write_text(self.path, out.getvalue())
 
     def ok_rows(self) -> pd.DataFrame:
         """The successful measurements (what the predictor fits)."""

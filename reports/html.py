@@ -206,8 +206,9 @@ def _best_card(data: ReportData) -> str:
 <h2>Best subnet · {_e(data.hardware_id)}</h2>
 <div class="spec">{_e(b.spec_id)}</div>
 <div class="fields">heads {b.heads} · visual_keep {b.visual_keep:.2f} · \
-inject_layer {b.inject_layer} · \
-{f"token tree {_e(b.tree)} (depth {b.draft_len})" if b.tree else f"draft_len γ={b.draft_len}"}</div>
+inject_layer {b.inject_layer} · {_size_fields(data)}\
+{f"token tree {_e(b.tree)} ({b.draft_len} levels)" if b.tree else f"draft_len γ={b.draft_len}"}\
+</div>
 <div class="big">
 <div class="pred"><div class="v" id="best-predicted">{b.predicted_speedup:.2f}×</div>\
 <div class="l">predicted speedup</div></div>
@@ -219,6 +220,14 @@ inject_layer {b.inject_layer} · \
 </div>"""
 
 
+def _size_fields(data: ReportData) -> str:
+    """``depth 2 · mlp 0.50 · `` for a search over draft sizes; "" for the paper's one size."""
+    b = data.best
+    if not (data.columns.is_elastic_size or b.depth != 1 or b.mlp != 1.0):
+        return ""
+    return f"depth {b.depth} · mlp {b.mlp:.2f} · "
+
+
 def _figure(fig: RenderedFigure) -> str:
     return (f'<figure class="panel" id="fig-{_e(fig.name)}">{fig.svg}'
             f"<figcaption>{_e(fig.caption)}</figcaption></figure>")
@@ -226,8 +235,11 @@ def _figure(fig: RenderedFigure) -> str:
 
 def _front_table(data: ReportData) -> str:
     measured = {v.spec_id: v.measured_speedup for v in data.verified}
+    sizes = data.columns.is_elastic_size  # depth and mlp columns only when they vary
     cols = [("spec id", "str", "id"), ("heads", "num", ""), ("visual_keep", "num", ""),
-            ("inject_layer", "num", ""), ("shape", "num", ""), ("speedup ×", "num", ""),
+            ("inject_layer", "num", ""),
+            *([("depth", "num", ""), ("mlp", "num", "")] if sizes else []),
+            ("shape", "num", ""), ("speedup ×", "num", ""),
             ("measured ×", "num", ""), ("τ", "num", ""), ("τ 95% CI", "num", ""),
             ("draft ms", "num", ""), ("verify ms", "num", ""), ("params M", "num", ""),
             ("generate with it", "str", "cmd")]
@@ -256,6 +268,7 @@ def _front_table(data: ReportData) -> str:
             + cell(s.spec_id, _e(s.spec_id) + tag, "id") + cell(s.heads, str(s.heads))
             + cell(s.visual_keep, f"{s.visual_keep:.2f}")
             + cell(s.inject_layer, str(s.inject_layer))
+            + (cell(s.depth, str(s.depth)) + cell(s.mlp, f"{s.mlp:.2f}") if sizes else "")
             + cell(s.draft_len, _e(s.shape)) + cell(s.speedup, f"{s.speedup:.3f}")
             + cell(m, _f(m, ".3f")) + cell(s.tau, f"{s.tau:.2f}") + cell(s.tau_lo, ci)
             + cell(s.draft_ms, f"{s.draft_ms:.2f}") + cell(s.verify_ms, _f(s.verify_ms))

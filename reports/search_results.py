@@ -35,8 +35,10 @@ SPEC_FIELDS = ("heads", "visual_keep", "inject_layer", "draft_len")
 TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", "draft_ms",
                   "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
                   "feasible", "state")
-# written since fronts had names (absent: unknown) and since token trees (absent: chains)
-OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms")
+# written since fronts had names (absent: unknown), since token trees (absent: chains) and
+# since elastic depth and MLP width (absent or empty: depth 1, the whole MLP)
+OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms", "depth", "mlp")
+SIZE_DEFAULTS = {"depth": 1, "mlp": 1.0}
 
 
 def searched_hardware_ids(run_dir: str | Path) -> list[str]:
@@ -100,6 +102,8 @@ def _read_trials(path: Path) -> pd.DataFrame:
     for name in (*TRIALS_COLUMNS, *OPTIONAL_COLUMNS):
         if name not in _TEXT_COLUMNS and frame[name].dtype.kind not in "iuf":
             frame[name] = pd.to_numeric(frame[name].astype(str), errors="coerce")
+    for name, default in SIZE_DEFAULTS.items():
+        frame[name] = frame[name].fillna(default)
     return frame
 
 
@@ -170,6 +174,7 @@ def load_subnet_table(run_dir: Path, hardware_id: str) -> SubnetTable:
         on_front=np.zeros(keep.size, dtype=bool), number=whole("number"),
         draft_bytes=whole("draft_bytes"),
         tree=np.char.strip(_text(frame["tree"]))[keep], recorded_cycle_ms=number("cycle_ms")[keep],
+        depth=number("depth")[keep].astype(np.int64), mlp=number("mlp")[keep],
     )
 
 
@@ -241,6 +246,9 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         tree=str(spec.get("tree") or ""),
         measured_speedup_end_to_end=num(meas.get("speedup_end_to_end")),
         exported=(run_dir / spec_dir / layout.SPEC_JSON).is_file(),
+        # spec.json omits depth and mlp at the paper's draft size (and wrote neither before)
+        depth=integer(spec.get("depth")) or SIZE_DEFAULTS["depth"],
+        mlp=num(spec.get("mlp")) or SIZE_DEFAULTS["mlp"],
     )
     verified = []
     for item in raw.get("verified") or []:

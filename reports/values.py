@@ -48,6 +48,8 @@ class Subnet:
     draft_bytes: int | None = None  # the draft's memory at the search's context (trials.csv)
     tree: str = ""  # a token tree's shape (``4x2x1``); empty: a chain of draft_len
     recorded_cycle_ms: float | None = None  # trials.csv `cycle_ms` (None: not written)
+    depth: int = 1  # decoder layers on each side of the cross-attention (trials.csv; 1 before)
+    mlp: float = 1.0  # share of the MLP's channels kept (trials.csv; 1.0 before)
 
     @property
     def shape(self) -> str:
@@ -112,11 +114,13 @@ class SubnetTable(Sequence[Subnet]):
     draft_bytes: np.ndarray  # (n,) float64 holding whole numbers, NaN: unknown
     tree: np.ndarray  # (n,) str, "" a chain
     recorded_cycle_ms: np.ndarray  # (n,) float64, NaN: not written (the chain formula)
+    depth: np.ndarray  # (n,) int64, 1 where trials.csv has no depth
+    mlp: np.ndarray  # (n,) float64, 1.0 where trials.csv has no mlp
 
     COLUMNS = ("spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
                "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup",
                "draft_params", "feasible", "on_front", "number", "draft_bytes", "tree",
-               "recorded_cycle_ms")
+               "recorded_cycle_ms", "depth", "mlp")
 
     @classmethod
     def of(cls, subnets: Sequence[Subnet]) -> SubnetTable:
@@ -131,7 +135,7 @@ class SubnetTable(Sequence[Subnet]):
             return np.array(values, dtype=dtype)
 
         types = {"spec_id": str, "tree": str, "heads": np.int64, "inject_layer": np.int64,
-                 "draft_len": np.int64, "feasible": bool, "on_front": bool}
+                 "draft_len": np.int64, "depth": np.int64, "feasible": bool, "on_front": bool}
         return cls(**{name: column(name, types.get(name, np.float64)) for name in cls.COLUMNS})
 
     def __len__(self) -> int:
@@ -191,6 +195,12 @@ class SubnetTable(Sequence[Subnet]):
         return self.tree != ""
 
     @property
+    def is_elastic_size(self) -> bool:
+        """Whether any subnet has another depth or MLP width than the paper's draft (1, 1.0):
+        the report then shows both fields."""
+        return bool(len(self) and ((self.depth != 1).any() or (self.mlp != 1.0).any()))
+
+    @property
     def cycle_ms(self) -> np.ndarray:
         """(n,) one speculative cycle, as `Subnet.cycle_ms` (NaN: verify unknown)."""
         return self.cycle_draft_ms + self.verify_ms
@@ -223,6 +233,8 @@ class BestSubnet:
     # whole calls, prefill included (measured_speedup is the decode phase the formula predicts)
     measured_speedup_end_to_end: float | None = None
     tree: str = ""  # a token tree's shape (``4x2x1``); empty: a chain of draft_len
+    depth: int = 1  # decoder layers on each side of the cross-attention
+    mlp: float = 1.0  # share of the MLP's channels kept
 
     @property
     def speedup_gap(self) -> float | None:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, whole
+from dreams_nas.nas.commands.train import shares
 
 HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
         "search, verify, report (a rerun reuses every artefact)")
@@ -22,6 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="supernet training prompts (default 384)")
     small.add_argument("--train-steps", type=whole(0), default=None, metavar="N",
                        help="steps of each supernet training phase (default 300 + 300)")
+    small.add_argument("--depth", type=whole(1), default=None, metavar="N",
+                       help="decoder layers a side of the largest draft, as `dreams-nas train "
+                            "--depth` (default 1)")
+    small.add_argument("--mlp", type=shares, default=None, metavar="SHARES",
+                       help="MLP widths trained and searched, as `dreams-nas train --mlp` "
+                            "(demo default 1)")
     small.add_argument("--profile-budget", default=None, metavar="N|FRACTION",
                        help="draft measurements of the profile (default: the whole grid)")
     small.add_argument("--repeats", type=whole(1), default=40, metavar="N",
@@ -43,7 +50,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.nas.stages.train import TrainOptions
 
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
-                         multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens)
+                         multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens,
+                         depth=args.depth, mlp=args.mlp)
     options = DemoOptions(
         device=args.device, dtype=args.dtype, seed=args.seed, train=train,
         profile_budget=args.profile_budget,

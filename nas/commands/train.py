@@ -8,6 +8,16 @@ from typing import Any
 from dreams_nas.nas.commands.options import add_data, add_device, add_dtype, real, whole
 from dreams_nas.supernet.core.errors import InputError
 
+
+def shares(text: str) -> tuple[float, ...]:
+    """An argparse type: comma-separated shares in (0, 1], e.g. ``0.25,0.5,1``."""
+    parse = real(0.0, 1.0, low_open=True)
+    values = tuple(parse(part.strip()) for part in text.split(",") if part.strip())
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} lists no share; give e.g. 0.25,0.5,1")
+    return values
+
+
 HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, two-phase training)"
 
 
@@ -63,6 +73,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "sequence, where each kept token costs attention on every step, "
                              "and the cross-attention memory; default) or cross (the memory "
                              "only)")
+    parser.add_argument("--depth", type=whole(1), default=None, metavar="N",
+                        help="decoder layers on each side of the draft's cross-attention in the "
+                             "largest subnet; subnets search depths 1..N (default 1, the "
+                             "paper's draft; 3 with --mlp 0.25,0.5,1 trains elastic depth "
+                             "and width)")
+    parser.add_argument("--mlp", type=shares, default=None, metavar="SHARES",
+                        help="MLP widths the supernet trains and the search picks from, as "
+                             "shares of the channels, e.g. 0.25,0.5,1 (default 1: the whole "
+                             "MLP only)")
     parser.add_argument("--heads", type=whole(1), default=None, metavar="N",
                         help="heads of the maximal draft (default: the target's)")
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
@@ -99,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         patience=args.patience, tolerance=args.tolerance, time_budget=args.time_budget,
         holdout=args.holdout, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
-        heads=args.heads, visual_context=args.visual_context,
+        heads=args.heads, visual_context=args.visual_context, depth=args.depth, mlp=args.mlp,
         max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
         seed=args.seed, show_progress=False if args.json or args.quiet else None)
     return train(RunFolder(args.run), options)

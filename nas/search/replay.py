@@ -8,6 +8,7 @@ strategies on the same numbers, without a model (the search benchmark does this)
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
@@ -31,21 +32,33 @@ class RecordedAcceptance:
         return [self._rows[s] for s in specs]
 
 
+def _arch_key(key: Sequence[Any]) -> tuple[int, float, int, int, float]:
+    """(heads, visual_keep, inject_layer, depth, mlp) of a recorded key; a key of three (a
+    table recorded before elastic sizes) is depth 1 with the whole MLP."""
+    h, v, lyr, *size = key
+    if len(size) not in (0, 2):
+        raise InputError(f"recorded draft latency key {tuple(key)!r} must be (heads, visual_keep, "
+                         "inject_layer) or (heads, visual_keep, inject_layer, depth, mlp)")
+    depth, mlp = size or (1, 1.0)
+    return int(h), float(v), int(lyr), int(depth), float(mlp)
+
+
 class RecordedLatency:
     """A `LatencyModel` over a table.
 
-    draft:  (heads, visual_keep, inject_layer) -> ms of one draft step (also served for
-            "draft_first", the cycle's first step, unless `first_draft` records it)
+    draft:  (heads, visual_keep, inject_layer[, depth, mlp]) -> ms of one draft step (also
+            served for "draft_first", the cycle's first step, unless `first_draft` records
+            it); a key without depth and mlp is the draft of depth 1 with the whole MLP
     verify: k -> ms of one target pass over k positions
     decode: ms of one plain target step
     """
 
-    def __init__(self, draft: Mapping[tuple[int, float, int], float],
+    def __init__(self, draft: Mapping[tuple[Any, ...], float],
                  verify: Mapping[int, float], decode: float,
-                 first_draft: Mapping[tuple[int, float, int], float] | None = None) -> None:
-        self.draft = {(int(h), float(v), int(lyr)): float(ms) for (h, v, lyr), ms in draft.items()}
-        self.first_draft = {(int(h), float(v), int(lyr)): float(ms)
-                            for (h, v, lyr), ms in (first_draft or {}).items()}
+                 first_draft: Mapping[tuple[Any, ...], float] | None = None) -> None:
+        self.draft = {_arch_key(key): float(ms) for key, ms in draft.items()}
+        self.first_draft = {_arch_key(key): float(ms)
+                            for key, ms in (first_draft or {}).items()}
         self.verify = {int(k): float(ms) for k, ms in verify.items()}
         self.decode = float(decode)
 
@@ -58,7 +71,7 @@ class RecordedLatency:
                                  f"recorded: {sorted(self.verify)}")
             return self.verify[k]
         if kind in ("draft", "draft_first") and spec is not None:
-            key = (spec.heads, spec.visual_keep, spec.inject_layer)
+            key = (spec.heads, spec.visual_keep, spec.inject_layer, spec.depth, spec.mlp)
             if kind == "draft_first" and key in self.first_draft:
                 return self.first_draft[key]
             if key not in self.draft:

@@ -191,7 +191,7 @@ def search(
 def default_study_name(objective: str, max_draft_ms: float | None,
                        method: str = "optuna", front: str = DEFAULT_FRONT) -> str:
     """``dreams-nas-<objective>`` for Optuna, ``dreams-nas-sweep-<objective>`` for the shared
-    exhaustive sweep (its trials are triples, not subnets); ``pareto`` names its front pair
+    exhaustive sweep (its trials are architectures, not subnets); ``pareto`` names its front pair
     (``dreams-nas-pareto-tau-latency``); then the draft-time limit."""
     kind = "sweep-" if method == "exhaustive" else ""
     goal = f"pareto-{front}" if objective == "pareto" else objective

@@ -4,14 +4,16 @@ Optuna: every evaluated subnet is one COMPLETE trial carrying its figures in use
 so any worker (or `optuna-dashboard`) reads the same results. A subnet's trial is run by the
 worker that won its claim (`claims.py`); a trial that samples an already-held subnet copies its
 values (user attribute ``duplicate_of``). tau comes from the shared acceptance rows
-(`shared.py`): each (heads, visual_keep, inject_layer) triple is scored once, by one worker,
-whichever of its draft lengths was proposed first.
+(`shared.py`): each architecture (heads, visual_keep, inject_layer, depth, mlp; still called a
+triple in claim names) is scored once, by one worker, whichever of its draft lengths was
+proposed first. A space that searches depth or MLP width samples them as two more parameters;
+one that does not keeps the three of before, so its studies continue as they were.
 
-Sweep (exhaustive over a shared storage): Optuna's `GridSampler` over the triples, one trial
-per triple (its trial numbers give the first workers distinct grid points); each trial scores
-its triple's every draft length once and records the best of them. When the grid is done every
-worker evaluates the whole space from the shared rows (no scoring left), so each one returns
-the front a single worker would.
+Sweep (exhaustive over a shared storage): Optuna's `GridSampler` over the architectures, one trial
+per architecture (its trial numbers give the first workers distinct grid points); each trial scores
+its architecture's every draft length once and records the best of them. When the grid is done every
+worker evaluates the whole space from the shared rows (no scoring left), so each one returns the
+front a single worker would.
 
 Workers sharing a study do not propose one another's subnets: each samples with its own seed
 (`worker_seed`: the study, ``--seed`` and the worker's ordinal in the study), TPE's constant
@@ -29,7 +31,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import optuna
 from dreams_nas.nas.search.candidate import (
     DEFAULT_FRONT,
@@ -47,20 +48,29 @@ from dreams_nas.nas.search.shared import SharedRows, acceptance_scope, triple_ke
 from dreams_nas.nas.search.storage import claims_url, open_storage, storage_errors
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
-from dreams_nas.supernet.core.space import SPEC_FIELDS, SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SPEC_FIELDS, SearchSpace, SubnetSpec
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 MAX_CONSECUTIVE_DUPLICATES = 200  # the sampler has converged: stop instead of spinning
-TRIPLE_FIELDS = tuple(n for n in SPEC_FIELDS if n != "draft_len")  # the sweep's grid
+TRIPLE_FIELDS = tuple(n for n in SPEC_FIELDS if n != "draft_len")  # every space samples these
 SHAPE_PARAM = "shape"  # a space with token trees: draft_len and tree in one categorical
 
 
+def arch_params(space: SearchSpace) -> tuple[str, ...]:
+    """The Optuna parameters of `space`'s architectures (the sweep's grid): heads, visual_keep
+    and inject_layer, then depth and mlp where the space holds other than the paper's one size
+    (a space without them samples, and keys its studies, as before they existed)."""
+    sizes = tuple(n for n, d in SIZE_DEFAULTS.items() if tuple(getattr(space, n)) != (d,))
+    return (*TRIPLE_FIELDS, *sizes)
+
+
 def search_distributions(space: SearchSpace) -> dict[str, Any]:
-    """The Optuna parameters of `space`'s subnets: one per field; a space with token trees
-    samples the draft's shape (``g5`` a chain, ``t4x2x1`` a tree) as one categorical in place
-    of draft_len, since a tree fixes its depth."""
-    names = SPEC_FIELDS if not space.trees else TRIPLE_FIELDS
+    """The Optuna parameters of `space`'s subnets: one per field (`arch_params`, then
+    draft_len); a space with token trees samples the draft's shape (``g5`` a chain,
+    ``t4x2x1`` a tree) as one categorical in place of draft_len, since a tree fixes its
+    depth."""
+    names = arch_params(space) + (() if space.trees else ("draft_len",))
     out = {name: distribution_of(getattr(space, name)) for name in names}
     if space.trees:
         out[SHAPE_PARAM] = CategoricalDistribution(
@@ -69,8 +79,9 @@ def search_distributions(space: SearchSpace) -> dict[str, Any]:
 
 
 def spec_of(params: Mapping[str, Any]) -> SubnetSpec:
-    """The subnet of a trial's parameters (`search_distributions`)."""
-    fields = {name: params[name] for name in TRIPLE_FIELDS}
+    """The subnet of a trial's parameters (`search_distributions`); depth and mlp absent (a
+    space of one draft size) are 1 and 1.0."""
+    fields = {name: params[name] for name in (*TRIPLE_FIELDS, *SIZE_DEFAULTS) if name in params}
     if SHAPE_PARAM not in params:
         return SubnetSpec(**fields, draft_len=params["draft_len"])
     label = str(params[SHAPE_PARAM])
@@ -81,7 +92,7 @@ def spec_of(params: Mapping[str, Any]) -> SubnetSpec:
 
 def params_of(spec: SubnetSpec, distributions: Mapping[str, Any]) -> dict[str, Any]:
     """The trial parameters of `spec` under `distributions` (the inverse of `spec_of`)."""
-    fields = {n: getattr(spec, n) for n in SPEC_FIELDS}
+    fields = {n: getattr(spec, n) for n in (*SPEC_FIELDS, *SIZE_DEFAULTS)}
     fields[SHAPE_PARAM] = spec.shape_id
     return {name: fields[name] for name in distributions}
 MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
@@ -139,7 +150,7 @@ class StudyRunner:
     # --- the study ------------------------------------------------------------------
     def _sampler(self) -> optuna.samplers.BaseSampler:
         if self.method == "exhaustive":
-            grid = {name: list(getattr(self.space, name)) for name in TRIPLE_FIELDS}
+            grid = {name: list(getattr(self.space, name)) for name in arch_params(self.space)}
             return optuna.samplers.GridSampler(grid, seed=self.worker_seed)
         # Feasibility reaches TPE through each trial's constraints (Trial.set_constraint).
         # TPE is multi-objective too (pareto); the constant liar scores the subnets other
@@ -356,19 +367,20 @@ class StudyRunner:
 
     # --- strategy: distributed exhaustive ---------------------------------------------
     def sweep(self, *, wait_s: float) -> list[Candidate]:
-        """Score every triple of the space once across the workers (a grid of trials), then
-        evaluate the whole space from the shared rows."""
-        n_grid = int(np.prod([len(getattr(self.space, n)) for n in TRIPLE_FIELDS]))
-        bar = progress(total=n_grid, desc="exhaustive (shared)", unit="triple",
+        """Score every architecture of the space once across the workers (a grid of trials),
+        then evaluate the whole space from the shared rows."""
+        names = arch_params(self.space)
+        n_grid = self.space.n_architectures
+        bar = progress(total=n_grid, desc="exhaustive (shared)", unit="architecture",
                        disable=None if self.show_progress is None else not self.show_progress)
         bar.update(min(n_grid, self._grid_done()))
 
         def objective(trial: optuna.Trial) -> list[float]:
             trial.set_user_attr("host", self.host)
             trial.set_user_attr("pid", self.pid)
-            triple = {n: trial.suggest_categorical(n, list(getattr(self.space, n)))
-                      for n in TRIPLE_FIELDS}
-            specs = [SubnetSpec(**triple, draft_len=g, tree=tree)
+            arch = {n: trial.suggest_categorical(n, list(getattr(self.space, n)))
+                    for n in names}
+            specs = [SubnetSpec(**arch, draft_len=g, tree=tree)
                      for g, tree in self.space.shapes]
             trial.set_user_attr("triple", triple_key(specs[0]))
             rows = self.acceptance.rows(specs, show_progress=False)
@@ -394,7 +406,7 @@ class StudyRunner:
                                         n_trials=2 * n_grid + 10)
         finally:
             bar.close()
-        # every triple's rows: those scored elsewhere are read (or waited for), and a triple
+        # every architecture's rows: those scored elsewhere are read (or waited for), and one
         # whose trial died unretried is scored here
         specs = list(self.space.enumerate())
         rows = self.acceptance.rows(specs, show_progress=self.show_progress)
@@ -402,8 +414,9 @@ class StudyRunner:
                              draft_memory=self.cost.memory)
 
     def _grid_done(self) -> int:
-        """Grid points (triples) with a COMPLETE trial. (Like `GridSampler` itself, this reads
-        every trial: fine for the thousands of triples a space has, each scored for seconds.)"""
+        """Grid points (architectures) with a COMPLETE trial. (Like `GridSampler` itself, this
+        reads every trial: fine for the thousands of architectures a space has, each scored for
+        seconds.)"""
         return len({t.system_attrs.get("grid_id") for t in self.study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if "grid_id" in t.system_attrs})
 

@@ -121,7 +121,9 @@ def supernet_hash(run: RunFolder) -> str:
 
 
 def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
-    """Parameters of each subnet's extracted draft, from the supernet's config alone."""
+    """Parameters of each subnet's extracted draft, from the supernet's config alone
+    (`DreamDraft.num_params`: they depend on heads, inject_layer, depth and mlp, not on
+    visual_keep or the draft shape)."""
     import torch
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.store import read_supernet_config
@@ -129,10 +131,10 @@ def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
     config = read_supernet_config(run.supernet_dir)
     with torch.device("meta"):
         model = DreamDraft(config)
-    memo: dict[tuple[int, int], int] = {}
+    memo: dict[tuple[int, int, int, float], int] = {}
 
     def params(spec: SubnetSpec) -> int:
-        key = (spec.heads, spec.inject_layer)
+        key = (spec.heads, spec.inject_layer, spec.depth, spec.mlp)
         if key not in memo:
             memo[key] = int(model.num_params(spec))
         return memo[key]
@@ -143,12 +145,12 @@ def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
 def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype: str
                     ) -> Callable[[SubnetSpec], int]:
     """Bytes a subnet's draft holds while decoding at `context_len` tokens of context, of which
-    `visual_tokens` are the image's: its weights, the KV cache of its two decoder layers over
-    its own sequence (the text, plus the visual tokens it keeps when the draft keeps them
-    there), and its cross-attention memory (the context with the visual tokens it drops left
-    out), all in `dtype`. An estimate from the shapes, not a measurement: activations and
-    the allocator's slack are not counted; the target's shared embedding and LM head are not
-    the draft's."""
+    `visual_tokens` are the image's: its weights, the KV cache of its 2 * depth decoder layers
+    (`SubnetSpec.depth` on each side of the cross-attention) over its own sequence (the text, plus
+    the visual tokens it keeps when the draft keeps them there), and its cross-attention memory (the
+    context with the visual tokens it drops left out), all in `dtype`. An estimate from the shapes,
+    not a measurement: activations and the allocator's slack are not counted; the target's shared
+    embedding and LM head are not the draft's."""
     import torch
     from dreams_nas.supernet.core.device import torch_dtype
     from dreams_nas.supernet.draft.state import keep_count
@@ -162,7 +164,8 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
     def memory(spec: SubnetSpec) -> int:
         width = spec.heads * config.head_dim  # keys (and values) per token, per layer
         kept = context - visual + keep_count(visual, spec.visual_keep)
-        kv_tokens = 2 * (kept if config.visual_in_self else context - visual)  # 2 layers
+        # the decoder layers before the cross-attention and after it, `depth` of each
+        kv_tokens = 2 * spec.depth * (kept if config.visual_in_self else context - visual)
         if config.cross_attention:
             kv_tokens += max(1, kept)
         return element * (params(spec) + 2 * width * kv_tokens)

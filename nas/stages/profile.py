@@ -121,7 +121,10 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
     else:
         text = text_config(model.config)
         heads = config.num_heads if config is not None else int(text.num_attention_heads)
-        space = SearchSpace.default_for(int(text.num_hidden_layers), heads)
+        # a trained supernet's own depths and MLP widths (the paper's one size without one)
+        sizes = {} if config is None else {"depth": tuple(range(1, config.num_layers + 1)),
+                                           "mlp": tuple(config.mlp_shares)}
+        space = SearchSpace.default_for(int(text.num_hidden_layers), heads, **sizes)
     return space, build_supernet(model, space, config, seed=seed)
 
 

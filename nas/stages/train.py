@@ -43,11 +43,21 @@ class TrainOptions:
     distill: str = "aifd"  # aifd | middle | last | none
     heads: int | None = None  # heads of the maximal draft (None: the target's)
     visual_context: str = "self"  # self: kept visual tokens in the draft's own sequence too
+    depth: int | None = None  # decoder layers a side of the largest draft (None: DEFAULT_DEPTH)
+    mlp: tuple[float, ...] | None = None  # MLP widths trained (None: DEFAULT_MLP_SHARES)
     max_new_tokens: int = 64
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     seed: int = 0
     show_progress: bool | None = None
+
+    def sizes(self) -> tuple[int, tuple[float, ...]]:
+        """(depth, MLP shares) of the supernet these options train."""
+        from dreams_nas.supernet.training.recipe import DEFAULT_DEPTH, DEFAULT_MLP_SHARES
+
+        depth = DEFAULT_DEPTH if self.depth is None else int(self.depth)
+        shares = DEFAULT_MLP_SHARES if self.mlp is None else self.mlp
+        return depth, tuple(sorted({float(x) for x in shares}))
 
     def config(self) -> Any:
         """The `TrainConfig` these options ask for (None keeps its default)."""
@@ -103,7 +113,18 @@ def training_changes(block: dict[str, Any], options: TrainOptions) -> list[str]:
         recorded = "self" if draft.get("visual_in_self", False) else "cross"
         if recorded != options.visual_context:
             changes.append(f"visual-context {recorded} -> {options.visual_context}")
+        depth, shares = options.sizes()
+        had_depth = draft.get("num_layers", 1)  # drafts before elastic depth: one a side
+        had_shares = tuple(float(x) for x in draft.get("mlp_shares", (1.0,)))
+        if had_depth != depth:
+            changes.append(f"depth {had_depth} -> {depth}")
+        if had_shares != shares:
+            changes.append(f"mlp {_shares(had_shares)} -> {_shares(shares)}")
     return changes
+
+
+def _shares(shares: tuple[float, ...]) -> str:
+    return ",".join(f"{x:g}" for x in shares)
 
 
 def retrain_command(run: RunFolder, options: TrainOptions) -> str:
@@ -118,6 +139,13 @@ def retrain_command(run: RunFolder, options: TrainOptions) -> str:
         parts += ["--n-train", str(options.n_train)]
     if options.visual_context != "self":
         parts += ["--visual-context", options.visual_context]
+    from dreams_nas.supernet.training.recipe import DEFAULT_DEPTH, DEFAULT_MLP_SHARES
+
+    depth, shares = options.sizes()
+    if depth != DEFAULT_DEPTH:
+        parts += ["--depth", str(depth)]
+    if shares != tuple(DEFAULT_MLP_SHARES):
+        parts += ["--mlp", _shares(shares)]
     parts += ["--warmup-steps", str(config.warmup_steps),
               "--multires-steps", str(config.multires_steps),
               "--max-new-tokens", str(options.max_new_tokens)]
@@ -190,4 +218,5 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
                      max_new_tokens=options.max_new_tokens, distill=options.distill,
                      device=device, holdout=options.holdout,
                      visual_in_self=options.visual_context == "self",
+                     depth=options.sizes()[0], mlp=options.sizes()[1],
                      show_progress=options.show_progress)

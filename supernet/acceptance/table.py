@@ -6,7 +6,9 @@ stopped. Rows are keyed by (supernet hash, dataset id, spec, temperature, dtype,
 max_new_tokens): everything the measured acceptance depends on, so a row scored under other
 settings is never reused. A file that holds another supernet's rows is refused, never mixed
 in. A file written before `dtype` and `max_new_tokens` were recorded is migrated once (its
-rows kept with those cells empty: they match no table and are scored again).
+rows kept with those cells empty: they match no table and are scored again); so is one written
+before token trees (its rows are chains) or before elastic depth and MLP width (its rows read
+as depth 1 and the whole MLP, the only draft size there was).
 
 Every row is checked when it is made and when it is read (`AcceptanceRow.__post_init__`): a
 row that is impossible (tau outside [1, gamma + 1], a rate outside [0, 1], ...) would win the
@@ -27,22 +29,25 @@ from typing import Any
 from dreams_nas.supernet.core.device import DTYPES
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_text, locked
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SubnetSpec
 
 MAX_POSITIONS = 7  # accept_rate_1 .. accept_rate_7
 _RATE_COLUMNS = tuple(f"accept_rate_{i}" for i in range(1, MAX_POSITIONS + 1))
 ACCEPTANCE_COLUMNS: tuple[str, ...] = (
     "supernet_hash", "dataset_id", "spec_id", "heads", "visual_keep", "inject_layer",
-    "draft_len", "tree", "temperature", "dtype", "max_new_tokens", "method", "tau", "tau_lo",
-    "tau_hi", "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
+    "draft_len", "tree", "depth", "mlp", "temperature", "dtype", "max_new_tokens", "method",
+    "tau", "tau_lo", "tau_hi", "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
 )
+# The header of files written before elastic depth and MLP width (every row depth 1, whole MLP).
+PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in ACCEPTANCE_COLUMNS
+                                          if c not in SIZE_DEFAULTS)
 # The header of files written before token trees (every row a chain: `tree` empty).
-PRE_TREE_COLUMNS: tuple[str, ...] = tuple(c for c in ACCEPTANCE_COLUMNS if c != "tree")
+PRE_TREE_COLUMNS: tuple[str, ...] = tuple(c for c in PRE_SIZE_COLUMNS if c != "tree")
 # The header of files written before dtype and max_new_tokens were part of the key.
 LEGACY_COLUMNS: tuple[str, ...] = tuple(
     c for c in PRE_TREE_COLUMNS if c not in ("dtype", "max_new_tokens")
 )
-OLD_HEADERS = (PRE_TREE_COLUMNS, LEGACY_COLUMNS)
+OLD_HEADERS = (PRE_SIZE_COLUMNS, PRE_TREE_COLUMNS, LEGACY_COLUMNS)
 METHODS = ("teacher-forced", "sampled", "expected")
 # Slack on the bounds of tau: it is a ratio of token counts, exact up to float rounding.
 TAU_TOLERANCE = 1e-6
@@ -154,10 +159,13 @@ class AcceptanceRow:
 
     @classmethod
     def from_csv_row(cls, row: Mapping[str, str]) -> AcceptanceRow:
+        """The row of one record; `depth` and `mlp` absent or empty (a row written before
+        elastic sizes) read as depth 1 and the whole MLP."""
         spec = SubnetSpec(
             heads=int(row["heads"]), visual_keep=float(row["visual_keep"]),
             inject_layer=int(row["inject_layer"]), draft_len=int(row["draft_len"]),
-            tree=row.get("tree") or (),
+            tree=row.get("tree") or (), depth=int(row.get("depth") or 1),
+            mlp=float(row.get("mlp") or 1.0),
         )
         rates = []
         for i in range(1, MAX_POSITIONS + 1):
@@ -198,13 +206,13 @@ def _read_header(path: Path) -> list[str] | None:
 def _migrate(path: Path, old: tuple[str, ...]) -> None:
     """Rewrite a file of an old header with the current one.
 
-    Every complete old row is kept, the cells of the columns it lacks empty: a row written
-    before trees is a chain (`tree` empty); one written before `dtype` and `max_new_tokens`
+    Every complete old row is kept, the cells of the columns it lacks empty: a row written before
+    elastic sizes is depth 1 with the whole MLP (`depth`, `mlp` empty, read as 1 and 1.0); one
+    written before trees is a chain (`tree` empty); one written before `dtype` and `max_new_tokens`
     were recorded matches no table (the settings it was scored under are unknown) and is scored
-    again. A line torn by a kill is dropped, as `load` would skip it. Done under the file's
-    lock, atomically, and only if the header is still the old one once the lock is held
-    (another process may have migrated it meanwhile). Must not be called with the lock held:
-    it is not reentrant.
+    again. A line torn by a kill is dropped, as `load` would skip it. Done under the file's lock,
+    atomically, and only if the header is still the old one once the lock is held (another process
+    may have migrated it meanwhile). Must not be called with the lock held: it is not reentrant.
     """
     with locked(path):
         if _read_header(path) != list(old):

@@ -19,9 +19,14 @@ from dreams_nas.supernet.core.tree import TokenTree, tree_family
 SPEC_SCHEMA_VERSION = 1
 SPACE_SCHEMA_VERSION = 1
 
-_ID_RE = re.compile(r"^h(\d+)-v(\d+(?:\.\d+)?)-l(\d+)-(?:g(\d+)|t(\d+(?:x\d+)*))$")
+_ID_RE = re.compile(r"^h(\d+)-v(\d+(?:\.\d+)?)-l(\d+)(?:-d(\d+))?(?:-m(\d+(?:\.\d+)?))?"
+                    r"-(?:g(\d+)|t(\d+(?:x\d+)*))$")
 DEFAULT_VISUAL_KEEP = (0.25, 0.5, 0.75, 1.0)
 DEFAULT_DRAFT_LENS = tuple(range(1, 8))
+# Elastic depth and MLP width of the default space: decoder layers on each side of the
+# cross-attention (a prefix of the supernet's stacks), and the MLP's share of channels.
+DEFAULT_DEPTHS = (1, 2, 3)
+DEFAULT_MLP = (0.25, 0.5, 1.0)
 # Token trees of the default space: the family of `tree_family` up to 12 nodes (14 shapes, wide
 # near the root, chains below, depth <= 6), beside the chains of DEFAULT_DRAFT_LENS.
 DEFAULT_TREE_NODES = 12
@@ -40,6 +45,13 @@ class SubnetSpec:
     tree:         () for a chain of `draft_len` tokens, else the token tree's branching vector
                   (children per depth, e.g. ``(4, 2, 1)``; `supernet.core.tree`). A vector of
                   ones is the chain it describes and is stored as one (``tree=()``).
+    depth:        decoder layers on each side of the cross-attention (the first `depth` of the
+                  supernet's stack before it, the last `depth` of the stack after it); 1 is
+                  the paper's draft (decoder, cross-attention, decoder).
+    mlp:          share of every MLP's intermediate channels kept, in (0, 1] (a prefix of the
+                  importance-sorted channels, as heads are).
+    The id names depth and mlp only where they differ from 1 and 1.0, so the paper's draft
+    keeps its id (``h4-v0.50-l12-g5``; ``h4-v0.50-l12-d2-m0.50-g5`` otherwise).
     """
 
     heads: int
@@ -47,6 +59,8 @@ class SubnetSpec:
     inject_layer: int
     draft_len: int
     tree: tuple[int, ...] = ()
+    depth: int = 1
+    mlp: float = 1.0
 
     def __post_init__(self) -> None:
         given = _tree_field(self.tree, keep_chain=True)
@@ -54,29 +68,41 @@ class SubnetSpec:
             raise InputError(f"SubnetSpec.draft_len={self.draft_len} must equal the depth of its "
                              f"tree {TokenTree(given).label} ({len(given)})")
         object.__setattr__(self, "tree", () if TokenTree(given or (1,)).is_chain else given)
-        for name in ("heads", "inject_layer", "draft_len"):
+        for name in ("heads", "inject_layer", "draft_len", "depth"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise InputError(f"SubnetSpec.{name}={value!r} must be an integer")
             object.__setattr__(self, name, int(value))
-        keep = self.visual_keep
-        if isinstance(keep, bool) or not isinstance(keep, int | float | np.floating | np.integer):
-            raise InputError(f"SubnetSpec.visual_keep={keep!r} must be a number in (0, 1]")
-        object.__setattr__(self, "visual_keep", float(keep))
+        for name in ("visual_keep", "mlp"):
+            share = getattr(self, name)
+            if isinstance(share, bool) or not isinstance(share,
+                                                         int | float | np.floating | np.integer):
+                raise InputError(f"SubnetSpec.{name}={share!r} must be a number in (0, 1]")
+            object.__setattr__(self, name, float(share))
+            if not (0.0 < float(share) <= 1.0) or math.isnan(float(share)):
+                raise InputError(f"SubnetSpec.{name}={share} must be in (0, 1]")
         if self.heads < 1:
             raise InputError(f"SubnetSpec.heads={self.heads} must be at least 1")
-        if not (0.0 < self.visual_keep <= 1.0) or math.isnan(self.visual_keep):
-            raise InputError(f"SubnetSpec.visual_keep={self.visual_keep} must be in (0, 1]")
         if self.inject_layer < 0:
             raise InputError(f"SubnetSpec.inject_layer={self.inject_layer} must be >= 0")
         if self.draft_len < 1:
             raise InputError(f"SubnetSpec.draft_len={self.draft_len} must be at least 1")
+        if self.depth < 1:
+            raise InputError(f"SubnetSpec.depth={self.depth} must be at least 1")
 
     @property
     def id(self) -> str:
         """Stable readable id, e.g. ``h4-v0.50-l12-g5`` (a chain), ``h4-v0.50-l12-t4x2x1``
-        (a tree)."""
-        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}-{self.shape_id}"
+        (a tree); ``h4-v0.50-l12-d2-m0.50-g5`` with two layers a side and half the MLP."""
+        return f"h{self.heads}-v{self.visual_keep:.2f}-l{self.inject_layer}{self.size_id}-" \
+               f"{self.shape_id}"
+
+    @property
+    def size_id(self) -> str:
+        """The id's depth/width part: ``""`` for depth 1 and the whole MLP, else
+        ``-d2``, ``-m0.50`` or both."""
+        return ((f"-d{self.depth}" if self.depth != 1 else "")
+                + (f"-m{self.mlp:.2f}" if self.mlp != 1.0 else ""))
 
     @property
     def shape_id(self) -> str:
@@ -89,12 +115,14 @@ class SubnetSpec:
         if match is None:
             raise InputError(
                 f"{text!r} is not a subnet id; ids look like 'h4-v0.50-l12-g5' "
-                "(heads, visual_keep, inject_layer, draft_len) or 'h4-v0.50-l12-t4x2x1' (a tree)"
+                "(heads, visual_keep, inject_layer, draft_len), 'h4-v0.50-l12-t4x2x1' (a tree) or "
+                "'h4-v0.50-l12-d2-m0.50-g5' (depth 2, half the MLP)"
             )
-        h, v, lyr, g, tree = match.groups()
+        h, v, lyr, depth, mlp, g, tree = match.groups()
         shape = TokenTree.parse(tree).branching if tree else ()
         return cls(heads=int(h), visual_keep=float(v), inject_layer=int(lyr),
-                   draft_len=len(shape) if tree else int(g), tree=shape)
+                   draft_len=len(shape) if tree else int(g), tree=shape,
+                   depth=int(depth) if depth else 1, mlp=float(mlp) if mlp else 1.0)
 
     @property
     def shape(self) -> TokenTree:
@@ -111,10 +139,16 @@ class SubnetSpec:
         return TokenTree(self.tree).label if self.tree else ""
 
     @property
-    def triple(self) -> SubnetSpec:
-        """The (heads, visual_keep, inject_layer) part, as the chain of one token: the unit
-        teacher-forced scoring rolls out once for every draft length and tree."""
-        return SubnetSpec(self.heads, self.visual_keep, self.inject_layer, 1)
+    def arch(self) -> SubnetSpec:
+        """The architecture (heads, visual_keep, inject_layer, depth, mlp) -- everything but
+        the draft shape -- as the chain of one token: the unit teacher-forced scoring rolls
+        out once for every draft length and tree."""
+        return SubnetSpec(self.heads, self.visual_keep, self.inject_layer, 1,
+                          depth=self.depth, mlp=self.mlp)
+
+    # The unit of scoring was the (heads, visual_keep, inject_layer) triple before depth and
+    # width joined it; the name stays for the callers that claim and cache by it.
+    triple = arch
 
     def replace(self, **changes: Any) -> SubnetSpec:
         """A copy with `changes`. A new `draft_len` alone makes a chain of that length; a new
@@ -132,12 +166,16 @@ class SubnetSpec:
         """The fields as table rows write them (`tree` as its label, ``""`` for a chain)."""
         out = {name: getattr(self, name) for name in SPEC_FIELDS}
         out["tree"] = self.tree_label
+        out["depth"], out["mlp"] = self.depth, self.mlp
         return out
 
     def to_dict(self) -> dict[str, Any]:
         out = {"schema_version": SPEC_SCHEMA_VERSION, **self.to_fields()}
         if not self.tree:
             del out["tree"]  # a chain's spec.json reads as before trees
+        for name, default in SIZE_DEFAULTS.items():  # the paper's draft reads as before depth
+            if out[name] == default:
+                del out[name]
         return out
 
     @classmethod
@@ -152,11 +190,13 @@ class SubnetSpec:
         missing = [n for n in names if n not in data]
         if missing:
             raise InputError(f"subnet spec is missing field(s) {missing}; a spec needs {names}")
-        unknown = sorted(set(data) - set(names) - {"schema_version", "id", "tree"})
+        unknown = sorted(set(data) - set(names) - {"schema_version", "id", "tree", *SIZE_DEFAULTS})
         if unknown:
             raise InputError(f"subnet spec has unknown field(s) {unknown}; a spec has "
-                             f"{names} and optionally 'tree'")
-        return cls(**{n: data[n] for n in names}, tree=data.get("tree") or ())
+                             f"{names} and optionally 'tree', 'depth' and 'mlp'")
+        sizes = {n: default if data.get(n) in (None, "") else data[n]
+                 for n, default in SIZE_DEFAULTS.items()}
+        return cls(**{n: data[n] for n in names}, tree=data.get("tree") or (), **sizes)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -166,8 +206,12 @@ class SubnetSpec:
         return cls.from_dict(json.loads(text))
 
 
-# The numeric fields (every spec has them; `tree` is the optional fifth).
+# The numeric fields every spec has; `tree`, `depth` and `mlp` are optional (SIZE_DEFAULTS).
 SPEC_FIELDS: tuple[str, ...] = ("heads", "visual_keep", "inject_layer", "draft_len")
+# Elastic depth and MLP width: a spec, space or table written before them reads as these.
+SIZE_DEFAULTS: dict[str, Any] = {"depth": 1, "mlp": 1.0}
+# The architecture's fields (all but the draft shape), in enumeration order.
+ARCH_FIELDS: tuple[str, ...] = ("heads", "visual_keep", "inject_layer", "depth", "mlp")
 
 
 def _tree_field(value: Any, keep_chain: bool = False) -> tuple[int, ...]:
@@ -225,18 +269,22 @@ def _as_trees(values: Any) -> tuple[tuple[int, ...], ...]:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The allowed values of each `SubnetSpec` field. The space is the product of heads,
-    visual_keep and inject_layer with the draft shapes: a chain for each `draft_len`, then each
-    tree of `trees` (branching vectors; none by default)."""
+    """The allowed values of each `SubnetSpec` field. The space is the product of the
+    architectures (heads x visual_keep x inject_layer x depth x mlp) with the draft shapes: a
+    chain for each `draft_len`, then each tree of `trees` (branching vectors; none by default).
+    depth and mlp default to the paper's single draft size (1 layer a side, the whole MLP)."""
 
     heads: tuple[int, ...]
     visual_keep: tuple[float, ...]
     inject_layer: tuple[int, ...]
     draft_len: tuple[int, ...]
     trees: tuple[tuple[int, ...], ...] = ()
+    depth: tuple[int, ...] = (1,)
+    mlp: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
-        kinds = {"heads": int, "visual_keep": float, "inject_layer": int, "draft_len": int}
+        kinds = {"heads": int, "visual_keep": float, "inject_layer": int, "draft_len": int,
+                 "depth": int, "mlp": float}
         for name, kind in kinds.items():
             object.__setattr__(self, name, _as_values(name, getattr(self, name), kind))
         rules = {
@@ -244,6 +292,8 @@ class SearchSpace:
             "visual_keep": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
             "inject_layer": (lambda v: v >= 0, ">= 0"),
             "draft_len": (lambda v: v >= 1, "at least 1"),
+            "depth": (lambda v: v >= 1, "at least 1"),
+            "mlp": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
         }
         for name, (ok, rule) in rules.items():
             bad = [v for v in getattr(self, name) if not ok(v)]
@@ -264,19 +314,31 @@ class SearchSpace:
         return itertools.product(self.heads, self.visual_keep, self.inject_layer)
 
     @property
+    def architectures(self) -> Iterator[SubnetSpec]:
+        """Every architecture (`SubnetSpec.arch`: all fields but the draft shape), in
+        enumeration order."""
+        for h, v, lyr, d, m in itertools.product(*(getattr(self, n) for n in ARCH_FIELDS)):
+            yield SubnetSpec(h, v, lyr, 1, depth=d, mlp=m)
+
+    @property
+    def n_architectures(self) -> int:
+        return math.prod(len(getattr(self, n)) for n in ARCH_FIELDS)
+
+    @property
     def size(self) -> int:
-        return len(self.heads) * len(self.visual_keep) * len(self.inject_layer) * len(self.shapes)
+        return self.n_architectures * len(self.shapes)
 
     def __len__(self) -> int:
         return self.size
 
     def enumerate(self) -> Iterator[SubnetSpec]:
         """Every subnet, exactly once, in a stable order (heads, visual_keep, inject_layer,
-        then the shapes: chains by draft_len, then the trees in the space's order)."""
+        depth, mlp, then the shapes: chains by draft_len, then the trees in the space's
+        order)."""
         shapes = self.shapes
-        for h, v, lyr in self.triples:
+        for arch in self.architectures:
             for g, tree in shapes:
-                yield SubnetSpec(heads=h, visual_keep=v, inject_layer=lyr, draft_len=g, tree=tree)
+                yield arch.replace(draft_len=g, tree=tree)
 
     def sample(self, n: int, rng: np.random.Generator | int | None = None) -> list[SubnetSpec]:
         """`n` distinct subnets drawn uniformly without replacement."""
@@ -290,21 +352,28 @@ class SearchSpace:
 
     def largest(self) -> SubnetSpec:
         """The largest chain subnet (every field at its maximum)."""
-        return SubnetSpec(*(max(getattr(self, n)) for n in SPEC_FIELDS))
+        return SubnetSpec(*(max(getattr(self, n)) for n in SPEC_FIELDS),
+                          depth=max(self.depth), mlp=max(self.mlp))
 
     def smallest(self) -> SubnetSpec:
-        return SubnetSpec(*(min(getattr(self, n)) for n in SPEC_FIELDS))
+        return SubnetSpec(*(min(getattr(self, n)) for n in SPEC_FIELDS),
+                          depth=min(self.depth), mlp=min(self.mlp))
 
     @property
     def max_depth(self) -> int:
         """The deepest chain or tree: how many draft steps a cycle may take."""
         return max([*self.draft_len, *(len(t) for t in self.trees)])
 
+    @property
+    def is_elastic_size(self) -> bool:
+        """Whether the space searches depth or MLP width (more than the paper's one size)."""
+        return any(tuple(getattr(self, n)) != (d,) for n, d in SIZE_DEFAULTS.items())
+
     def __contains__(self, spec: object) -> bool:
         if not isinstance(spec, SubnetSpec):
             return False
         shape_ok = spec.tree in self.trees if spec.tree else spec.draft_len in self.draft_len
-        return shape_ok and all(getattr(spec, n) in getattr(self, n) for n in SPEC_FIELDS[:3])
+        return shape_ok and all(getattr(spec, n) in getattr(self, n) for n in ARCH_FIELDS)
 
     def validate(self, spec: SubnetSpec) -> SubnetSpec:
         """Return `spec` if it lies in the space; otherwise name the field, value and allowed
@@ -314,7 +383,8 @@ class SearchSpace:
             raise InputError(
                 f"The tree {spec.tree_label} of subnet {spec.id} isn't contained in the search "
                 f"space (trees: {allowed}); pick one of its trees or add it to the space")
-        for name in SPEC_FIELDS if not spec.tree else SPEC_FIELDS[:3]:
+        names = (*ARCH_FIELDS, "draft_len") if not spec.tree else ARCH_FIELDS
+        for name in names:
             value, allowed = getattr(spec, name), getattr(self, name)
             if value not in allowed:
                 raise InputError(
@@ -333,6 +403,8 @@ class SearchSpace:
         visual_keep: Sequence[float] = DEFAULT_VISUAL_KEEP,
         draft_len: Sequence[int] = DEFAULT_DRAFT_LENS,
         trees: Sequence[Sequence[int]] | None = None,
+        depth: Sequence[int] = (1,),
+        mlp: Sequence[float] = (1.0,),
     ) -> SearchSpace:
         """A sensible default space.
 
@@ -341,6 +413,9 @@ class SearchSpace:
         (L/4, L/2, 3L/4, L); the last one is the EAGLE-style choice.
         trees: the token trees beside the chains; None: `tree_family` up to
         DEFAULT_TREE_NODES nodes, no deeper than the longest chain; () for chains only.
+        depth, mlp: the draft sizes (`SubnetSpec.depth`/`mlp`) a supernet trained with
+        elastic depth and width offers (DEFAULT_DEPTHS, DEFAULT_MLP); the paper's one size by
+        default.
         """
         if num_target_layers < 1 or num_draft_heads < 1:
             raise InputError(
@@ -352,7 +427,8 @@ class SearchSpace:
         if trees is None:
             trees = [t.branching for t in tree_family(DEFAULT_TREE_NODES, max(draft_len))]
         return cls(heads=tuple(heads), visual_keep=tuple(visual_keep),
-                   inject_layer=tuple(layers), draft_len=tuple(draft_len), trees=tuple(trees))
+                   inject_layer=tuple(layers), draft_len=tuple(draft_len), trees=tuple(trees),
+                   depth=tuple(depth), mlp=tuple(mlp))
 
     @classmethod
     def from_configs(cls, target_config: Any, draft_config: Any, **kwargs: Any) -> SearchSpace:
@@ -375,6 +451,9 @@ class SearchSpace:
                **{n: list(getattr(self, n)) for n in SPEC_FIELDS}}
         if self.trees:
             out["trees"] = [TokenTree(t).label for t in self.trees]
+        for name, default in SIZE_DEFAULTS.items():  # only when searched: older keys hold
+            if tuple(getattr(self, name)) != (default,):
+                out[name] = list(getattr(self, name))
         return out
 
     @classmethod
@@ -389,13 +468,15 @@ class SearchSpace:
         if missing:
             raise InputError(f"search space is missing field(s) {missing}; "
                              f"it needs {list(SPEC_FIELDS)}")
-        unknown = sorted(set(data) - set(SPEC_FIELDS) - {"schema_version", "trees"})
+        unknown = sorted(set(data) - set(SPEC_FIELDS) - {"schema_version", "trees",
+                                                          *SIZE_DEFAULTS})
         if unknown:
             raise InputError(
                 f"search space has unknown field(s) {unknown}; "
-                f"allowed fields are {[*SPEC_FIELDS, 'trees']}"
+                f"allowed fields are {[*SPEC_FIELDS, 'trees', *SIZE_DEFAULTS]}"
             )
-        return cls(**{n: data[n] for n in SPEC_FIELDS}, trees=data.get("trees") or ())
+        sizes = {n: data.get(n) or (default,) for n, default in SIZE_DEFAULTS.items()}
+        return cls(**{n: data[n] for n in SPEC_FIELDS}, trees=data.get("trees") or (), **sizes)
 
     def to_toml(self) -> str:
         lines = [f"schema_version = {SPACE_SCHEMA_VERSION}"]
@@ -404,6 +485,9 @@ class SearchSpace:
         if self.trees:
             labels = ", ".join(f'"{TokenTree(t).label}"' for t in self.trees)
             lines.append(f"trees = [{labels}]")
+        for name, default in SIZE_DEFAULTS.items():
+            if tuple(getattr(self, name)) != (default,):
+                lines.append(f"{name} = [{', '.join(repr(v) for v in getattr(self, name))}]")
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | Path) -> Path:

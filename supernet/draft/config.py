@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,13 +32,27 @@ class DraftConfig:
     # well as of the cross-attention memory; False: the memory only (drafts saved before this
     # field read as False). With neither, the draft is text-only.
     visual_in_self: bool = True
+    # Decoder layers on each side of the cross-attention (the supernet's stacks; a subnet uses
+    # the first `SubnetSpec.depth` of each). Drafts saved before elastic depth read as 1.
+    num_layers: int = 1
+    # The MLP widths (shares of intermediate_size) the supernet is trained and searched at;
+    # (1.0,): the whole MLP only, as drafts saved before elastic width.
+    mlp_shares: tuple[float, ...] = (1.0,)
     # Set on an extracted draft only: the subnet it was cut from.
     spec: SubnetSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "inject_layers", tuple(int(x) for x in self.inject_layers))
+        shares = tuple(sorted({float(x) for x in self.mlp_shares}))
+        if not shares or not all(0.0 < x <= 1.0 for x in shares):
+            raise InputError(f"mlp_shares={list(self.mlp_shares)} must be shares in (0, 1], "
+                             "e.g. [0.25, 0.5, 1.0]")
+        object.__setattr__(self, "mlp_shares", shares)
         if self.head_dim % 2:
             raise InputError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.num_layers < 1:
+            raise InputError(f"num_layers={self.num_layers} must be at least 1 (decoder layers "
+                             "on each side of the cross-attention)")
         if not self.inject_layers:
             raise InputError("inject_layers is empty; list the target layers the draft may read")
         bad = [x for x in self.inject_layers if not 0 <= x <= self.num_target_layers]
@@ -64,6 +79,7 @@ class DraftConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["inject_layers"] = list(self.inject_layers)
+        data["mlp_shares"] = list(self.mlp_shares)
         data["spec"] = None if self.spec is None else self.spec.to_dict()
         return {"schema_version": CONFIG_SCHEMA_VERSION, **data}
 
@@ -81,7 +97,18 @@ class DraftConfig:
 
     def largest(self) -> SubnetSpec:
         return SubnetSpec(heads=self.num_heads, visual_keep=1.0,
-                          inject_layer=max(self.inject_layers), draft_len=1)
+                          inject_layer=max(self.inject_layers), draft_len=1,
+                          depth=self.num_layers, mlp=max(self.mlp_shares))
+
+    def mlp_channels(self, share: float) -> int:
+        """Intermediate channels a subnet with MLP share `share` keeps (a prefix):
+        ceil(share * intermediate_size), at least 1."""
+        return mlp_channels(self.intermediate_size, share)
+
+
+def mlp_channels(intermediate_size: int, share: float) -> int:
+    """ceil(share * intermediate_size), within 1..intermediate_size."""
+    return max(1, min(intermediate_size, math.ceil(share * intermediate_size - 1e-9)))
 
 
 def _rope_theta(cfg: Any) -> float:

@@ -1,9 +1,11 @@
 """Cut one subnet out of the supernet into a compact, standalone draft.
 
-`extract(supernet, spec)` copies only the active heads' weights (a prefix, since heads are
-importance-sorted) and only the chosen layer's memory adapter into a `CompactDraft` whose own
-config says what it is. It saves as safetensors + JSON config and loads back without the
-supernet (the target's embedding and LM head are attached at load time, never saved).
+`extract(supernet, spec)` copies only the active heads' and MLP channels' weights (prefixes,
+since both are importance-sorted), only the decoder layers of its depth (the first `depth`
+before the cross-attention, the last `depth` after it) and only the chosen layer's memory
+adapter into a `CompactDraft` whose own config says what it is. It saves as safetensors + JSON
+config and loads back without the supernet (the target's embedding and LM head are attached at
+load time, never saved).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
-from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.model import DreamDraft, skipped_layers
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from torch import Tensor
 
@@ -25,7 +27,7 @@ REEXPORT = "re-export the spec folder with `dreams-nas search` (it rewrites spec
 
 
 class CompactDraft(DreamDraft):
-    """A single subnet: `config.spec` fixes heads, visual_keep and inject_layer."""
+    """A single subnet: `config.spec` fixes heads, visual_keep, inject_layer, depth and mlp."""
 
     def __init__(self, config: DraftConfig, shared: SharedTargetModules | None = None) -> None:
         if config.spec is None:
@@ -84,16 +86,29 @@ class CompactDraft(DreamDraft):
 def _slice_state(supernet: DreamDraft, spec: SubnetSpec) -> dict[str, Tensor]:
     cfg = supernet.config
     inner = spec.heads * cfg.head_dim
+    channels = supernet.channels_of(spec)
+    dropped = skipped_layers(cfg.num_layers, spec.depth)
+    shift = cfg.num_layers - spec.depth  # the kept last layers after the cross become 0..
     out: dict[str, Tensor] = {}
     for name, tensor in supernet.state_dict().items():
         if name.startswith("memory_inputs."):
             if not name.startswith(f"memory_inputs.{spec.inject_layer}."):
                 continue
+        if name.startswith(dropped):
+            continue
+        if name.startswith("layers_out.") and shift:
+            index, rest = name.removeprefix("layers_out.").split(".", 1)
+            name = f"layers_out.{int(index) - shift}.{rest}"
         if ".attn." in name:
             if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
                 tensor = tensor[:inner]
             elif name.endswith("o_proj.weight"):
                 tensor = tensor[:, :inner]
+        elif ".mlp." in name:
+            if name.endswith(("gate_proj.weight", "up_proj.weight")):
+                tensor = tensor[:channels]
+            elif name.endswith("down_proj.weight"):
+                tensor = tensor[:, :channels]
         out[name] = tensor.detach().clone().contiguous()
     return out
 
@@ -105,7 +120,10 @@ def extract(supernet: DreamDraft, spec: SubnetSpec) -> CompactDraft:
         pass
     cfg = supernet.config
     compact_cfg = DraftConfig(**{**cfg.__dict__, "num_heads": spec.heads,
-                                 "inject_layers": (spec.inject_layer,), "spec": spec})
+                                 "inject_layers": (spec.inject_layer,), "spec": spec,
+                                 "num_layers": spec.depth,
+                                 "intermediate_size": supernet.channels_of(spec),
+                                 "mlp_shares": (spec.mlp,)})
     compact = CompactDraft(compact_cfg, supernet.shared if supernet.is_attached else None)
     compact.load_state_dict(_slice_state(supernet, spec))
     param = next(supernet.parameters())

@@ -1,5 +1,5 @@
-"""The DREAM draft's layers: SwiGLU, the decoder layer, the cross-attention layer and the
-injected-feature input (each with an elastic attention)."""
+"""The DREAM draft's layers: SwiGLU (elastic width), the decoder layer, the cross-attention
+layer and the injected-feature input (each with an elastic attention)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,51 @@ from torch import Tensor, nn
 
 
 class SwiGLU(nn.Module):
+    """SwiGLU MLP with elastic width: a call uses the first `channels` intermediate channels
+    (rows of gate/up, columns of down), which importance sorting makes the most useful ones."""
+
     def __init__(self, hidden: int, inner: int) -> None:
         super().__init__()
+        self.inner = inner
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: Tensor, channels: int | None = None) -> Tensor:
+        if channels is None or channels == self.inner:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if not 1 <= channels <= self.inner:
+            raise ValueError(f"channels={channels} is outside this MLP's 1..{self.inner}; "
+                             "pick a subnet from the supernet's search space")
+        inner = F.silu(F.linear(x, self.gate_proj.weight[:channels])) * F.linear(
+            x, self.up_proj.weight[:channels])
+        return F.linear(inner, self.down_proj.weight[:, :channels])
+
+    # --- importance sorting (as `ElasticAttention`'s heads) --------------------------
+    def channel_importance(self) -> Tensor:
+        """|grad x weight| summed over each channel's gate/up rows and down column ->
+        (inner,). Needs `.grad` (call after `loss.backward()`)."""
+        total = torch.zeros(self.inner, device=self.gate_proj.weight.device)
+        for param, dim in self.permuted_params():
+            if param.grad is None:
+                raise RuntimeError("channel_importance needs gradients; run backward() first")
+            score = (param.grad * param).abs().detach()
+            total += score.sum(dim=1 - dim)
+        return total
+
+    def permuted_params(self) -> list[tuple[nn.Parameter, int]]:
+        """(parameter, dim) pairs whose `dim` runs over the intermediate channels."""
+        return [(self.gate_proj.weight, 0), (self.up_proj.weight, 0), (self.down_proj.weight, 1)]
+
+    @torch.no_grad()
+    def permute_channels(self, order: Tensor) -> Tensor:
+        """Reorder channels in place so channel `order[i]` becomes channel i (the output is
+        unchanged); returns the index."""
+        if sorted(order.tolist()) != list(range(self.inner)):
+            raise ValueError(f"order is not a permutation of 0..{self.inner - 1}")
+        for param, dim in self.permuted_params():
+            param.copy_(param.index_select(dim, order))
+        return order
 
 
 class DecoderLayer(nn.Module):
@@ -33,8 +70,9 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, h: Tensor, heads: int, cos: Tensor, sin: Tensor, mask: Tensor,
-                cache: DraftCache | None, index: int) -> Tensor:
-        """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys)."""
+                cache: DraftCache | None, index: int, channels: int | None = None) -> Tensor:
+        """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys); channels: the MLP's
+        (None: all)."""
         x = self.input_norm(h)
         q = apply_rotary(self.attn.project_q(x, heads), cos, sin)
         k, v = self.attn.project_kv(x, heads)
@@ -42,7 +80,7 @@ class DecoderLayer(nn.Module):
         if cache is not None:
             k, v = cache.update(index, k, v)
         h = h + self.attn.attend(q, k, v, mask)
-        return h + self.mlp(self.post_norm(h))
+        return h + self.mlp(self.post_norm(h), channels)
 
 
 class CrossAttentionLayer(nn.Module):
@@ -58,11 +96,12 @@ class CrossAttentionLayer(nn.Module):
         self.attn_gate = nn.Parameter(torch.zeros(1))
         self.mlp_gate = nn.Parameter(torch.zeros(1))  # cpu: as attn_gate
 
-    def forward(self, h: Tensor, heads: int, memory: Memory) -> Tensor:
+    def forward(self, h: Tensor, heads: int, memory: Memory,
+                channels: int | None = None) -> Tensor:
         q = self.attn.project_q(self.query_norm(h), heads)
         mask = memory.mask[:, None, None, :]  # (batch, 1, 1, mem)
         h = h + torch.tanh(self.attn_gate) * self.attn.attend(q, memory.keys, memory.values, mask)
-        return h + torch.tanh(self.mlp_gate) * self.mlp(self.post_norm(h))
+        return h + torch.tanh(self.mlp_gate) * self.mlp(self.post_norm(h), channels)
 
 
 class LayerInput(nn.Module):

@@ -1,4 +1,10 @@
-"""The DREAM draft: decoder layer -> cross-attention layer -> decoder layer -> norm.
+"""The DREAM draft: decoder layers -> cross-attention layer -> decoder layers -> norm.
+
+The supernet holds `num_layers` decoder layers on each side of the cross-attention; a subnet
+of depth d runs the first d before it and the last d after it (the paper's draft: d = 1), so
+the layers it skips are those next to the cross-attention and the first and last layers keep
+one role in every subnet; every MLP keeps the first `mlp` share of its importance-sorted
+channels (Once-for-All's elastic depth and width).
 
 Alignment (EAGLE-style): draft position ``p`` reads the token ``x_p`` (through the target's own
 embedding) and the target's last hidden state ``H_{p-1}`` (the feature that predicted ``x_p``;
@@ -33,7 +39,7 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
-from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput
+from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput, SwiGLU
 from dreams_nas.supernet.draft.state import (
     DraftCache,
     DraftOutput,
@@ -46,6 +52,11 @@ from torch import Tensor, nn
 
 
 # --- the draft ------------------------------------------------------------------------
+def skipped_layers(num_layers: int, depth: int) -> tuple[str, ...]:
+    """State-dict prefixes of the decoder layers a subnet of `depth` does not run (of a
+    supernet with `num_layers` a side): layers_in.{depth..}, layers_out.{..num_layers-depth-1}."""
+    return (tuple(f"layers_in.{i}." for i in range(depth, num_layers))
+            + tuple(f"layers_out.{i}." for i in range(num_layers - depth)))
 class DreamDraft(nn.Module):
     """The elastic DREAM-S draft (the supernet); an extracted subnet uses the same class."""
 
@@ -54,9 +65,9 @@ class DreamDraft(nn.Module):
         self.config = config
         h = config.hidden_size
         self.fuse = nn.Linear(2 * h, h, bias=False)
-        self.layer_in = DecoderLayer(config)
+        self.layers_in = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.cross = CrossAttentionLayer(config) if config.cross_attention else None
-        self.layer_out = DecoderLayer(config)
+        self.layers_out = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = nn.RMSNorm(h, eps=config.rms_norm_eps)
         self.memory_inputs = nn.ModuleDict({str(lyr): LayerInput(config)
                                             for lyr in config.inject_layers})
@@ -69,16 +80,22 @@ class DreamDraft(nn.Module):
         return self._active
 
     def set_active(self, spec: SubnetSpec) -> None:
-        """Make `spec` the subnet every forward uses (heads, visual_keep, inject_layer)."""
+        """Make `spec` the subnet every forward uses (heads, visual_keep, inject_layer, depth,
+        mlp)."""
         cfg = self.config
         if not 1 <= spec.heads <= cfg.num_heads:
             raise InputError(f"spec {spec.id}: heads={spec.heads} is outside 1..{cfg.num_heads} "
                              "of this draft; pick a subnet of its search space")
+        if cfg.spec is None and spec.mlp not in cfg.mlp_shares:
+            raise InputError(f"spec {spec.id}: mlp={spec.mlp} is not a width this draft was "
+                             f"trained at {list(cfg.mlp_shares)}; pick one of those")
+        if not 1 <= spec.depth <= cfg.num_layers:
+            raise InputError(f"spec {spec.id}: depth={spec.depth} is outside 1..{cfg.num_layers} "
+                             "(this draft's layers on each side); pick a subnet of its space")
         if spec.inject_layer not in cfg.inject_layers:
             raise InputError(f"spec {spec.id}: inject_layer={spec.inject_layer} is not one this "
                              f"draft was trained for {list(cfg.inject_layers)}; pick one of those")
-        if cfg.spec is not None and (spec.heads, spec.visual_keep, spec.inject_layer) != (
-                cfg.spec.heads, cfg.spec.visual_keep, cfg.spec.inject_layer):
+        if cfg.spec is not None and spec.arch != cfg.spec.arch:
             raise InputError(f"this extracted draft is subnet {cfg.spec.id}; "
                              f"it cannot run {spec.id} "
                              "(extract that subnet from the supernet instead)")
@@ -96,10 +113,13 @@ class DreamDraft(nn.Module):
 
     def space(self, draft_len: Sequence[int] = tuple(range(1, 8)),
               visual_keep: Sequence[float] = (0.25, 0.5, 0.75, 1.0)) -> SearchSpace:
-        """The search space this supernet was built for (heads in quarters)."""
+        """The search space this supernet was built for (heads in quarters, every depth up to
+        its own, the MLP widths it was trained at)."""
         heads = sorted({max(1, round(self.config.num_heads * q / 4)) for q in (1, 2, 3, 4)})
         return SearchSpace(heads=tuple(heads), visual_keep=tuple(visual_keep),
-                           inject_layer=self.config.inject_layers, draft_len=tuple(draft_len))
+                           inject_layer=self.config.inject_layers, draft_len=tuple(draft_len),
+                           depth=tuple(range(1, self.config.num_layers + 1)),
+                           mlp=self.config.mlp_shares)
 
     # --- shared target modules ------------------------------------------------------
     @property
@@ -145,6 +165,27 @@ class DreamDraft(nn.Module):
         k, v = self.cross.attn.project_kv(states, spec.heads)
         return Memory(keys=k, values=v, mask=mask)
 
+    @property
+    def active_layers(self) -> tuple[list[DecoderLayer], list[DecoderLayer]]:
+        """The decoder layers the active subnet runs before and after the cross-attention:
+        the first `depth` of the stack before it and the *last* `depth` of the stack after it,
+        so every subnet reads its input with the same first layer and writes the feature the
+        LM head reads with the same last layer; a shallower subnet skips the layers next to
+        the cross-attention."""
+        d = self._active.depth
+        return list(self.layers_in[:d]), list(self.layers_out[len(self.layers_out) - d:])
+
+    @property
+    def active_channels(self) -> int:
+        """The MLP intermediate channels the active subnet keeps."""
+        return self.channels_of(self._active)
+
+    def channels_of(self, spec: SubnetSpec) -> int:
+        """The MLP intermediate channels `spec` keeps (an extracted draft keeps all its own)."""
+        if self.config.spec is not None:
+            return self.config.intermediate_size
+        return self.config.mlp_channels(spec.mlp)
+
     def draft_positions(self, visual_mask: Tensor, visual_scores: Tensor,
                         prompt_mask: Tensor | None = None) -> Tensor:
         """Which prompt positions are in the active subnet's own sequence -> bool (batch, prompt).
@@ -186,14 +227,18 @@ class DreamDraft(nn.Module):
         if tree_mask is not None:
             mask = mask.clone()
             mask[..., mask.shape[-1] - tree_mask.shape[-1]:] = tree_mask.to(h.device)
-        h = self.layer_in(h, heads, cos, sin, mask, cache, 0)
+        before, after = self.active_layers
+        channels = self.active_channels
+        for i, layer in enumerate(before):  # cache slots: 0..d-1 before, d..2d-1 after
+            h = layer(h, heads, cos, sin, mask, cache, i, channels)
         cross_out = None
         if self.cross is not None:
             if memory is None:
                 raise ValueError("this draft has a cross-attention layer: pass its memory")
-            h = self.cross(h, heads, memory)
+            h = self.cross(h, heads, memory, channels)
             cross_out = h
-        h = self.layer_out(h, heads, cos, sin, mask, cache, 1)
+        for i, layer in enumerate(after):
+            h = layer(h, heads, cos, sin, mask, cache, len(before) + i, channels)
         return DraftOutput(feature=self.norm(h), cross_out=cross_out)
 
     @staticmethod
@@ -218,22 +263,34 @@ class DreamDraft(nn.Module):
             torch.manual_seed(seed)
             return cls(config, shared)
 
+    def blocks(self) -> list[DecoderLayer | CrossAttentionLayer]:
+        """Every decoder and cross-attention layer, in forward order of the largest subnet."""
+        return [*self.layers_in, *([self.cross] if self.cross is not None else []),
+                *self.layers_out]
+
     def attentions(self) -> list[ElasticAttention]:
         """Every elastic attention, in forward order (each sorts its own heads)."""
-        layers = [self.layer_in, *([self.cross] if self.cross is not None else []), self.layer_out]
-        return [layer.attn for layer in layers]
+        return [layer.attn for layer in self.blocks()]
+
+    def mlps(self) -> list[SwiGLU]:
+        """Every elastic MLP, in forward order (each sorts its own channels)."""
+        return [layer.mlp for layer in self.blocks()]
 
     def num_params(self, spec: SubnetSpec | None = None) -> int:
         """Parameters a subnet really uses (the shared embedding/LM head excluded)."""
         spec = spec or self._active
         cfg = self.config
         per_head = 4 * cfg.hidden_size * cfg.head_dim
-        attentions = 2 + (1 if self.cross is not None else 0)
+        per_channel = 3 * cfg.hidden_size
+        blocks = 2 * spec.depth + (1 if self.cross is not None else 0)
+        skipped = skipped_layers(cfg.num_layers, spec.depth)
         total = 0
         for name, p in self.named_parameters():
             if name.startswith("memory_inputs.") and not name.startswith(
                     f"memory_inputs.{spec.inject_layer}."):
                 continue
-            if ".attn." not in name:
-                total += p.numel()
-        return total + attentions * per_head * spec.heads
+            if name.startswith(skipped) or ".attn." in name or ".mlp." in name:
+                continue
+            total += p.numel()
+        return total + blocks * (per_head * spec.heads
+                                 + per_channel * self.channels_of(spec))

@@ -15,7 +15,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.heldout import heldout_tau
@@ -35,12 +34,12 @@ class HeldOut:
         config = model.config
         largest = config.largest()
         layer = config.inject_layers[len(config.inject_layers) // 2]
-        full = SubnetSpec(largest.heads, largest.visual_keep, layer, self.gamma)
+        full = largest.replace(inject_layer=layer, draft_len=self.gamma)
         out = {"tau_full": heldout_tau(model, self.samples, full, self.gamma,
                                        self.max_new_tokens, self.eos_ids)}
         if phase == 2:
             space = model.space()
-            small = SubnetSpec(min(space.heads), min(space.visual_keep), layer, self.gamma)
+            small = space.smallest().replace(inject_layer=layer, draft_len=self.gamma)
             out["tau_smallest"] = heldout_tau(model, self.samples, small, self.gamma,
                                               self.max_new_tokens, self.eos_ids)
             out["score"] = (out["tau_full"] + out["tau_smallest"]) / 2

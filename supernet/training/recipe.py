@@ -18,7 +18,7 @@ import torch
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.space import DEFAULT_DEPTHS, DEFAULT_MLP, SearchSpace
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
@@ -40,6 +40,15 @@ log = logging.getLogger("dreams_nas")
 CURVE_COLUMNS = ("step", "phase", "loss", "kl", "distill", "feat", "tau_full", "tau_smallest",
                  "score")
 DistillMode = Literal["aifd", "middle", "last", "none"]
+# The supernet `dreams-nas train` trains by default: the paper's single-size draft (one decoder
+# layer a side, the whole MLP). Elastic depth and width (`--depth 3 --mlp 0.25,0.5,1`, the
+# values of ELASTIC_DEPTH and ELASTIC_MLP) widen the search's cost range past 3x, but on the demo
+# target the weight sharing costs every subnet more acceptance than the search wins back
+# (BENCHMARKS.md, 'Elastic depth and MLP width'), so it is a choice, not the default.
+DEFAULT_DEPTH = 1
+DEFAULT_MLP_SHARES: tuple[float, ...] = (1.0,)
+ELASTIC_DEPTH = max(DEFAULT_DEPTHS)
+ELASTIC_MLP: tuple[float, ...] = DEFAULT_MLP
 
 
 @dataclass(frozen=True)
@@ -145,9 +154,11 @@ def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]
 
 def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, seed: int,
                 cross_attention: bool = True, visual_in_self: bool = True,
+                num_layers: int = 1, mlp_shares: Sequence[float] = (1.0,),
                 device: str | torch.device = "cpu") -> DreamDraft:
     cfg = DraftConfig.for_target(target.text_config, data.space.inject_layer, num_heads=num_heads,
-                                 cross_attention=cross_attention, visual_in_self=visual_in_self)
+                                 cross_attention=cross_attention, visual_in_self=visual_in_self,
+                                 num_layers=num_layers, mlp_shares=tuple(mlp_shares))
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
     return DreamDraft.initialised(cfg, shared, seed).to(device)
 
@@ -157,13 +168,17 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
               distill: DistillMode = "aifd", device: str | torch.device = "cpu",
               holdout: int | None = None, show_progress: bool | None = None,
               data: PreparedData | None = None, cross_attention: bool = True,
-              visual_in_self: bool = True) -> dict[str, Any]:
+              visual_in_self: bool = True, depth: int = 1,
+              mlp: Sequence[float] = (1.0,)) -> dict[str, Any]:
     """Train the supernet of `target` on `examples` into `run`; returns the command's summary.
 
     data: the prompts' target side when already prepared (`prepare_data` over `examples`
     with at least `distill`'s layers: a benchmark shares it between runs); cross_attention:
     False drops the cross-attention layer; visual_in_self: False keeps the visual tokens out of
-    the draft's own sequence (`DraftConfig.visual_in_self`; with neither: text only)."""
+    the draft's own sequence (`DraftConfig.visual_in_self`; with neither: text only);
+    depth, mlp: the supernet's decoder layers on each side of the cross-attention and the MLP
+    widths it trains (the search space's `depth` = 1..depth and `mlp`; the defaults train the
+    paper's single-size draft)."""
     start = time.perf_counter()
     heads = int(num_heads or target.text_config.num_attention_heads)
     run.supernet_dir.mkdir(parents=True, exist_ok=True)
@@ -175,13 +190,15 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
              [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
     layers = distill_layers_for(distill, data)
+    data = replace(data, space=replace(data.space, depth=tuple(range(1, int(depth) + 1)),
+                                       mlp=tuple(mlp)))
     if distill == "none":
         config = replace(config, weights=replace(config.weights, distill=0.0))
     if config.unroll is None:  # the training-time test runs as deep as the space drafts
         config = replace(config, unroll=data.space.max_depth - 1)
     draft = build_draft(target, data, num_heads=heads, seed=config.seed,
                         cross_attention=cross_attention, visual_in_self=visual_in_self,
-                        device=device)
+                        num_layers=depth, mlp_shares=data.space.mlp, device=device)
     # fp32 master weights; the forward runs in the target's dtype under autocast
     dtype = str(target.dtype).removeprefix("torch.")
     train_samples, held = split_heldout(data.samples, holdout)

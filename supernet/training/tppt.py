@@ -139,7 +139,8 @@ def training_space(model: DreamDraft) -> SearchSpace:
     """The subnets training visits (draft_len is inference-only, fixed to 1 here)."""
     space = model.space()
     return SearchSpace(heads=space.heads, visual_keep=space.visual_keep,
-                       inject_layer=space.inject_layer, draft_len=(1,))
+                       inject_layer=space.inject_layer, draft_len=(1,), depth=space.depth,
+                       mlp=space.mlp)
 
 
 def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainConfig
@@ -151,10 +152,12 @@ def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainCo
     def layer() -> int:
         return layers[int(torch.randint(len(layers), (1,), generator=gen, device=gen.device))]
 
-    largest = SubnetSpec(max(space.heads), max(space.visual_keep), layer(), 1)
+    largest = SubnetSpec(max(space.heads), max(space.visual_keep), layer(), 1,
+                         depth=max(space.depth), mlp=max(space.mlp))
     if step < config.warmup_steps:
         return [largest]
-    smallest = SubnetSpec(min(space.heads), min(space.visual_keep), layer(), 1)
+    smallest = SubnetSpec(min(space.heads), min(space.visual_keep), layer(), 1,
+                          depth=min(space.depth), mlp=min(space.mlp))
     everything = list(space.enumerate())
     picks = torch.randint(len(everything), (config.random_subnets,), generator=gen,
                           device=gen.device).tolist()
@@ -186,11 +189,14 @@ class MixedPrecision:
 def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequence[int],
                config: TrainConfig, optimizer: torch.optim.Optimizer | None = None,
                amp: MixedPrecision | None = None) -> list[list[int]]:
-    """Accumulate |grad x weight| per head over `batches` (full draft, layers cycled), then
-    reorder every attention's heads (and the optimizer's moments) by decreasing importance.
+    """Accumulate |grad x weight| per head and per MLP channel over `batches` (full draft,
+    layers cycled), then reorder every attention's heads and every MLP's channels (and the
+    optimizer's moments) by decreasing importance. Returns the head orders.
     `amp`: the forward's autocast (the loss is scaled alike; a common scale keeps the order)."""
     attns = model.attentions()
+    mlps = model.mlps()
     totals = [torch.zeros(a.num_heads, device=a.q_proj.weight.device) for a in attns]
+    channel_totals = [torch.zeros(m.inner, device=m.gate_proj.weight.device) for m in mlps]
     layers = model.config.inject_layers
     full = model.config.largest()
     for i, batch in enumerate(batches):
@@ -205,18 +211,31 @@ def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequ
         loss.backward()
         for total, attn in zip(totals, attns, strict=True):
             total += attn.head_importance()  # on the device: no copy per batch
+        for total, mlp in zip(channel_totals, mlps, strict=True):
+            total += mlp.channel_importance()
     model.zero_grad(set_to_none=True)
+    for total, mlp in zip(channel_totals, mlps, strict=True):
+        index = mlp.permute_channels(importance_order(total).to(mlp.gate_proj.weight.device))
+        _permute_moments(optimizer, mlp.permuted_params(), index)
     orders = []
     for total, attn in zip(totals, attns, strict=True):
         order = importance_order(total)
         index = attn.permute_heads(order.to(attn.q_proj.weight.device))
-        if optimizer is not None:
-            for param, dim in attn.permuted_params():
-                for value in optimizer.state.get(param, {}).values():
-                    if torch.is_tensor(value) and value.shape == param.shape:
-                        value.copy_(value.index_select(dim, index))
+        _permute_moments(optimizer, attn.permuted_params(), index)
         orders.append(order.tolist())
     return orders
+
+
+def _permute_moments(optimizer: torch.optim.Optimizer | None,
+                     params: Sequence[tuple[torch.nn.Parameter, int]], index: torch.Tensor
+                     ) -> None:
+    """Reorder the optimizer's per-parameter moments as their parameters were."""
+    if optimizer is None:
+        return
+    for param, dim in params:
+        for value in optimizer.state.get(param, {}).values():
+            if torch.is_tensor(value) and value.shape == param.shape:
+                value.copy_(value.index_select(dim, index))
 
 
 # --- the loop -------------------------------------------------------------------------

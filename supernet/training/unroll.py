@@ -59,7 +59,7 @@ def chain_attention(q: Tensor, kv: list[tuple[Tensor, Tensor]], key_mask: Tensor
     return out
 
 
-def _layer(layer: DecoderLayer, h: Tensor, heads: int, cos: Tensor, sin: Tensor,
+def _layer(layer: DecoderLayer, h: Tensor, heads: int, channels: int, cos: Tensor, sin: Tensor,
            past: list[tuple[Tensor, Tensor]],
            key_mask: Tensor, start: int) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     x = layer.input_norm(h)
@@ -75,7 +75,7 @@ def _layer(layer: DecoderLayer, h: Tensor, heads: int, cos: Tensor, sin: Tensor,
     else:
         attn = layer.attn.output(chain_attention(q, [*past, (k, v)], key_mask, start))
     h = h + attn
-    return h + layer.mlp(layer.post_norm(h)), (k, v)
+    return h + layer.mlp(layer.post_norm(h), channels), (k, v)
 
 
 def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
@@ -88,13 +88,14 @@ def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
     runs over positions start + k .. seq - 1 only (its outputs before are zeros): `start` is
     the first position a drafting cycle may start from (its pass 0 output is depth 1).
     """
-    heads = model.active.heads
+    heads, channels = model.active.heads, model.active_channels
+    before, after = model.active_layers
     x = model.embed(input_ids).to(prev_hidden.dtype)
     cos, sin = rotary_cos_sin(position_ids, model.config.head_dim, model.config.rope_theta)
     seq = x.shape[1]
     start = max(0, int(start))
-    past_in: list[tuple[Tensor, Tensor]] = []
-    past_out: list[tuple[Tensor, Tensor]] = []
+    # per decoder layer (before the cross-attention, then after): each pass's keys/values
+    past: list[list[tuple[Tensor, Tensor]]] = [[] for _ in range(len(before) + len(after))]
     outputs: list[DraftOutput] = []
     prev = prev_hidden
     for k in range(depth + 1):
@@ -106,14 +107,20 @@ def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
             break
         h = model.fuse(torch.cat((x[:, lo:], prev[:, lo:]), dim=-1))
         c, s_ = cos[:, :, lo:], sin[:, :, lo:]
-        h, kv_in = _layer(model.layer_in, h, heads, c, s_, past_in, attention_mask, start)
+        kvs = []
+        for i, layer in enumerate(before):
+            h, kv = _layer(layer, h, heads, channels, c, s_, past[i], attention_mask, start)
+            kvs.append(kv)
         cross_out = None
         if model.cross is not None:
-            h = model.cross(h, heads, memory)
+            h = model.cross(h, heads, memory, channels)
             cross_out = _pad(h, lo, seq)
-        h, kv_out = _layer(model.layer_out, h, heads, c, s_, past_out, attention_mask, start)
-        past_in.append(kv_in)
-        past_out.append(kv_out)
+        for i, layer in enumerate(after):
+            h, kv = _layer(layer, h, heads, channels, c, s_, past[len(before) + i],
+                           attention_mask, start)
+            kvs.append(kv)
+        for slot, kv in zip(past, kvs, strict=True):
+            slot.append(kv)
         feature = _pad(model.norm(h), lo, seq)
         outputs.append(DraftOutput(feature=feature, cross_out=cross_out))
         # next pass: position p reads this pass's feature at p - 1

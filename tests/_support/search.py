@@ -9,12 +9,16 @@ from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 SMALL_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                           draft_len=(1, 2, 3, 5))
+# A space over draft sizes too: two depths and two MLP widths (SMALL_SPACE x 4).
+SIZED_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                          draft_len=(1, 2, 3, 5), depth=(1, 2), mlp=(0.5, 1.0))
 
 
 def accept_prob(spec: SubnetSpec) -> float:
-    """Per-position acceptance: more heads, visual tokens and deeper features help."""
+    """Per-position acceptance: more heads, visual tokens and deeper features help, and so do
+    more layers and a wider MLP (nothing changes at the paper's size, depth 1, mlp 1.0)."""
     return min(0.95, 0.35 + 0.08 * spec.heads + 0.15 * spec.visual_keep
-               + 0.03 * spec.inject_layer)
+               + 0.03 * spec.inject_layer + 0.06 * (spec.depth - 1) - 0.1 * (1.0 - spec.mlp))
 
 
 def tau_of(spec: SubnetSpec) -> float:
@@ -64,7 +68,8 @@ class FakeLatency:
         self.calls += 1
         if kind in ("draft", "draft_first"):  # first step as hot as the rest: old formula
             assert spec is not None  # k > 1: a token tree's level of k nodes
-            one = 0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
+            one = (0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
+                   + 0.5 * (spec.depth - 1) - 0.3 * (1.0 - spec.mlp))  # as before at 1, 1.0
             return one * (1 + 0.25 * (k - 1))
         if kind == "verify":
             return 10.0 + 0.9 * k
@@ -76,7 +81,9 @@ class FakeLatency:
 
 
 def fake_params(spec: SubnetSpec) -> int:
-    return 1000 * spec.heads + 10 * spec.inject_layer
+    """Heads and the injection's adapter; each layer pair and the MLP's width add more."""
+    return (1000 * spec.heads + 10 * spec.inject_layer + 3000 * (spec.depth - 1)
+            - round(1500 * (1.0 - spec.mlp)))
 
 
 def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str) -> None:

@@ -130,3 +130,71 @@ def test_a_space_with_trees_times_each_tree_size_and_each_level_width() -> None:
     assert not any(k.kind == "verify_tree" or k.k > 1 and k.kind == "draft" for k in chains)
     with pytest.raises(InputError, match="k >= 2"):
         StepKey("verify_tree", 64, 1)
+
+
+# --- elastic depth and MLP width ------------------------------------------------------------
+SIZED = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(2, 4),
+                    draft_len=(1, 3), depth=(1, 2, 3), mlp=(0.25, 0.5, 1.0))
+SIZED_CONTEXTS = (64, 128, 192)
+
+
+def _sized_points(keys):
+    return {(k.spec.heads, k.spec.visual_keep, k.spec.depth, k.spec.mlp, k.context_len)
+            for k in keys if k.kind == "draft" and k.k == 1}
+
+
+def test_the_draft_grid_covers_depth_and_mlp() -> None:
+    keys = build_plan(SIZED, SIZED_CONTEXTS)
+    grid = set(itertools.product(SIZED.heads, SIZED.visual_keep, SIZED.depth, SIZED.mlp,
+                                 SIZED_CONTEXTS))
+    assert len(grid) == 162 <= 256  # timed whole
+    assert _sized_points(keys) == grid
+    first = {(k.spec.heads, k.spec.visual_keep, k.spec.depth, k.spec.mlp, k.context_len)
+             for k in keys if k.kind == "draft_first"}
+    assert first == grid
+    assert len({k.ident for k in keys}) == len(keys)
+    # one canonical spec per draft size: inject_layer and draft_len never vary, depth/mlp do
+    specs = {k.spec for k in keys if k.kind == "draft"}
+    assert {(s.inject_layer, s.draft_len) for s in specs} == {(4, 3)}
+    assert canonical_spec(SIZED, 2, 0.5, 2, 0.25).id == "h2-v0.50-l4-d2-m0.25-g3"
+    assert canonical_spec(SIZED, 2, 0.5) == canonical_spec(SIZED, 2, 0.5, 1, 1.0)
+
+
+@pytest.mark.parametrize("budget", [30, 0.2])
+def test_a_budget_samples_every_axis_and_keeps_the_largest_and_smallest_subnet(budget) -> None:
+    keys = build_plan(SIZED, SIZED_CONTEXTS, budget=budget, seed=1)
+    points = _sized_points(keys)
+    assert len(points) == resolve_budget(budget, 162)
+    largest, smallest = SIZED.largest(), SIZED.smallest()
+    for c in SIZED_CONTEXTS:  # every axis at its maximum / at its minimum, at every context
+        assert (largest.heads, largest.visual_keep, largest.depth, largest.mlp, c) in points
+        assert (smallest.heads, smallest.visual_keep, smallest.depth, smallest.mlp, c) in points
+    axes = (SIZED.heads, SIZED.visual_keep, SIZED.depth, SIZED.mlp, SIZED_CONTEXTS)
+    for axis, levels in enumerate(axes):
+        counts = np.array([sum(p[axis] == v for p in points) for v in levels])
+        assert counts.min() >= 1  # every depth and every width is measured
+        assert counts.max() - counts.min() <= 2  # ... about equally often
+    with pytest.raises(InputError, match=r"fewer than the 6 that the largest and smallest"):
+        build_plan(SIZED, SIZED_CONTEXTS, budget=5)
+
+
+def test_a_grid_past_the_limit_is_sampled_without_a_budget() -> None:
+    import dataclasses
+
+    from dreams_nas.latency.plan import FULL_GRID_LIMIT
+
+    big = dataclasses.replace(SIZED, heads=(1, 2, 3, 4), visual_keep=(0.25, 0.5, 0.75, 1.0))
+    keys = build_plan(big, SIZED_CONTEXTS)  # 4 x 4 x 3 x 3 x 3 = 432 points
+    assert len(_sized_points(keys)) == FULL_GRID_LIMIT
+    assert (4, 1.0, 3, 1.0, 64) in _sized_points(keys)
+    assert (1, 0.25, 1, 0.25, 64) in _sized_points(keys)
+
+
+def test_tree_levels_are_timed_for_the_largest_and_smallest_architecture() -> None:
+    import dataclasses
+
+    keys = build_plan(dataclasses.replace(SIZED, trees=((2, 1),)), SIZED_CONTEXTS)
+    wide = {(k.spec.heads, k.spec.visual_keep, k.spec.depth, k.spec.mlp, k.context_len, k.k)
+            for k in keys if k.kind == "draft" and k.k > 1}
+    assert wide == {(4, 1.0, 3, 1.0, c, 2) for c in SIZED_CONTEXTS} | {
+        (1, 0.5, 1, 0.25, c, 2) for c in SIZED_CONTEXTS}

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import pathlib
 import pickle
@@ -378,7 +379,7 @@ def test_a_crafted_pickle_with_a_matching_hash_is_never_unpickled(tmp_path, capl
     assert not (tmp_path / "predictor.joblib").exists()
     assert (tmp_path / "predictor.skops").is_file()
     fresh = json.loads((tmp_path / "predictor.json").read_text())
-    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 4
+    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 5
     assert "joblib_sha256" not in fresh and len(fresh["skops_sha256"]) == 64
 
 
@@ -438,3 +439,108 @@ def test_save_then_load_predicts_the_same_for_every_regressor_family(tmp_path, c
     probe = pd.concat([rows, rows.assign(context_len=rows.context_len + 7, k=rows.k + 1)])
     np.testing.assert_allclose(loaded.predict_rows(probe), pred.predict_rows(probe),
                                rtol=1e-12, atol=0)
+
+
+# --- elastic depth and MLP width ------------------------------------------------------------
+def sized_rows(noise: float = 0.0, seed: int = 0, visual_tokens: int = 32) -> pd.DataFrame:
+    """Draft steps of every (heads, visual_keep, depth, mlp) whose cost is a + b * blocks, blocks =
+    2 * depth + 1 (each block a fixed cost, the paper's draft has 3), plus the target's steps."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for ctx in (48, 144, 240):
+        for heads, keep, depth, mlp in itertools.product((1, 2, 4), (0.5, 1.0), (1, 2, 3),
+                                                         (0.25, 0.5, 1.0)):
+            ms = 0.3 + 0.2 * (2 * depth + 1)
+            for kind, scale in (("draft", 1.0), ("draft_first", 1.3)):
+                rows.append({"kind": kind, "heads": heads, "visual_keep": keep, "depth": depth,
+                             "mlp": mlp, "context_len": ctx, "k": 1, "median_ms": scale * ms})
+        for k in range(1, 9):
+            rows.append({"kind": "decode" if k == 1 else "verify", "heads": np.nan,
+                         "visual_keep": np.nan, "depth": np.nan, "mlp": np.nan,
+                         "context_len": ctx, "k": k, "median_ms": 3.0 + 0.3 * k + 0.002 * ctx})
+    frame = pd.DataFrame(rows)
+    frame["median_ms"] *= np.exp(rng.normal(0, noise, len(frame)))
+    frame["spec_id"] = ""
+    return frame
+
+
+def test_features_carry_depth_and_mlp() -> None:
+    rows = pd.DataFrame({"kind": ["draft", "draft", "draft_first", "verify"],
+                         "heads": [2, 2, 2, np.nan], "visual_keep": [1.0, 1.0, 1.0, np.nan],
+                         "depth": [1, 3, 3, np.nan], "mlp": [1.0, 0.5, 0.5, np.nan],
+                         "context_len": 64, "k": [1, 1, 1, 4]})
+    feats = StepFeatures(visual_tokens=32).fit(rows)
+    a = feats.transform(rows)
+    col = {name: a[:, i] for i, name in enumerate(FEATURE_NAMES)}
+    assert list(col["blocks"]) == [3, 7, 7, 0]  # 2 * depth + 1; none for a target step
+    assert list(col["mlp"]) == [1.0, 0.5, 0.5, 0.0]
+    assert list(col["blocks_x_heads"]) == [6, 14, 14, 0]
+    assert list(col["blocks_x_mlp"]) == [3, 3.5, 3.5, 0]
+    assert list(col["blocks_x_heads_x_attended"]) == [3 * 2 * 64, 7 * 2 * 64, 7 * 2 * 64, 0]
+    assert col["log_blocks"][1] == pytest.approx(np.log(7)) and col["log_blocks"][3] == 0
+    assert not np.array_equal(a[0], a[1])  # depth and width are seen
+    # rows without the columns (written before them) are the paper's draft: depth 1, mlp 1
+    np.testing.assert_array_equal(feats.transform(rows.drop(columns=["depth", "mlp"]))[0], a[0])
+    with pytest.raises(ValueError, match="draft rows need numeric depth and mlp"):
+        feats.transform(rows.assign(depth=[np.nan, 3, 3, np.nan]))
+
+
+def test_an_unprofiled_depth_and_width_is_predicted_from_the_profiled_ones() -> None:
+    """A combination never timed (depth 2 with half the MLP) inside the profiled range: the
+    per-block features carry the cost, a + b * (2 * depth + 1), to it."""
+    rows = sized_rows(noise=0.01)
+    unprofiled = ((rows.depth == 2) & (rows.mlp == 0.5)).to_numpy()
+    pred = LatencyPredictor.fit(rows[~unprofiled], "cpu-test-1t", visual_tokens=32, holdout=0.0)
+    exact = sized_rows()[unprofiled]
+    rel = np.abs(pred.predict_rows(exact) / exact.median_ms.to_numpy() - 1)
+    assert rel.max() < 0.03
+    specs = [SubnetSpec(2, 1.0, 4, 3, depth=d, mlp=0.5) for d in (1, 2, 3)]
+    draft = pred.draft_ms(specs, 144)
+    np.testing.assert_allclose(draft, [0.3 + 0.2 * (2 * d + 1) for d in (1, 2, 3)], rtol=0.03)
+    assert pred.predict_ms("draft", specs[1], 144, 1) == pytest.approx(draft[1])
+    first = pred.first_draft_ms(specs, 144)
+    np.testing.assert_allclose(first / draft, 1.3, rtol=0.03)
+
+
+@pytest.mark.usefixtures("quick_fits")
+def test_a_predictor_refuses_a_depth_or_width_it_never_timed() -> None:
+    pred = LatencyPredictor.fit(sized_rows()[lambda f: (f.depth != 3) & (f.mlp != 0.25)],
+                                "cpu-test-1t", visual_tokens=32, holdout=0.0)
+    assert pred.size_range() == {"depth": (1.0, 2.0), "mlp": (0.5, 1.0)}
+    assert pred.draft_ms([SubnetSpec(2, 1.0, 4, 3, depth=2, mlp=0.75)], 144)[0] > 0  # inside
+    with pytest.raises(InputError, match=r"profiled at depth 1\.\.2, not at depth 3; rerun "
+                                         r"`dreams-nas profile`"):
+        pred.draft_ms([SubnetSpec(2, 1.0, 4, 3, depth=3)], 144)
+    with pytest.raises(InputError, match=r"profiled at mlp 0\.5\.\.1, not at mlp 0\.25"):
+        pred.predict_ms("draft_first", SubnetSpec(2, 1.0, 4, 3, mlp=0.25), 144, 1)
+
+
+@pytest.mark.usefixtures("quick_fits")
+def test_a_predictor_saved_before_depth_and_mlp_is_refitted_from_its_rows(tmp_path,
+                                                                         caplog) -> None:
+    """A schema-4 folder: its rows lack depth and mlp (every draft row the paper's size) and
+    its model their features. Loading refits it (one log line) and answers for depth 1; a
+    deeper subnet is one line telling to profile again."""
+    rows = synthetic_rows(noise=0.01)
+    LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
+    train = pd.read_csv(tmp_path / "predictor_train.csv")
+    assert {"depth", "mlp"} <= set(train.columns)
+    train.drop(columns=["depth", "mlp"]).to_csv(tmp_path / "predictor_train.csv", index=False)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    doc["schema_version"] = 4
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        loaded = LatencyPredictor.load(tmp_path)
+    (record,) = caplog.records
+    assert "has schema 4, this is 5; refitting from its 120 saved rows" in record.getMessage()
+    assert loaded.size_range() == {"depth": (1.0, 1.0), "mlp": (1.0, 1.0)}
+    paper = SubnetSpec(4, 1.0, 2, 3)
+    assert loaded.draft_ms([paper], 144)[0] == pytest.approx(
+        0.4 + 0.05 * 4 + 0.0004 * 4 * 144, rel=0.05)
+    with pytest.raises(InputError, match=r"profiled at depth 1, not at depth 2; rerun "
+                                         r"`dreams-nas profile`") as err:
+        loaded.draft_ms([paper.replace(depth=2)], 144)
+    assert "\n" not in str(err.value)
+    saved = pd.read_csv(tmp_path / "predictor_train.csv")  # rewritten with the sizes
+    assert set(saved[saved.kind == "draft"].depth) == {1} and saved[saved.kind == "verify"
+                                                                   ].depth.isna().all()

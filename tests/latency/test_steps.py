@@ -63,3 +63,57 @@ def test_a_tree_verify_and_a_tree_level_step_run_and_roll_back(tiny_llava) -> No
     children = level.run()
     assert children.shape == (4, 4)  # every node of the level ranks its top children
     assert torch.equal(children, level.run())  # the draft's cache is cropped back
+
+
+def test_a_deeper_narrower_subnet_is_extracted_and_timed(tiny_llava, tmp_path) -> None:
+    """The supernet covers the space's depths and MLP widths; a draft step runs the extracted
+    subnet's own depth and channels, re-extracted when either changes; its row records both."""
+    from dreams_nas.latency.hardware import detect_hardware
+    from dreams_nas.latency.profiler import TimingSettings, run_profile
+    from dreams_nas.latency.store import ProfileStore
+    from dreams_nas.nas.stages.profile import load_target
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                        draft_len=(1, 3), depth=(1, 2), mlp=(0.5, 1.0))
+    supernet = build_supernet(adapter.model, space)
+    assert (supernet.config.num_layers, supernet.config.mlp_shares) == (2, (0.5, 1.0))
+    steps = ModelSteps(adapter, supernet, visual_tokens=4)
+    small = SubnetSpec(4, 1.0, 2, 3, depth=2, mlp=0.5)
+    steps.build(StepKey("draft", 20, 1, small)).run()
+    compact = steps._compact[1]
+    assert steps._compact[0] == small.arch
+    assert (len(compact.layers_in), len(compact.layers_out)) == (2, 2)
+    assert compact.config.intermediate_size == supernet.config.mlp_channels(0.5)
+    steps.build(StepKey("draft", 20, 1, small.replace(depth=1))).run()  # same triple
+    assert len(steps._compact[1].layers_in) == 1  # re-extracted: keyed by the architecture
+    key = StepKey("draft_first", 20, 1, small)
+    settings = TimingSettings(warmup=1, min_repeats=2, repeats=2, budget_s=1.0, threads=1)
+    store = ProfileStore(tmp_path / "profile.csv")
+    result = run_profile(steps, [key], store, detect_hardware("cpu", threads=1), settings,
+                         show_progress=False)
+    assert (result.measured, result.failed) == (1, 0)
+    row = store.ok_rows().iloc[0]
+    assert (row.spec_id, row.depth, row.mlp, row.n_samples) == (small.id, 2, 0.5, 2)
+
+
+def test_a_supernet_config_must_cover_the_spaces_depths_and_widths(tiny_llava) -> None:
+    import pytest
+    from dreams_nas.latency.steps import text_config
+    from dreams_nas.nas.stages.profile import load_target
+    from dreams_nas.supernet.core.errors import InputError
+    from dreams_nas.supernet.draft.config import DraftConfig
+
+    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    space = SearchSpace(heads=(1, 4), visual_keep=(1.0,), inject_layer=(1, 2), draft_len=(1,),
+                        depth=(1, 3), mlp=(0.25, 1.0))
+    shallow = DraftConfig.for_target(text_config(adapter.model.config), inject_layers=(1, 2),
+                                     num_heads=4, num_layers=2, mlp_shares=(0.25, 1.0))
+    with pytest.raises(InputError, match=r"depths \[3\] exceed the supernet's 2 layer\(s\)"):
+        build_supernet(adapter.model, space, shallow)
+    narrow = DraftConfig.for_target(text_config(adapter.model.config), inject_layers=(1, 2),
+                                    num_heads=4, num_layers=3)
+    with pytest.raises(InputError, match=r"MLP widths \[0.25\] are not ones the supernet was "
+                                         r"trained at \[1.0\]"):
+        build_supernet(adapter.model, space, narrow)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pytest
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from _support.search import SIZED_SPACE, SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 from dreams_nas.latency.predictor import LatencyPredictor
 from dreams_nas.nas.search.candidate import (
     BatchLatencyModel,
@@ -158,3 +158,59 @@ def test_fields_of_different_lengths_are_refused() -> None:
     fields = SubnetFields(heads=[1], visual_keep=[0.5], inject_layer=[1], draft_len=[1])
     with pytest.raises(InputError, match=r"2 tau value\(s\) for 1 subnets"):
         evaluate_fields([1.0, 1.5], fields, LatencyCache(FakeLatency(), CONTEXT))
+
+
+class _RecordingBatch:
+    """A batched model whose draft step reads heads, visual_keep, depth and mlp; it records the
+    specs each call asks for."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[SubnetSpec]] = []
+
+    @staticmethod
+    def _ms(spec: SubnetSpec) -> float:
+        return 0.3 * spec.heads + 0.2 * spec.visual_keep + 0.5 * spec.depth + 0.4 * spec.mlp
+
+    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+        return 9.0 + k if spec is None else self._ms(spec)
+
+    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        self.asked.append(list(specs))
+        return np.array([self._ms(s) for s in specs])
+
+    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+        self.asked.append(list(specs))
+        return np.array([self._ms(s) + 0.1 for s in specs])
+
+    def target_ms(self, k: Sequence[int], context_len: int) -> np.ndarray:
+        return 9.0 + np.asarray(k, dtype=np.float64)
+
+
+def test_batched_keys_carry_depth_and_mlp() -> None:
+    model = _RecordingBatch()
+    cache = LatencyCache(model, CONTEXT)
+    rows = FakeScorer().score(list(SIZED_SPACE.enumerate()))
+    candidates = evaluate(rows, cache, fake_params)
+    sizes = {(s.heads, s.visual_keep, s.depth, s.mlp) for s in SIZED_SPACE.enumerate()}
+    assert len(model.asked) == 2  # draft, draft_first: once each
+    for asked in model.asked:  # one spec per distinct draft size, carrying its depth and mlp
+        assert {(s.heads, s.visual_keep, s.depth, s.mlp) for s in asked} == sizes
+        assert len(asked) == len(sizes) == 24
+    for c in candidates:
+        assert c.draft_ms == pytest.approx(model._ms(c.spec))
+        assert c.first_draft_ms == pytest.approx(model._ms(c.spec) + 0.1)
+    a = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=1)
+    assert cache.draft(a.replace(depth=2)) != cache.draft(a)
+    assert cache.draft(a.replace(mlp=0.5)) != cache.draft(a)
+
+
+def test_subnet_fields_default_to_the_paper_size_and_keep_it_in_rows() -> None:
+    fields = SubnetFields(heads=[1, 2], visual_keep=[0.5, 1.0], inject_layer=[1, 1],
+                          draft_len=[1, 3])
+    assert fields.depth.tolist() == [1, 1] and fields.mlp.tolist() == [1.0, 1.0]
+    specs = [SubnetSpec(1, 0.5, 1, 1, depth=2, mlp=0.5), SubnetSpec(2, 1.0, 1, 3)]
+    of = SubnetFields.of(specs)
+    assert of.depth.tolist() == [2, 1] and of.mlp.tolist() == [0.5, 1.0]
+    assert of.rows(np.array([True, False])).depth.tolist() == [2]
+    with pytest.raises(InputError, match="1-d and of one length"):
+        SubnetFields(heads=[1], visual_keep=[0.5], inject_layer=[1], draft_len=[1], depth=[1, 2])

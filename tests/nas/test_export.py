@@ -4,7 +4,7 @@ import csv
 import json
 
 import pytest
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from _support.search import SIZED_SPACE, SMALL_SPACE, FakeLatency, FakeScorer, fake_params
 from dreams_nas.nas.search.strategies import search
 from dreams_nas.nas.stages.export import TRIAL_COLUMNS, export_result
 from dreams_nas.supernet.core.space import SubnetSpec
@@ -43,7 +43,8 @@ def test_trials_and_pareto_follow_the_schema(exported) -> None:
     row = trials[0]
     assert SubnetSpec.from_id(row["spec_id"]) == SubnetSpec(
         int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]),
-        int(row["draft_len"]))
+        int(row["draft_len"]), depth=int(row["depth"]), mlp=float(row["mlp"]))
+    assert {(r["depth"], r["mlp"]) for r in trials} == {("1", "1.0")}  # the paper's one size
     assert row["state"] == "complete" and row["method"] == result.method
     assert row["objective"] == "pareto" and row["feasible"] in ("0", "1")
     assert float(row["speedup"]) == pytest.approx(result.candidates[0].speedup, rel=1e-15)
@@ -98,3 +99,27 @@ def test_best_json_records_the_inputs_it_was_computed_from(run_dir) -> None:
     paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
                           target=TARGET, supernet_hash="abc123", dtype="float32")
     assert json.loads(paths["best"].read_text())["inputs"] is None
+
+
+def test_depth_and_mlp_reach_trials_pareto_and_the_spec_folders(run_dir) -> None:
+    result = search(SIZED_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                    show_progress=False, objective="pareto")
+    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
+                          target=TARGET, supernet_hash="abc123", dtype="float32")
+    trials, front = _read(paths["trials"]), _read(paths["pareto"])
+    assert list(trials[0])[6:9] == ["tree", "depth", "mlp"]
+    assert {(r["depth"], r["mlp"]) for r in trials} == {
+        ("1", "0.5"), ("1", "1.0"), ("2", "0.5"), ("2", "1.0")}
+    for row in trials + front:  # each row's fields are its id's
+        spec = SubnetSpec.from_id(row["spec_id"])
+        assert (spec.depth, spec.mlp) == (int(row["depth"]), float(row["mlp"]))
+    sized = [c for c in result.front if (c.spec.depth, c.spec.mlp) != (1, 1.0)]
+    assert sized  # the fake's trade-off puts other sizes on the front
+    for c in sized:
+        saved = json.loads((run_dir.spec_dir(c.spec.id) / "spec.json").read_text())
+        assert SubnetSpec.from_dict(saved["spec"]) == c.spec
+        assert {k: saved["spec"].get(k) for k in ("depth", "mlp")} == {
+            "depth": c.spec.depth if c.spec.depth != 1 else None,
+            "mlp": c.spec.mlp if c.spec.mlp != 1.0 else None}
+    best = json.loads(paths["best"].read_text())
+    assert SubnetSpec.from_dict(best["spec"]) == result.best.spec

@@ -133,3 +133,31 @@ def test_first_divergence() -> None:
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
     assert first_divergence([1, 2], [1, 2, 3]) == 2  # one stopped early (an EOS)
+
+
+def test_draft_params_and_memory_count_depth_and_mlp(run_dir) -> None:
+    """The KV of 2 * depth decoder layers, and the parameters `DreamDraft.num_params` counts."""
+    import torch
+    from dreams_nas.nas.stages.inputs import draft_memory_fn, draft_params_fn
+    from dreams_nas.supernet.draft.config import DraftConfig
+    from dreams_nas.supernet.draft.model import DreamDraft
+
+    config = DraftConfig(hidden_size=32, num_heads=4, head_dim=8, intermediate_size=64,
+                         vocab_size=50, inject_layers=(1, 2), num_target_layers=2,
+                         num_layers=2, mlp_shares=(0.5, 1.0))
+    run_dir.supernet_dir.mkdir(parents=True)
+    (run_dir.supernet_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    params, memory = draft_params_fn(run_dir), draft_memory_fn(run_dir, 100, 40, "float32")
+    with torch.device("meta"):
+        model = DreamDraft(config)
+    one = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=3)
+    two, half = one.replace(depth=2), one.replace(mlp=0.5)
+    for spec in (one, two, half, two.replace(mlp=0.5)):
+        assert params(spec) == model.num_params(spec)
+    assert params(two) > params(one) > params(half)
+    kv = {spec: memory(spec) - 4 * params(spec) for spec in (one, two, half)}  # fp32 bytes
+    # K and V of 2 heads x 8 over 60 text + 20 kept visual positions in each decoder layer
+    # (2 * depth of them) and over the cross-attention memory
+    assert kv[one] == 4 * 2 * 16 * (2 * 80 + 80)
+    assert kv[two] == 4 * 2 * 16 * (4 * 80 + 80)
+    assert kv[half] == kv[one]  # a narrower MLP: fewer weights, the same cache

@@ -268,6 +268,12 @@ def test_the_demo_reuses_a_supernet_trained_otherwise_and_says_how_to_retrain(
     ensure_supernet(run, memory_only)
     assert "(visual-context self -> cross)" in logged[-1]
     assert "--visual-context cross" in logged[-1]
+    assert "--depth" not in logged[-1] and "--mlp" not in logged[-1]  # the defaults
+    elastic = TrainOptions(n_train=3, warmup_steps=1, multires_steps=1, max_new_tokens=5,
+                           depth=3, mlp=(0.25, 0.5, 1.0))
+    ensure_supernet(run, elastic)  # a config without the fields: one layer a side, whole MLP
+    assert "(depth 1 -> 3, mlp 1 -> 0.25,0.5,1)" in logged[-1]
+    assert "--depth 3 --mlp 0.25,0.5,1 " in logged[-1]
 
 
 # --- the demo's own option names ----------------------------------------------------------------

@@ -1,14 +1,23 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, tau_of
+from _support.search import (
+    SIZED_SPACE,
+    SMALL_SPACE,
+    FakeLatency,
+    FakeScorer,
+    fake_params,
+    tau_of,
+)
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.nas.search.strategies import best_candidate, pareto_front, search
 from dreams_nas.supernet.acceptance.table import AcceptanceTable
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace
 
 
 def _run(**kwargs):
@@ -176,3 +185,106 @@ def test_the_cold_first_draft_step_enters_every_candidate_and_the_trials_row() -
     assert after.best.speedup < before.best.speedup
     row = trial_rows([after.best], method="exhaustive", objective="speedup")[0]
     assert set(row) == set(TRIAL_COLUMNS) and row["first_draft_ms"] == after.best.first_draft_ms
+
+
+# --- elastic depth and MLP width --------------------------------------------------------------
+def _sized(**kwargs):
+    scorer = kwargs.pop("scorer", FakeScorer())
+    return search(SIZED_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
+                  show_progress=False, **kwargs), scorer
+
+
+def test_exhaustive_covers_every_depth_and_width_and_finds_the_true_best() -> None:
+    result, scorer = _sized()
+    assert result.space_size == SIZED_SPACE.size == 4 * SMALL_SPACE.size
+    assert sorted(c.spec for c in result.candidates) == sorted(SIZED_SPACE.enumerate())
+    assert sorted(scorer.calls) == sorted(SIZED_SPACE.enumerate())  # each scored once
+    assert {(c.spec.depth, c.spec.mlp) for c in result.candidates} == {
+        (1, 0.5), (1, 1.0), (2, 0.5), (2, 1.0)}
+    lat = FakeLatency()
+
+    def speedup(spec):
+        draft = lat.predict_ms("draft", spec, 32, 1)
+        return float(expected_speedup(tau_of(spec), spec.draft_len, draft,
+                                      lat.predict_ms("verify", None, 32, spec.draft_len + 1),
+                                      9.5))
+
+    best = max(SIZED_SPACE.enumerate(), key=speedup)
+    assert result.best.spec == best and result.best.speedup == pytest.approx(speedup(best))
+    for c in result.candidates:  # every figure is the one of its own depth and width
+        assert c.draft_ms == lat.predict_ms("draft", c.spec, 32, 1)
+        assert c.draft_params == fake_params(c.spec)
+
+
+def test_the_paper_size_subnets_of_a_sized_space_score_as_in_the_space_without_sizes() -> None:
+    sized = {c.spec: c for c in _sized()[0].candidates}
+    for c in _run()[0].candidates:
+        assert sized[c.spec] == replace(c, number=sized[c.spec].number)
+
+
+def test_optuna_samples_depth_and_width_when_the_space_has_them() -> None:
+    from dreams_nas.nas.search.study import params_of, search_distributions, spec_of
+
+    old = search_distributions(SMALL_SPACE)
+    assert set(old) == {"heads", "visual_keep", "inject_layer", "draft_len"}  # as before
+    dists = search_distributions(SIZED_SPACE)
+    assert set(dists) == {"heads", "visual_keep", "inject_layer", "depth", "mlp", "draft_len"}
+    assert sorted(dists["depth"].choices) == [1, 2]
+    assert sorted(dists["mlp"].choices) == [0.5, 1.0]
+    for spec in SIZED_SPACE.enumerate():
+        assert spec_of(params_of(spec, dists)) == spec
+    result, scorer = _sized(method="optuna", n_trials=24, seed=5)
+    assert len(result.candidates) == 24
+    assert result.candidates[0].spec == SIZED_SPACE.largest()  # depth 2, the whole MLP
+    assert result.candidates[1].spec == SIZED_SPACE.smallest()  # depth 1, half the MLP
+    assert (SIZED_SPACE.largest().depth, SIZED_SPACE.smallest().mlp) == (2, 0.5)
+    assert {c.spec.depth for c in result.candidates} == {1, 2}
+    assert {c.spec.mlp for c in result.candidates} == {0.5, 1.0}
+    assert all(c.spec in SIZED_SPACE for c in result.candidates)
+    # tau is scored an architecture at a time: its every draft length, depth and width kept
+    archs = {c.spec.arch for c in result.candidates}
+    assert sorted(scorer.calls) == sorted(
+        a.replace(draft_len=g) for a in archs for g in SIZED_SPACE.draft_len)
+
+
+def test_a_space_of_one_other_size_carries_it_into_every_trial() -> None:
+    from dreams_nas.nas.search.study import search_distributions
+
+    space = SearchSpace(heads=(1, 2), visual_keep=(1.0,), inject_layer=(1,), draft_len=(1, 3),
+                        depth=(2,))
+    assert "depth" in search_distributions(space) and "mlp" not in search_distributions(space)
+    result = search(space, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                    method="optuna", n_trials=4, show_progress=False)
+    assert {c.spec.depth for c in result.candidates} == {2}
+    assert {c.spec.mlp for c in result.candidates} == {1.0}
+
+
+def test_the_shared_sweep_grids_every_architecture(tmp_path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    result, scorer = _sized(storage=url, study_name="sweep")
+    assert sorted(c.spec for c in result.candidates) == sorted(SIZED_SPACE.enumerate())
+    assert sorted(scorer.calls) == sorted(SIZED_SPACE.enumerate())
+    study = optuna.load_study(study_name="sweep", storage=url)
+    grid = {t.user_attrs["triple"] for t in study.get_trials(deepcopy=False)}
+    assert grid == {"triple:" + a.id for a in SIZED_SPACE.architectures}
+    assert len(grid) == SIZED_SPACE.n_architectures == 48
+    assert "triple:h4-v1.00-l2-d2-m0.50-g1" in grid
+    alone = _sized()[0].best  # the sweep finds what one process finds
+    assert result.best == replace(alone, number=result.best.number)
+
+
+def test_recorded_latency_keys_name_the_draft_size() -> None:
+    from dreams_nas.nas.search.replay import RecordedLatency
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    spec = SubnetSpec(2, 0.5, 1, 3)
+    recorded = RecordedLatency({(2, 0.5, 1): 1.0, (2, 0.5, 1, 2, 0.5): 2.5}, {4: 10.0},
+                               decode=9.5)
+    assert recorded.predict_ms("draft", spec, 32, 1) == 1.0  # a key of three: depth 1, mlp 1.0
+    assert recorded.predict_ms("draft", spec.replace(depth=2, mlp=0.5), 32, 1) == 2.5
+    with pytest.raises(InputError, match="no recorded draft latency for h2-v0.50-l1-d2-g3"):
+        recorded.predict_ms("draft", spec.replace(depth=2), 32, 1)
+    with pytest.raises(InputError, match=r"key \(2, 0.5, 1, 2\) must be"):
+        RecordedLatency({(2, 0.5, 1, 2): 1.0}, {}, decode=1.0)

@@ -31,7 +31,8 @@ def trained(setup):
     run = root / "run"
     argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
             "--warmup-steps", "2", "--multires-steps", "2", "--batch-size", "2", "--unroll", "1",
-            "--max-new-tokens", "4", "--device", "cpu", "--json", "-q"]
+            "--max-new-tokens", "4", "--depth", "2", "--mlp", "0.5,1", "--device", "cpu",
+            "--json", "-q"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(argv)
@@ -49,6 +50,10 @@ def test_train_writes_the_run_and_prints_a_summary(setup, trained):
     assert {"target", "space", "supernet", "aifd"} <= set(data)
     assert data["target"]["path"] == str(target.resolve())
     assert data["supernet"]["train"]["config"]["unroll"] == 1  # --unroll, not the space's depth
+    # --depth 2 --mlp 0.5,1: elastic depth and width, searched
+    assert (data["space"]["depth"], data["space"]["mlp"]) == ([1, 2], [0.5, 1.0])
+    config = data["supernet"]["config"]
+    assert (config["num_layers"], config["mlp_shares"]) == (2, [0.5, 1.0])
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -56,6 +61,9 @@ def test_train_writes_the_run_and_prints_a_summary(setup, trained):
     (["--data", "notes.txt"], "neither builtin nor a .jsonl"),
     (["--device", "cuda:7"], "does not exist on this machine"),
     (["--warmup-steps", "0", "--multires-steps", "0"], "train for at least one step"),
+    (["--mlp", "0.5,0"], "0 is out of range"),
+    (["--mlp", ","], "lists no share"),
+    (["--depth", "0"], "0 is out of range"),
 ])
 def test_bad_input_is_a_one_line_error(setup, capsys, argv, message):
     root, target, jsonl = setup
@@ -173,7 +181,8 @@ def test_train_to_a_plateau_keeps_the_best_evaluation(setup, capsys):
     argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
             "--warmup-steps", "2", "--multires-steps", "40", "--batch-size", "2", "--unroll", "1",
             "--holdout", "2", "--eval-every", "2", "--patience", "2", "--tolerance", "100",
-            "--max-new-tokens", "4", "--device", "cpu", "--json", "-q"]
+            "--max-new-tokens", "4", "--depth", "2", "--mlp", "0.5,1", "--device", "cpu",
+            "--json", "-q"]
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["stopped"] == "plateau" and summary["steps"] == 8

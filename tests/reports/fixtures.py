@@ -390,3 +390,34 @@ def make_single_subnet_run(root: Path) -> Path:
 def read_rows(path: Path) -> list[dict[str, str]]:
     with path.open(newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
+
+
+SIZED_LAYER = 16  # make_sized: the subnets injecting this layer get depth 2 and half the MLP
+
+
+def make_sized(run: Path) -> Path:
+    """`run` (a `make_run` folder) as a search over draft sizes would have written it: trials.csv
+    and pareto.csv gain `depth` and `mlp` after `tree`, the subnets injecting SIZED_LAYER become
+    depth 2 with half the MLP (their ids gain ``-d2-m0.50``, in every file that names them and
+    in their spec folders), every other subnet is depth 1 with the whole MLP."""
+    old, new = f"-l{SIZED_LAYER}-", f"-l{SIZED_LAYER}-d2-m0.50-"
+    for path in [*run.glob("search/*/*.csv"), *run.glob("search/*/best.json"),
+                 *run.glob("acceptance/*.csv")]:
+        path.write_text(path.read_text(encoding="utf-8").replace(old, new), encoding="utf-8")
+    for folder in list(run.glob(f"specs/*{old}*")):
+        folder.rename(folder.with_name(folder.name.replace(old, new)))
+    for path in [*run.glob("search/*/trials.csv"), *run.glob("search/*/pareto.csv")]:
+        rows = read_rows(path)
+        names = list(rows[0])
+        at = names.index("tree") + 1 if "tree" in names else names.index("draft_len") + 1
+        names[at:at] = ["depth", "mlp"]
+        for row in rows:
+            sized = new in row["spec_id"]
+            row["depth"], row["mlp"] = (2, 0.5) if sized else (1, 1.0)
+        _write_csv(path, names, rows)
+    for path in run.glob("search/*/best.json"):
+        best = json.loads(path.read_text(encoding="utf-8"))
+        if new in best["spec_id"]:
+            best["spec"].update(depth=2, mlp=0.5)
+        _write_json(path, best)
+    return run

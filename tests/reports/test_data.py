@@ -14,7 +14,18 @@ from dreams_nas.reports import (
     pareto_mask,
 )
 
-from .fixtures import A10G, CPU, H100, Space, front_ids, make_run, make_single_subnet_run, read_rows
+from .fixtures import (
+    A10G,
+    CPU,
+    H100,
+    SIZED_LAYER,
+    Space,
+    front_ids,
+    make_run,
+    make_single_subnet_run,
+    make_sized,
+    read_rows,
+)
 
 
 @pytest.fixture
@@ -261,3 +272,40 @@ def test_subnet_table_reads_as_the_subnets_it_holds(cpu_run) -> None:
     assert list(table.cycle_draft_ms) == pytest.approx([s.cycle_draft_ms for s in subnets])
     with pytest.raises(IndexError):
         table[len(subnets)]
+
+
+def test_trials_written_before_depth_and_mlp_read_as_the_papers_size(cpu_run) -> None:
+    trials = cpu_run / "search" / CPU.hardware_id / "trials.csv"
+    assert "depth" not in read_rows(trials)[0]  # the fixture writes the old header
+    data = build_report_data(cpu_run)
+    assert {(s.depth, s.mlp) for s in data.subnets} == {(1, 1.0)}
+    assert (data.best.depth, data.best.mlp) == (1, 1.0)
+    assert not data.columns.is_elastic_size
+
+
+def test_depth_and_mlp_are_read_from_trials_and_best_json(cpu_run) -> None:
+    run = make_sized(cpu_run)
+    search = run / "search" / CPU.hardware_id
+    rows = read_rows(search / "trials.csv")
+    assert list(rows[0])[5:8] == ["draft_len", "depth", "mlp"]
+    data = build_report_data(run)
+    by_id = {s.spec_id: s for s in data.subnets}
+    for row in rows:
+        sub = by_id[row["spec_id"]]
+        assert (sub.depth, sub.mlp) == (int(row["depth"]), float(row["mlp"]))
+        assert (sub.depth, sub.mlp) == ((2, 0.5) if sub.inject_layer == SIZED_LAYER else (1, 1.0))
+    assert data.columns.is_elastic_size
+    assert data.columns.depth.dtype.kind == "i" and data.columns.mlp.dtype.kind == "f"
+    best = json.loads((search / "best.json").read_text())
+    assert (data.best.depth, data.best.mlp) == (best["spec"].get("depth", 1),
+                                               best["spec"].get("mlp", 1.0))
+    assert data.best_subnet is not None and data.best_subnet.depth == data.best.depth
+    # an empty cell reads as the paper's size too
+    for row in rows:
+        if row["depth"] == "1":
+            row["depth"] = row["mlp"] = ""
+    with (search / "trials.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert {(s.depth, s.mlp) for s in build_report_data(run).subnets} == {(1, 1.0), (2, 0.5)}

@@ -245,3 +245,26 @@ def test_chains_and_trees_are_told_apart_on_the_front(tmp_path) -> None:
     note = page.split('id="shapes">', 1)[1].split("</p>", 1)[0]
     assert "best chain:" in note and "best tree:" in note and "-t3x1x1" in note
     assert ("tree 3x1x1" in page) == any(s.tree for s in data.front)
+
+
+def test_depth_and_mlp_are_shown_where_the_search_has_them(rendered, tmp_path) -> None:
+    from .fixtures import make_sized
+
+    def front_headers(page: str) -> list[str]:
+        start = page.index('id="front-table"')
+        return re.findall(r"<th[^>]*>([^<]*)</th>", page[start:page.index("</thead>", start)])
+
+    _, page, _ = rendered["exhaustive"]  # the paper's one size: neither field is shown
+    assert "depth" not in front_headers(page) and "mlp" not in front_headers(page)
+    run = make_sized(make_run(tmp_path / "run"))
+    data = build_report_data(run)
+    page = write_report(run).read_text(encoding="utf-8")
+    headers = front_headers(page)
+    assert headers[headers.index("inject_layer") + 1:][:2] == ["depth", "mlp"]
+    start = page.index('id="front-table"')
+    table = page[start:page.index("</table>", start)]
+    for s in data.front:
+        row = table.split(f'data-spec="{s.spec_id}"', 1)[1].split("</tr>", 1)[0]
+        assert f'<td data-v="{s.depth}">{s.depth}</td><td data-v="{s.mlp}">{s.mlp:.2f}</td>' in row
+    card = page[page.index('id="best"'):page.index("</pre>", page.index('id="best"'))]
+    assert f"depth {data.best.depth} · mlp {data.best.mlp:.2f} · " in card

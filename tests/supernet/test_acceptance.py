@@ -256,3 +256,72 @@ def test_a_memory_only_draft_scores_as_it_decodes(trained) -> None:
     assert sum(lengths) / len(lengths) > 1.5  # not the trivial tau = 1
     assert rows[spec].tau == pytest.approx(sum(lengths) / len(lengths), rel=0.02)
 
+
+
+# --- acceptance rows of elastic draft sizes (supernet/acceptance/table.py) -------------------
+def _size_row(spec: SubnetSpec, tau: float = 1.5):
+    from dreams_nas.supernet.acceptance.table import AcceptanceRow
+
+    return AcceptanceRow(spec=spec, tau=tau, tau_lo=tau - 0.1, tau_hi=tau + 0.1,
+                         supernet_hash="abc", dataset_id="builtin", max_new_tokens=64,
+                         n_prompts=2, n_tokens=10, context_len=30, accept_rates=(0.5,))
+
+
+def test_a_row_round_trips_depth_and_mlp(tmp_path) -> None:
+    import csv
+
+    from dreams_nas.supernet.acceptance.table import (
+        ACCEPTANCE_COLUMNS,
+        AcceptanceRow,
+        AcceptanceTable,
+    )
+
+    assert ACCEPTANCE_COLUMNS[7:10] == ("tree", "depth", "mlp")
+    sized = SubnetSpec(4, 0.5, 2, 1, depth=2, mlp=0.5)
+    paper = SubnetSpec(4, 0.5, 2, 1)  # the same fields at depth 1 and the whole MLP
+    rows = [_size_row(sized, 1.8), _size_row(paper, 1.6)]
+    cells = rows[0].to_csv_row()
+    assert (cells["spec_id"], cells["depth"], cells["mlp"]) == ("h4-v0.50-l2-d2-m0.50-g1", 2, 0.5)
+    assert AcceptanceRow.from_csv_row({k: str(v) for k, v in cells.items()}) == rows[0]
+    table = AcceptanceTable(tmp_path / "a.csv", "abc", "builtin")
+    table.append(rows)
+    loaded = AcceptanceTable(tmp_path / "a.csv", "abc", "builtin").load()
+    assert loaded == {r.spec: r for r in rows}  # two rows: depth and mlp are part of the key
+    assert loaded[sized].spec.depth == 2 and loaded[sized].spec.mlp == 0.5
+    with (tmp_path / "a.csv").open(newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [(r["depth"], r["mlp"]) for r in written] == [("2", "0.5"), ("1", "1.0")]
+
+
+def test_an_acceptance_file_written_before_sizes_reads_as_depth_1_and_the_whole_mlp(
+        tmp_path) -> None:
+    import csv
+
+    from dreams_nas.supernet.acceptance.table import (
+        ACCEPTANCE_COLUMNS,
+        PRE_SIZE_COLUMNS,
+        AcceptanceRow,
+        AcceptanceTable,
+    )
+
+    assert [c for c in ACCEPTANCE_COLUMNS if c not in PRE_SIZE_COLUMNS] == ["depth", "mlp"]
+    path = tmp_path / "a.csv"
+    old = [_size_row(SubnetSpec(1, 1.0, 1, 1), 1.1), _size_row(SubnetSpec(2, 0.5, 1, 1), 1.9)]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(PRE_SIZE_COLUMNS))
+        writer.writeheader()
+        for row in old:
+            cells = row.to_csv_row()
+            del cells["depth"], cells["mlp"]
+            writer.writerow(cells)
+    old_cells = {c: str(v) for c, v in old[0].to_csv_row().items() if c in PRE_SIZE_COLUMNS}
+    assert AcceptanceRow.from_csv_row(old_cells) == old[0]  # a shared row of before, too
+    table = AcceptanceTable(path, "abc", "builtin")
+    assert table.load() == {r.spec: r for r in old}  # still valid: not scored again
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames == list(ACCEPTANCE_COLUMNS)  # migrated once
+        assert [(r["depth"], r["mlp"]) for r in reader] == [("", ""), ("", "")]
+    new = _size_row(SubnetSpec(1, 1.0, 1, 1, depth=2), 1.7)
+    table.append([new])
+    assert table.load() == {**{r.spec: r for r in old}, new.spec: new}

@@ -79,6 +79,45 @@ def test_tree_greedy_output_is_the_targets_token_for_token(trained, tree):
     assert sum(tree_taus) > sum(chain_taus)  # the tree's extra children are accepted too
 
 
+@pytest.fixture(scope="module")
+def trained_elastic(trained):
+    """A supernet of elastic depth (1-2 layers a side) and MLP width (half, whole)."""
+    adapter, _, prompts = trained
+    answers = regenerate_answers(adapter.model, prompts, max_new_tokens=12, show_progress=False)
+    samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
+    shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
+    cfg = DraftConfig.for_target(adapter.text_config, LAYERS, num_layers=2, mlp_shares=(0.5, 1))
+    draft = DreamDraft.initialised(cfg, shared, 0)
+    config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3, unroll=2,
+                         lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
+    train_supernet(draft, samples, (2,), config, show_progress=False)
+    return adapter, draft, prompts
+
+
+ELASTIC = [SubnetSpec(4, 1.0, 2, 4, depth=2), SubnetSpec(1, 0.25, 1, 3, mlp=0.5),
+           SubnetSpec(2, 0.5, 4, 2, depth=2, mlp=0.5)]
+
+
+@pytest.mark.parametrize("spec", ELASTIC, ids=lambda s: s.id)
+def test_an_extracted_subnet_of_any_depth_and_width_is_lossless(trained_elastic, spec):
+    adapter, draft, prompts = trained_elastic
+    compact = extract(draft, spec)
+    assert compact.config.num_layers == spec.depth
+    taus = []
+    for prompt in prompts[:6]:
+        ref = plain_generate(adapter, prompt, max_new_tokens=12)
+        supernet = generate(adapter, prompt, DreamDrafter(draft, spec), gamma=spec.draft_len,
+                            max_new_tokens=12)
+        out = generate(adapter, prompt, DreamDrafter(compact, spec), gamma=spec.draft_len,
+                       max_new_tokens=12)
+        tree = generate(adapter, prompt, DreamDrafter(compact, spec), tree=TokenTree((2, 2)),
+                        max_new_tokens=12)
+        assert out.tokens.tolist() == ref.tokens.tolist() == tree.tokens.tolist()
+        assert out.stats.cycle_lengths == supernet.stats.cycle_lengths
+        taus.append(out.stats.tau)
+    assert sum(taus) / len(taus) > 1.03  # some drafts accepted, not merely harmless
+
+
 def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):
     adapter, draft, prompts = trained
     spec = SPECS[0]

@@ -153,7 +153,7 @@ def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
     spec = SubnetSpec(4, 1.0, 2, 1)
     before = evaluate_losses(draft, batches, spec, aifd.chosen)
     seen: set[torch.dtype | None] = set()  # the autocast dtype each forward of the draft ran in
-    hook = draft.layer_in.register_forward_pre_hook(lambda module, args: seen.add(
+    hook = draft.layers_in[0].register_forward_pre_hook(lambda module, args: seen.add(
         torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
     out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False,
                          compute_dtype=dtype)
@@ -252,3 +252,34 @@ def test_in_place_distillation_mixes_the_largest_subnets_distribution(target_dat
         assert float(taught["kl"]) > 0
     with pytest.raises(InputError, match="inplace_distill"):
         TrainConfig(inplace_distill=1.5)
+
+
+def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(target_data):
+    from dreams_nas.supernet.training.batching import LossWeights, loss_terms
+    from dreams_nas.supernet.training.tppt import sort_heads, training_space
+
+    target, samples, aifd = target_data
+    shared = SharedTargetModules(target.get_input_embeddings(), target.lm_head)
+    cfg = DraftConfig.for_target(target.config.text_config, LAYERS, num_layers=2,
+                                 mlp_shares=(0.5, 1.0))
+    draft = DreamDraft.initialised(cfg, shared, 0)
+    space = training_space(draft)
+    assert (space.depth, space.mlp) == ((1, 2), (0.5, 1.0))
+    config = TrainConfig(warmup_steps=1, multires_steps=2, random_subnets=6)
+    multi = step_specs(draft, space, 1, config)
+    assert (multi[0].depth, multi[0].mlp) == (2, 1.0)
+    assert (multi[1].depth, multi[1].mlp) == (1, 0.5)
+    seen = {(s.depth, s.mlp) for step in range(1, 30) for s in step_specs(draft, space, step,
+                                                                            config)}
+    assert seen == {(1, 0.5), (1, 1.0), (2, 0.5), (2, 1.0)}
+    batch = collate(samples[:4], cfg.visual_in_self)
+    full, half = draft.config.largest(), SubnetSpec(4, 1.0, 4, 1, depth=2, mlp=0.5)
+    with torch.no_grad():
+        before = loss_terms(draft, batch, full, aifd.chosen, LossWeights())["loss"]
+        half_before = loss_terms(draft, batch, half, aifd.chosen, LossWeights())["loss"]
+    sort_heads(draft, [batch], aifd.chosen, config)
+    with torch.no_grad():
+        after = loss_terms(draft, batch, full, aifd.chosen, LossWeights())["loss"]
+        half_after = loss_terms(draft, batch, half, aifd.chosen, LossWeights())["loss"]
+    torch.testing.assert_close(after, before)  # the full subnet's function is unchanged
+    assert not torch.allclose(half_after, half_before)  # the half MLP now keeps other channels
