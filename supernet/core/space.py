@@ -309,11 +309,6 @@ class SearchSpace:
                 + tuple((len(t), t) for t in self.trees))
 
     @property
-    def triples(self) -> Iterator[tuple[int, float, int]]:
-        """Every (heads, visual_keep, inject_layer), in enumeration order."""
-        return itertools.product(self.heads, self.visual_keep, self.inject_layer)
-
-    @property
     def architectures(self) -> Iterator[SubnetSpec]:
         """Every architecture (`SubnetSpec.arch`: all fields but the draft shape), in
         enumeration order."""
@@ -363,11 +358,6 @@ class SearchSpace:
     def max_depth(self) -> int:
         """The deepest chain or tree: how many draft steps a cycle may take."""
         return max([*self.draft_len, *(len(t) for t in self.trees)])
-
-    @property
-    def is_elastic_size(self) -> bool:
-        """Whether the space searches depth or MLP width (more than the paper's one size)."""
-        return any(tuple(getattr(self, n)) != (d,) for n, d in SIZE_DEFAULTS.items())
 
     def __contains__(self, spec: object) -> bool:
         if not isinstance(spec, SubnetSpec):

@@ -18,7 +18,7 @@ import torch
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import DEFAULT_DEPTHS, DEFAULT_MLP, SearchSpace
+from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
@@ -42,13 +42,11 @@ CURVE_COLUMNS = ("step", "phase", "loss", "kl", "distill", "feat", "tau_full", "
 DistillMode = Literal["aifd", "middle", "last", "none"]
 # The supernet `dreams-nas train` trains by default: the paper's single-size draft (one decoder
 # layer a side, the whole MLP). Elastic depth and width (`--depth 3 --mlp 0.25,0.5,1`, the
-# values of ELASTIC_DEPTH and ELASTIC_MLP) widen the search's cost range past 3x, but on the demo
+# space's DEFAULT_DEPTHS and DEFAULT_MLP) widen the search's cost range past 3x, but on the demo
 # target the weight sharing costs every subnet more acceptance than the search wins back
 # (BENCHMARKS.md, 'Elastic depth and MLP width'), so it is a choice, not the default.
 DEFAULT_DEPTH = 1
 DEFAULT_MLP_SHARES: tuple[float, ...] = (1.0,)
-ELASTIC_DEPTH = max(DEFAULT_DEPTHS)
-ELASTIC_MLP: tuple[float, ...] = DEFAULT_MLP
 
 
 @dataclass(frozen=True)
