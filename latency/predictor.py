@@ -2,14 +2,16 @@
 
 Saved next to the profile, in ``latency/<hardware-id>/``:
 
-* ``predictor.skops``      the fitted pipeline, saved with skops (fast to load, no pickle);
+* ``predictor.skops``      the fitted model (`step_model.StepLatencyModel`), saved with skops
+                           (fast to load, no pickle);
 * ``predictor_train.csv``  the rows it was fitted on (what makes it reproducible);
-* ``predictor.json``       regressor, CV scores, held-out metrics and rows, library versions.
+* ``predictor.json``       the regressor of each kind, CV scores, held-out metrics (pooled and
+                           per kind) and rows, the profiled context range, library versions.
 
 Nothing in a run folder is unpickled: a run folder someone sends you could carry a pickle that
 runs their code when loaded, and a hash beside it proves nothing (they can write that too).
 `LatencyPredictor.load` reads predictor.skops with skops, trusting only scikit-learn's and
-numpy's types and ours (`estimators.SKOPS_TRUSTED_TYPES`); a file naming any other type is
+numpy's types and ours (`step_model.SKOPS_TRUSTED_TYPES`); a file naming any other type is
 refused before anything in it is built. A folder saved before (``predictor.joblib``) is
 never read: the predictor is refitted from its saved rows. So is one whose recorded
 scikit-learn or schema version differs from this one, or whose skops file is missing, damaged,
@@ -20,7 +22,9 @@ A metric that is undefined (Kendall's tau of a single held-out row) is NaN in me
 predictor.json, which is strict JSON (`supernet.core.io.atomic_write_json`).
 
 `predict_ms(kind, spec, context_len, k)` is what the search asks of it (the `LatencyModel`
-protocol of `dreams_nas.nas.search.candidate`).
+protocol of `dreams_nas.nas.search.candidate`). The model is linear in the context beyond the
+profiled contexts, yet a search is refused at a context outside them (`check_context`), up to
+`CONTEXT_MARGIN` of their span.
 """
 
 from __future__ import annotations
@@ -35,13 +39,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from dreams_nas.latency.estimators import (
-    SKOPS_TRUSTED_TYPES,
-    chosen_regressor,
-    latency_metrics,
-    make_latency_model,
-)
+from dreams_nas.latency.estimators import latency_metrics
 from dreams_nas.latency.plan import DRAFT_KINDS
+from dreams_nas.latency.step_model import SKOPS_TRUSTED_TYPES, make_latency_model
+from dreams_nas.latency.validation import holdout_split, metrics_by_kind
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import (
     atomic_write_bytes,
@@ -59,24 +60,20 @@ TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "dra
 # 4: token trees: draft steps over a tree level (draft_width) and tree verifies (is_tree)
 # 5: elastic depth and MLP width: rows carry depth and mlp, features blocks = 2 * depth + 1 and
 #    its products (a schema-4 folder is refitted from its rows, their draft rows at depth 1)
-PREDICTOR_SCHEMA_VERSION = 5
+# 6: one model per kind: draft kinds linear in the context, target steps interpolated from their
+#    own measurements; grouped validation, metrics per kind, the profiled context range
+PREDICTOR_SCHEMA_VERSION = 6
 MODEL_FILE = "predictor.skops"
 LEGACY_PICKLE = "predictor.joblib"  # saved before schema 3; never unpickled, removed on save
 
 
-def holdout_split(frame: pd.DataFrame, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean masks (train, holdout): `fraction` of each kind's rows held out at random."""
-    if not 0.0 <= fraction < 1.0:
-        raise InputError(f"holdout fraction {fraction} must be in [0, 1)")
-    rng = np.random.default_rng(seed)
-    hold = np.zeros(len(frame), dtype=bool)
-    for kind in sorted(set(frame["kind"])):
-        idx = np.flatnonzero((frame["kind"] == kind).to_numpy())
-        n = int(round(fraction * len(idx)))
-        if len(idx) - n < 2:
-            n = max(0, len(idx) - 2)
-        hold[rng.choice(idx, size=n, replace=False)] = True
-    return ~hold, hold
+# A search may run at most this share of the profiled contexts' span outside them. The context it
+# runs at is itself an estimate (the eval prompts' median length plus half the answer), and a
+# least-squares line's standard error a tenth of the span beyond its data is only ~15 % above
+# its error at the data's edge (variance ~ 1 + 12 (x - mean)^2 / span^2: 4 at the edge, 5.3
+# there); farther out, the error grows with the distance and is not worth trusting. A profile
+# at one context has no span: any other context is refused.
+CONTEXT_MARGIN = 0.1
 
 
 @dataclass
@@ -84,12 +81,15 @@ class LatencyPredictor:
     """A fitted predictor of one hardware id, with how well it predicted unseen rows."""
 
     hardware_id: str
-    model: Any  # the fitted sklearn Pipeline
+    model: Any  # the fitted `StepLatencyModel`
     train_rows: pd.DataFrame
     visual_tokens: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # pooled over the held-out rows
+    # {metric kind: metrics of its held-out rows + n} (`validation.metrics_by_kind`)
+    metrics_by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
     holdout: list[dict[str, Any]] = field(default_factory=list)
     n_holdout: int = 0
+    holdout_fraction: float = 0.0  # the share of grid points asked to be held out
     seed: int = 0
     stat: str = "median_ms"  # the per-row statistic the model was fitted on
     # what the timed rows depend on besides the hardware id (dtype, software stack, the
@@ -141,6 +141,43 @@ class LatencyPredictor:
                     f"the latency predictor of {self.hardware_id} was profiled at {name} {span}, "
                     f"not at {name} {', '.join(f'{v:g}' for v in outside)}; rerun "
                     "`dreams-nas profile` with the run's search space to time them")
+
+    # --- the profiled contexts -------------------------------------------------------------
+    def contexts(self) -> list[int]:
+        """The context lengths the rows were timed at, ascending."""
+        return sorted({int(c) for c in self.train_rows["context_len"]})
+
+    def context_range(self) -> tuple[int, int]:
+        """(shortest, longest) context length profiled."""
+        contexts = self.contexts()
+        return contexts[0], contexts[-1]
+
+    def allowed_contexts(self) -> tuple[float, float]:
+        """The contexts a search may run at: the profiled range widened by `CONTEXT_MARGIN` of
+        its span on each side (none for a profile at one context)."""
+        low, high = self.context_range()
+        margin = CONTEXT_MARGIN * (high - low)
+        return low - margin, high + margin
+
+    def check_context(self, context_len: int, source: str = "") -> None:
+        """Refuse a context outside `allowed_contexts`: one line naming the context (and
+        `source`, where it comes from), the profiled range and the `dreams-nas profile
+        --context-lengths` that spans it."""
+        low, high = self.allowed_contexts()
+        if low - 1e-9 <= context_len <= high + 1e-9:
+            return
+        first, last = self.context_range()
+        span = f"{first}" if first == last else f"{first}..{last}"
+        slack = ("" if first == last else
+                 f" (a search may lie up to {CONTEXT_MARGIN:.0%} of that span outside it: "
+                 f"{low:g}..{high:g})")
+        grid = " ".join(str(c) for c in sorted({*self.contexts(), int(context_len)}))
+        raise InputError(
+            f"the search runs at context length {int(context_len)}"
+            f"{f' ({source})' if source else ''}, outside the contexts the latency "
+            f"profile of {self.hardware_id} was timed at: {span}{slack}; its predictions are "
+            "not trusted that far from its measurements: re-profile with a context grid "
+            f"spanning it, e.g. `dreams-nas profile --context-lengths {grid}`")
 
     def tree_verify_ms(self, k: Sequence[int], context_len: int) -> np.ndarray:
         """The target's verify of a token tree over k positions (its nodes and the root)."""
@@ -200,16 +237,26 @@ class LatencyPredictor:
         rows = pd.DataFrame(rows)
         if stat != "median_ms":
             rows = rows.assign(median_ms=rows[stat])
-        rows = _training_frame(rows)
+        return cls._fitted(_training_frame(rows), hardware_id, visual_tokens=visual_tokens,
+                           holdout=holdout, seed=seed, candidates=candidates, stat=stat,
+                           fingerprint=fingerprint)
+
+    @classmethod
+    def _fitted(cls, rows: pd.DataFrame, hardware_id: str, *, visual_tokens: int,
+                holdout: float, seed: int, candidates: Any = None, stat: str = "median_ms",
+                fingerprint: Mapping[str, Any] | None = None) -> LatencyPredictor:
+        """`fit` on a training frame (`_training_frame`: `median_ms` holds the statistic)."""
         if len(rows) < 4:
             raise InputError(
                 f"only {len(rows)} successful measurements to fit a latency predictor on; "
                 "profile more (a larger --budget or more --context-lengths)"
             )
         metrics: dict[str, float] = {}
+        by_kind: dict[str, dict[str, float]] = {}
         held: list[dict[str, Any]] = []
         n_holdout = 0
         if holdout > 0:
+            # whole grid points: a point's draft and draft_first rows on one side (`validation`)
             train, hold = holdout_split(rows, holdout, seed)
             if hold.any():
                 probe = make_latency_model(visual_tokens, candidates, random_state=seed)
@@ -217,6 +264,7 @@ class LatencyPredictor:
                 measured = rows.loc[hold, "median_ms"].to_numpy()
                 predicted = probe.predict(rows[hold])
                 metrics = latency_metrics(measured, predicted)
+                by_kind = metrics_by_kind(rows[hold], measured, predicted)
                 n_holdout = int(hold.sum())
                 held = [
                     {"kind": r.kind, "spec_id": r.spec_id or None,
@@ -228,9 +276,9 @@ class LatencyPredictor:
         model = make_latency_model(visual_tokens, candidates, random_state=seed)
         model.fit(rows, rows["median_ms"].to_numpy())
         return cls(hardware_id=hardware_id, model=model, train_rows=rows,
-                   visual_tokens=visual_tokens, metrics=metrics, holdout=held,
-                   n_holdout=n_holdout, seed=seed, stat=stat,
-                   fingerprint=dict(fingerprint or {}))
+                   visual_tokens=visual_tokens, metrics=metrics, metrics_by_kind=by_kind,
+                   holdout=held, n_holdout=n_holdout, holdout_fraction=float(holdout),
+                   seed=seed, stat=stat, fingerprint=dict(fingerprint or {}))
 
     def check_fingerprint(self, expected: Mapping[str, Any], where: str | Path = "") -> None:
         """Refuse to predict for another program (`check_fingerprint`)."""
@@ -239,12 +287,17 @@ class LatencyPredictor:
     # --- persistence --------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """The predictor.json document."""
-        name, scores = chosen_regressor(self.model)
+        regressors = self.model.regressors()
+        low, high = self.context_range()
         return {
             "schema_version": PREDICTOR_SCHEMA_VERSION,
-            "hardware_id": self.hardware_id, "regressor": name, "cv_scores": scores,
-            "cv_metric": "rmse of log(ms), lower is better",
-            "metrics": self.metrics, "holdout": self.holdout,
+            "hardware_id": self.hardware_id, "regressor": regressor_summary(regressors),
+            "regressors": regressors, "cv_scores": self.model.cv_scores(),
+            "cv_metric": ("root mean squared relative error of ms, grouped K-fold over grid "
+                          "points, per draft kind; lower is better"),
+            "metrics": self.metrics, "metrics_by_kind": self.metrics_by_kind,
+            "context_range": [low, high], "context_margin": CONTEXT_MARGIN,
+            "holdout": self.holdout, "holdout_fraction": self.holdout_fraction,
             "n_train": len(self.train_rows) - self.n_holdout, "n_holdout": self.n_holdout,
             "n_fit": len(self.train_rows), "visual_tokens": self.visual_tokens, "seed": self.seed,
             "stat": self.stat, "fingerprint": self.fingerprint,
@@ -293,18 +346,23 @@ class LatencyPredictor:
             raise InputError(f"{meta_path} holds a non-integer seed, visual_tokens or n_holdout "
                              f"({exc}); rerun `dreams-nas profile --fit-only` to write it "
                              "again") from None
+        stat = str(meta.get("stat", "median_ms"))
         model = _saved_model(directory, meta, len(rows))
-        refit = model is None
-        if refit:
-            model = make_latency_model(visual_tokens, random_state=seed)
-            model.fit(rows, rows["median_ms"].to_numpy())
-        out = cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
-                  visual_tokens=visual_tokens, metrics=_metrics_of(meta.get("metrics")),
-                  holdout=list(meta.get("holdout") or []), n_holdout=n_holdout,
-                  seed=seed, stat=str(meta.get("stat", "median_ms")), fingerprint=fingerprint)
-        if refit:
+        if model is None:  # refitted, and evaluated again: the metrics are the new model's
+            out = cls._fitted(rows, meta["hardware_id"], visual_tokens=visual_tokens,
+                              holdout=_holdout_share(meta, n_holdout, len(rows)), seed=seed,
+                              stat=stat, fingerprint=fingerprint)
             out._resave(directory)
-        return out
+            return out
+        by_kind = meta.get("metrics_by_kind")
+        return cls(hardware_id=meta["hardware_id"], model=model, train_rows=rows,
+                   visual_tokens=visual_tokens, metrics=_metrics_of(meta.get("metrics")),
+                   metrics_by_kind={str(k): _metrics_of(v, counts=("n",))
+                                    for k, v in by_kind.items()}
+                   if isinstance(by_kind, Mapping) else {},
+                   holdout=list(meta.get("holdout") or []), n_holdout=n_holdout,
+                   holdout_fraction=_holdout_share(meta, n_holdout, len(rows)),
+                   seed=seed, stat=stat, fingerprint=fingerprint)
 
     def _resave(self, directory: Path) -> None:
         """Rewrite a refitted predictor so the next run loads it instead of refitting again; a
@@ -316,12 +374,41 @@ class LatencyPredictor:
                         "again next time", directory, exc)
 
 
-def _metrics_of(raw: Any) -> dict[str, float]:
+def _holdout_share(meta: Mapping[str, Any], n_holdout: int, n_rows: int) -> float:
+    """The hold-out share predictor.json asked for (`holdout_fraction`); for a file written
+    before it recorded one, the share it held out (n_holdout of the rows)."""
+    share = meta.get("holdout_fraction")
+    if isinstance(share, int | float) and not isinstance(share, bool) and 0 <= share < 1:
+        return float(share)
+    return min(0.9, max(0.0, n_holdout / n_rows)) if n_rows else 0.0
+
+
+def regressor_summary(regressors: Mapping[str, str]) -> str:
+    """predictor.json's `regressor`, one line: ``draft linear, draft_first linear; target steps
+    interpolated`` (every draft kind's choice, then the target kinds')."""
+    drafts = [f"{kind} {name}" for kind, name in regressors.items() if kind in DRAFT_KINDS]
+    target = sorted({name for kind, name in regressors.items() if kind not in DRAFT_KINDS})
+    parts = [", ".join(drafts)] if drafts else []
+    if target:
+        parts.append(f"target steps {'/'.join(target)}")
+    return "; ".join(parts) or "none"
+
+
+def _metrics_of(raw: Any, counts: Sequence[str] = ()) -> dict[str, float]:
     """predictor.json's `metrics` as floats: null (an undefined metric, e.g. Kendall's tau of one
-    held-out row, written as null by the strict JSON writer) is NaN again, as `fit` made it."""
+    held-out row, written as null by the strict JSON writer) is NaN again, as `fit` made it;
+    the keys in `counts` (``n``) stay whole numbers."""
     if not isinstance(raw, Mapping):
         return {}
-    return {str(k): float("nan") if v is None else float(v) for k, v in raw.items()}
+    out: dict[str, float] = {}
+    for key, value in raw.items():
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if key in counts:
+            if number is not None and np.isfinite(number):
+                out[str(key)] = int(number)
+        else:  # null, or what no writer writes (an edited file): undefined
+            out[str(key)] = float("nan") if number is None else float(number)
+    return out
 
 
 def _dump_model(model: Any) -> bytes:
@@ -385,11 +472,14 @@ def _read_train_rows(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_csv(path, dtype={"spec_id": str}, keep_default_na=False,
                             na_values={n: [""] for n in ("heads", "visual_keep", *SIZE_DEFAULTS)})
-        return _training_frame(frame)
+        frame = _training_frame(frame)
     except (OSError, ValueError, pd.errors.ParserError) as exc:
         why = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(f"{path} cannot be read as predictor training rows ({why}); {fix}"
                          ) from None
+    if frame.empty:  # they say what was profiled (sizes, contexts): none is nothing to predict
+        raise InputError(f"{path} holds no predictor training rows; {fix}")
+    return frame
 
 
 def check_fingerprint(fingerprint: Mapping[str, Any], expected: Mapping[str, Any],

@@ -17,6 +17,7 @@ from dreams_nas.reports.values import (
     AcceptanceCurve,
     AifdInfo,
     HoldoutPoint,
+    KindAccuracy,
     PredictorInfo,
     TrainingCurve,
 )
@@ -72,13 +73,18 @@ def load_predictor(run_dir: Path, hardware_id: str) -> PredictorInfo | None:
         m, p = num(item.get("measured_ms")), num(item.get("predicted_ms"))
         if m is not None and p is not None:
             points.append(HoldoutPoint(str(item.get("kind") or "?"), item.get("spec_id"), m, p))
+    by_kind = raw.get("metrics_by_kind")
+    kinds = [KindAccuracy(str(kind), integer(m.get("n")), num(m.get("mape")),
+                          num(m.get("within_10pct")), num(m.get("kendall_tau")))
+             for kind, m in (by_kind.items() if isinstance(by_kind, Mapping) else ())
+             if isinstance(m, Mapping)]
     return PredictorInfo(
         regressor=str(raw.get("regressor") or "?"),
         mape=num(metrics.get("mape")), rmse=num(metrics.get("rmse")),
         within_10pct=num(metrics.get("within_10pct")),
         kendall_tau=num(metrics.get("kendall_tau")),
         n_train=integer(raw.get("n_train")), n_holdout=integer(raw.get("n_holdout")),
-        holdout=tuple(points),
+        holdout=tuple(points), by_kind=tuple(kinds),
     )
 
 

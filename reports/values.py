@@ -272,6 +272,17 @@ class HoldoutPoint:
 
 
 @dataclass(frozen=True)
+class KindAccuracy:
+    """predictor.json's `metrics_by_kind` entry: held-out quality on one kind of step."""
+
+    kind: str
+    n: int | None
+    mape: float | None
+    within_10pct: float | None
+    kendall_tau: float | None
+
+
+@dataclass(frozen=True)
 class PredictorInfo:
     """latency/<hardware-id>/predictor.json: the latency predictor's held-out quality."""
 
@@ -283,6 +294,9 @@ class PredictorInfo:
     n_train: int | None
     n_holdout: int | None
     holdout: tuple[HoldoutPoint, ...]
+    # per kind of step (draft, draft_tree, draft_first, decode, verify, verify_tree); empty for
+    # a predictor.json written before it recorded them
+    by_kind: tuple[KindAccuracy, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ SCHEMAS = Schemas.read(ROOT / "SCHEMAS.md")
 # writes beside them): each must have its own section.
 ARTEFACTS = (
     "run.json", "supernet/config.json", "supernet/model.safetensors", "supernet/selfdistill.json",
-    "supernet/curve.csv",
+    "supernet/curve.csv", "supernet/features/index.json",
+    "supernet/features/shard-<n>.safetensors",
     "supernet/checkpoint/state.json", "latency/<hardware-id>/hardware.json",
     "latency/<hardware-id>/plan.json", "latency/<hardware-id>/profile.csv",
     "latency/<hardware-id>/predictor.skops", "latency/<hardware-id>/predictor_train.csv",
@@ -75,6 +76,11 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
         "regressor", "metrics", "metrics.mape", "metrics.rmse", "metrics.within_10pct",
         "metrics.kendall_tau", "holdout", "holdout[].kind", "holdout[].spec_id",
         "holdout[].measured_ms", "holdout[].predicted_ms", "n_train", "n_holdout",
+        # every kind's entry alike (the report reads whichever are there)
+        "metrics_by_kind", *(f"metrics_by_kind.{kind}.{key}"
+                             for kind in ("draft", "draft_tree", "draft_first", "decode",
+                                          "verify", "verify_tree")
+                             for key in ("n", "mape", "within_10pct", "kendall_tau")),
     ),
     "acceptance/<dataset-id>.csv": (
         "spec_id", "supernet_hash", "draft_len", "tau", *(f"accept_rate_{i}" for i in range(1, 8)),
@@ -156,6 +162,7 @@ def _constant(owner: type, name: str) -> Any:
 def test_schema_versions_are_the_codes() -> None:
     from dreams_nas.latency import LatencyPredictor
     from dreams_nas.supernet import DraftConfig, RunFolder, SearchSpace, SubnetSpec
+    from dreams_nas.supernet.training.store import FeatureStore
 
     config = _constant(DraftConfig, "CONFIG_SCHEMA_VERSION")
     spec = _constant(SubnetSpec, "SPEC_SCHEMA_VERSION")
@@ -166,6 +173,7 @@ def test_schema_versions_are_the_codes() -> None:
         "specs/<spec-id>/spec.json": spec, "specs/<spec-id>/config.json": config,
         "{SearchSpace}": _constant(SearchSpace, "SPACE_SCHEMA_VERSION"), "{SubnetSpec}": spec,
         "{DraftConfig}": config,
+        "supernet/features/index.json": _constant(FeatureStore, "STORE_SCHEMA_VERSION"),
     }
     versioned = {h for h, s in SCHEMAS.sections.items() if s.schema_version is not None}
     assert versioned == set(expected)

@@ -7,12 +7,18 @@ from typing import Any
 
 from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, whole
 from dreams_nas.nas.commands.train import shares
+from dreams_nas.supernet.core.targets import BUILTIN, NAMED_TARGETS
 
 HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
         "search, verify, report (a rerun reuses every artefact)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", choices=NAMED_TARGETS, default=BUILTIN,
+                        help="builtin: the trained demo target (default); proxy-llava: the "
+                             "real-shaped random-weight proxy (576 visual tokens, a 32k "
+                             "vocabulary, a 0.3B LM: real costs, meaningless tau; give small "
+                             "stage options)")
     add_device(parser, "to train, profile, score and verify on")
     add_dtype(parser)
     add_threads(parser, "while profiling", default="physical cores")
@@ -53,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens,
                          depth=args.depth, mlp=args.mlp)
     options = DemoOptions(
-        device=args.device, dtype=args.dtype, seed=args.seed, train=train,
+        device=args.device, dtype=args.dtype, seed=args.seed, target=args.target, train=train,
         profile_budget=args.profile_budget,
         profile_repeats=args.repeats,
         context_lengths=tuple(args.context_lengths) if args.context_lengths else None,

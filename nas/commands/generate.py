@@ -18,7 +18,9 @@ _NAMED_DRAFTERS = ("lookup", "oracle", "none")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="ID|PATH",
-                        help="hub id, checkpoint folder, or builtin (default: builtin)")
+                        help="hub id, checkpoint folder, builtin (the demo target) or "
+                             "proxy-llava (the real-shaped random-weight proxy) "
+                             "(default: builtin)")
     parser.add_argument("--image", required=True, metavar="FILE", help="PNG/JPEG image")
     parser.add_argument("--prompt", required=True, metavar="TEXT",
                         help="the question about the image")

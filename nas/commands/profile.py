@@ -12,9 +12,10 @@ HELP = ("time draft subnets and the target's decode/verify steps on this device;
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, metavar="builtin|PATH",
-                        help="target VLM checkpoint folder (default: the run's target, "
-                             "else builtin)")
+    parser.add_argument("--target", default=None, metavar="builtin|proxy-llava|PATH",
+                        help="target VLM checkpoint folder, builtin (the demo target) or "
+                             "proxy-llava (the real-shaped random-weight proxy) (default: the "
+                             "run's target, else builtin)")
     add_device(parser, "to time on")
     add_dtype(parser)
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
@@ -22,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "space-filling (default: the whole grid)")
     parser.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
                         help="prompt lengths in tokens, image included "
-                             "(default: image + 16..256 text)")
+                             "(default: image + 16..256 text); span the contexts you will "
+                             "search at: `search` refuses one outside them by more than a "
+                             "tenth of their span")
     parser.add_argument("--repeats", type=whole(1), default=100,
                         help="timed repeats per step, at most (default: 100; fewer past 2 s)")
     add_threads(parser, "fixed while timing", default="physical cores")
@@ -42,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the statistic of each step's samples the predictor fits: p10 (the "
                              "fastest tenth, least touched by other load; default) or median")
     parser.add_argument("--holdout", type=real(0.0, 1.0, high_open=True), default=0.2,
-                        help="share of the rows held out to measure the predictor (default: 0.2)")
+                        help="share of the grid points held out to measure the predictor, "
+                             "each point's rows together (default: 0.2)")
     parser.add_argument("--fit-only", action="store_true",
                         help="refit the predictor on the existing profile without timing anything")
 

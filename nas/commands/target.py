@@ -1,4 +1,4 @@
-"""`dreams-nas target build-demo`: build (once) and cache the built-in demo target."""
+"""`dreams-nas target build-demo|build-proxy`: build (once) and cache a built-in target."""
 
 from __future__ import annotations
 
@@ -6,15 +6,21 @@ import argparse
 from typing import Any
 
 from dreams_nas.nas.commands.options import add_threads
+from dreams_nas.supernet.core.targets import PROXY_TARGETS
 
-HELP = "the built-in demo target: `target build-demo` trains it once and caches it"
+HELP = ("the built-in targets: `target build-demo` trains the demo target once and caches it; "
+        "`target build-proxy` builds a real-shaped random-weight proxy (seconds)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("build-demo",),
+    parser.add_argument("action", choices=("build-demo", "build-proxy"),
                         help="build-demo: train the built-in demo target (a small LLaVA on the "
                              "synthetic tasks) into $DREAMS_NAS_CACHE (default "
-                             "~/.cache/dreams-nas) once; later calls return the cached one at once")
+                             "~/.cache/dreams-nas) once; later calls return the cached one at "
+                             "once. build-proxy: build the proxy named by --proxy the same way")
+    parser.add_argument("--proxy", choices=PROXY_TARGETS, default=PROXY_TARGETS[0],
+                        help="build-proxy: which proxy (default: proxy-llava; "
+                             "proxy-llava-tiny is its test-size twin)")
     parser.add_argument("--variant", choices=("default", "assistant", "tiny"), default="default",
                        help="`tiny` is the seconds-long test-size build; `assistant` the 2-layer "
                             "same-family model the peer benchmark gives HF assisted generation "
@@ -32,6 +38,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads {args.threads} must be at least 1")
+    if args.action == "build-proxy":
+        return _build_proxy(args)
     folder, metrics, cached = ensure_demo_target_with_metrics(
         args.cache_dir, variant=args.variant, seed=args.seed, progress=not args.quiet,
         threads=args.threads, rebuild=args.rebuild)
@@ -42,3 +50,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary = {key: metrics.get(key) for key in keys}
     summary.update(folder=str(folder), cached=cached)
     return summary
+
+
+def _build_proxy(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.supernet.demo.cache import ensure_proxy_target
+
+    folder, metrics, cached = ensure_proxy_target(args.proxy, args.cache_dir, seed=args.seed,
+                                                  rebuild=args.rebuild)
+    keys = ("name", "version", "num_params", "num_params_text", "num_params_lm_head",
+            "visual_tokens", "vocab_size", "num_layers", "hidden_size", "dtype", "build_s")
+    return {**{key: metrics.get(key) for key in keys}, "folder": str(folder), "cached": cached}

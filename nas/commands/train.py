@@ -23,8 +23,9 @@ HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="builtin|ID|PATH",
-                        help="the target VLM: builtin (the demo target), a hub id or a "
-                             "checkpoint folder")
+                        help="the target VLM: builtin (the demo target), proxy-llava (the "
+                             "real-shaped random-weight proxy: 576 visual tokens, a 32k "
+                             "vocabulary, a 0.3B LM), a hub id or a checkpoint folder")
     add_data(parser, "training prompts")
     parser.add_argument("--n-train", type=whole(1), default=None, metavar="N",
                         help="use the first N prompts (builtin: how many to synthesise; "

@@ -1,4 +1,5 @@
-"""`dreams-nas demo` as one library call: the whole pipeline on the built-in demo target.
+"""`dreams-nas demo` as one library call: the whole pipeline on a built-in target (the demo
+target, or a real-shaped proxy with `--target proxy-llava`).
 
 target -> train -> profile -> score -> search (+ end-to-end verification) -> report, each stage
 the same library call as its own command. Every stage first looks for its finished artefact in
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dreams_nas.nas.stages.train import TrainOptions
+from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.runfolder import RunFolder
 
 log = logging.getLogger("dreams_nas")
@@ -31,6 +33,7 @@ class DemoOptions:
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     seed: int = 0
+    target: str = "builtin"  # builtin (the demo target) or a proxy name (proxy-llava)
     train: TrainOptions = field(default_factory=TrainOptions)
     profile_budget: float | int | str | None = None  # None: the whole grid
     # the demo's profile: 40 timed repeats per step in 4 interleaved passes (`dreams-nas
@@ -86,24 +89,26 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
     from dreams_nas.latency.plan import parse_budget
     from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import resolve_device
-    from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
-    from dreams_nas.supernet.demo.variants import builtin_variant
+    from dreams_nas.supernet.core.targets import BUILTIN, PROXY_TARGETS
 
     started = time.perf_counter()
     run = check_run_folder(RunFolder(run_dir))
     parse_budget(options.profile_budget, PROFILE_BUDGET)  # before the slow stages
+    if options.target != BUILTIN and options.target not in PROXY_TARGETS:
+        raise InputError(f"demo --target {options.target!r} is not a built-in target; pass "
+                         f"one of {', '.join((BUILTIN, *PROXY_TARGETS))} (other targets: "
+                         "`dreams-nas train`, `profile`, `score` and `search` one by one)")
     device = resolve_device(options.device)
     # one dtype for every stage, resolved once (the run's when it has one)
     options = replace(options, dtype=run.dtype(options.dtype, device))
-    variant = builtin_variant()
+    variant = _variant(options.target)
     show = options.show_progress
     stages = _Stages(show)
     try:
         target: dict[str, Any] = {}
 
         def target_stage() -> tuple[dict[str, Any], bool]:
-            folder, metrics, cached = ensure_demo_target_with_metrics(
-                variant=variant, progress=show is not False)
+            folder, metrics, cached = _ensure_target(options.target, variant, show)
             target.update(folder=str(folder), exact_match=metrics.get("exact_match"))
             return {"folder": str(folder), "variant": variant,
                     "exact_match": metrics.get("exact_match")}, cached
@@ -121,12 +126,35 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
                     time.perf_counter() - started)
 
 
+def _variant(target: str) -> str:
+    """The demo target's variant for `builtin` (`DREAMS_NAS_DEMO_VARIANT`), else the proxy's
+    name."""
+    from dreams_nas.supernet.core.targets import BUILTIN
+    from dreams_nas.supernet.demo.variants import builtin_variant
+
+    return builtin_variant() if target == BUILTIN else target
+
+
+def _ensure_target(target: str, variant: str, show: bool | None
+                   ) -> tuple[Any, dict[str, Any], bool]:
+    """(folder, metrics, cached) of the built-in target the demo runs on."""
+    from dreams_nas.supernet.core.targets import BUILTIN
+    from dreams_nas.supernet.demo.cache import (
+        ensure_demo_target_with_metrics,
+        ensure_proxy_target,
+    )
+
+    if target == BUILTIN:
+        return ensure_demo_target_with_metrics(variant=variant, progress=show is not False)
+    return ensure_proxy_target(target)
+
+
 # --- the stages -------------------------------------------------------------------------------
 def _train(run: RunFolder, options: DemoOptions, device: str, target_folder: str
            ) -> tuple[dict[str, Any], bool]:
     from dreams_nas.nas.stages.train import ensure_supernet
 
-    train = replace(options.train, target="builtin", device=device, dtype=options.dtype,
+    train = replace(options.train, target=options.target, device=device, dtype=options.dtype,
                     seed=options.seed, show_progress=options.show_progress)
     return ensure_supernet(run, train, target_path=target_folder)
 
@@ -135,7 +163,8 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
     from dreams_nas.nas.stages.profile import ProfileOptions
 
     return ProfileOptions(
-        target="builtin", device=device, dtype=options.dtype, budget=options.profile_budget,
+        target=options.target, device=device, dtype=options.dtype,
+        budget=options.profile_budget,
         context_lengths=options.context_lengths, repeats=options.profile_repeats,
         passes=options.profile_passes,
         threads=options.threads, seed=options.seed, show_progress=options.show_progress,
@@ -257,8 +286,6 @@ def _report(run: RunFolder, hardware_id: str) -> tuple[dict[str, Any], bool]:
         return {"report": str(page)}, True
     written = write_run_report(run, hardware_id)
     if written is None:
-        from dreams_nas.supernet.core.errors import InputError
-
         raise InputError(f"report.html could not be written in {run.root}; see the warning "
                          "above and rerun `dreams-nas report`")
     return {"report": written}, False

@@ -215,17 +215,32 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     warn_partial_fit(store, len(fitted), folder / "plan.json")
     predictor.save(folder)
     report = predictor.report()
+    log_accuracy(predictor.metrics_by_kind)
     summary: dict[str, Any] = {
         "hardware_id": hw.hardware_id, "device": device, "dtype": hw.dtype,
         "profile": str(store.path), "rows": int(len(store.read())),
         "regressor": report["regressor"], "stat": options.stat,
         **{k: round(v, 4) for k, v in predictor.metrics.items()},
+        "by_kind": {kind: {k: v if k == "n" else round(v, 4) for k, v in m.items()}
+                    for kind, m in predictor.metrics_by_kind.items()},
+        "context_range": report["context_range"],
         "n_train": report["n_train"], "n_holdout": report["n_holdout"],
         "seconds": round(time.perf_counter() - started, 1),
     }
     if result is not None:
         summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
     return summary
+
+
+def log_accuracy(by_kind: dict[str, dict[str, float]]) -> None:
+    """One log line per kind of step: how well the predictor fitted without them predicted the
+    held-out rows (MAPE, share within +-10 %, Kendall's tau)."""
+    for kind, m in by_kind.items():
+        tau = m.get("kendall_tau", float("nan"))
+        log.info("predictor, held-out %s rows (%d): MAPE %.1f%%, within 10%% %.0f%%, "
+                 "Kendall tau %s", kind, int(m.get("n", 0)), 100 * m.get("mape", float("nan")),
+                 100 * m.get("within_10pct", float("nan")),
+                 "n/a" if tau != tau else f"{tau:.3f}")
 
 
 def warn_partial_fit(store: ProfileStore, fitted: int, plan_path: Path) -> str | None:

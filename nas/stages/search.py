@@ -171,6 +171,9 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         latency = load_latency(run, hardware_id, dtype)  # may refit: what follows reads it after
         inputs = search_inputs(run, options, hardware_id, dtype)  # the predictor it reads
         context_len = context_len_of(table, scorer)
+        # the step costs are predicted at this context: refused outside the profiled contexts
+        # (up to a tenth of their span), before anything is scored or searched
+        latency.check_context(context_len, "the eval prompts' median length plus half the answer")
         key = study_key(run, options, hardware_id=hardware_id, data_id=data_id, digest=digest,
                         dtype=dtype, context_len=context_len, temperature=table.temperature)
         study_name = options.study_name or study_name_for(options, hardware_id, data_id,

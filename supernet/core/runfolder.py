@@ -3,7 +3,8 @@
 ```
 dreams-run/
   run.json                       target, space, supernet (training settings, loss), aifd, versions
-  supernet/                      config.json + model.safetensors (+ selfdistill.json, checkpoint/)
+  supernet/                      config.json + model.safetensors (+ selfdistill.json, curve.csv,
+                                 checkpoint/, features/: the target's training features)
   latency/<hardware-id>/         hardware.json, plan.json, profile.csv (append-only rows),
                                  predictor.skops, predictor_train.csv, predictor.json
   acceptance/<dataset-id>.csv    one row per (supernet, dataset, subnet, temperature)
@@ -27,6 +28,7 @@ from dreams_nas.supernet.core.device import resolve_dtype
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_json, locked, read_json
 from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.targets import is_named_target
 from dreams_nas.supernet.core.versions import library_versions
 
 DEFAULT_RUN_DIR = "dreams-run"
@@ -144,14 +146,15 @@ class RunFolder:
         return data
 
     def target_source(self) -> str | None:
-        """What to load as the run's target (run.json's ``target`` block): ``builtin`` for the
-        demo target, else its checkpoint folder, or its id when that folder is gone; None when
-        the run has no target yet."""
+        """What to load as the run's target (run.json's ``target`` block): its name for a
+        built-in target (``builtin``, ``proxy-llava``: rebuilt when the cache lost it), else
+        its checkpoint folder, or its id when that folder is gone; None when the run has no
+        target yet."""
         info = self.read_run().get("target") or {}
         if not info:
             return None
-        if info.get("id") == "builtin":
-            return "builtin"
+        if is_named_target(info.get("id")):
+            return str(info["id"])
         path = info.get("path")
         return str(path) if path and Path(path).exists() else str(info.get("id"))
 

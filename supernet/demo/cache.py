@@ -1,9 +1,10 @@
-"""The demo target's cache: built once on first use, reused, never half-written.
+"""The built-in targets' cache: built once on first use, reused, never half-written.
 
-`ensure_demo_target` builds it into ``$DREAMS_NAS_CACHE`` (default ``~/.cache/dreams-nas``) under
-a version key, in a temporary folder that is renamed into place only after a completion marker
-(with the sha256 of every file) is written; a folder whose marker is missing or whose files do
-not match is rebuilt, never used.
+`ensure_demo_target` (and `ensure_proxy_target`, for the real-shaped proxies) builds it into
+``$DREAMS_NAS_CACHE`` (default ``~/.cache/dreams-nas``) under a version key, in a temporary
+folder that is renamed into place only after a completion marker (with the sha256 of every
+file) is written; a folder whose marker is missing or whose files do not match is rebuilt,
+never used.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dreams_nas.supernet.core.io import atomic_write_json, default_cache_dir, file_sha256, locked
 from dreams_nas.supernet.demo.build import build_demo_target
+from dreams_nas.supernet.demo.proxy import PROXY_VERSION, build_proxy_target, get_proxy
 from dreams_nas.supernet.demo.variants import DEMO_VERSION, get_variant
 
 log = logging.getLogger("dreams_nas")
@@ -72,6 +75,41 @@ def ensure_demo_target_with_metrics(
 ) -> tuple[Path, dict[str, Any], bool]:
     """(folder, build metrics, came from the cache); `rebuild` builds afresh and swaps it in."""
     folder = demo_target_dir(cache_dir, variant, seed)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        return build_demo_target(tmp, variant=variant, seed=seed, progress=progress,
+                                 threads=threads)
+
+    return _ensure_built(folder, build, {"version": DEMO_VERSION, "variant": variant,
+                                         "seed": seed}, f"the demo target ({variant})", rebuild)
+
+
+def proxy_target_dir(cache_dir: str | Path | None = None, name: str = "proxy-llava",
+                     seed: int = 0) -> Path:
+    """Where the cached proxy target `name` of this version and seed lives."""
+    get_proxy(name)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / "proxy-target" / f"{PROXY_VERSION}-{name}-s{seed}"
+
+
+def ensure_proxy_target(name: str = "proxy-llava", cache_dir: str | Path | None = None,
+                        seed: int = 0, rebuild: bool = False
+                        ) -> tuple[Path, dict[str, Any], bool]:
+    """(folder, build metrics, came from the cache) of the real-shaped proxy target `name`
+    (`proxy.PROXIES`), built (seconds) on first use, then reused."""
+    folder = proxy_target_dir(cache_dir, name, seed)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        return build_proxy_target(tmp, name=name, seed=seed)
+
+    return _ensure_built(folder, build, {"version": PROXY_VERSION, "variant": name,
+                                         "seed": seed}, f"the proxy target {name}", rebuild)
+
+
+def _ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]], meta: dict[str, Any],
+                  what: str, rebuild: bool) -> tuple[Path, dict[str, Any], bool]:
+    """Build into a temporary folder beside `folder`, write the completion marker, rename into
+    place; a valid marker means the folder is reused as it is."""
     marker = None if rebuild else read_complete_marker(folder)
     if marker is not None:
         return folder, marker["metrics"], True
@@ -82,19 +120,16 @@ def ensure_demo_target_with_metrics(
         if marker is not None:
             return folder, marker["metrics"], True
         if folder.exists() and not rebuild:
-            log.warning("cached demo target in %s is incomplete or damaged; rebuilding it", folder)
+            log.warning("cached %s in %s is incomplete or damaged; rebuilding it", what, folder)
         # We hold the lock, so temporary folders of this key belong to killed builders.
         for stale in folder.parent.glob(f".{folder.name}.*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
         try:
-            log.info("building the demo target (%s) into %s; this happens once", variant, folder)
-            metrics = build_demo_target(tmp, variant=variant, seed=seed, progress=progress,
-                                        threads=threads)
-            metrics = {**metrics, "folder": str(folder)}
+            log.info("building %s into %s; this happens once", what, folder)
+            metrics = {**build(tmp), "folder": str(folder)}
             files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-            atomic_write_json(tmp / MARKER, {"version": DEMO_VERSION, "variant": variant,
-                                             "seed": seed, "files": files, "metrics": metrics})
+            atomic_write_json(tmp / MARKER, {**meta, "files": files, "metrics": metrics})
             if folder.exists():  # a damaged folder, or the old build when rebuilding
                 old = folder.with_name(f".{folder.name}.{os.getpid()}.old")
                 os.replace(folder, old)

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.targets import BUILTIN, is_named_target
 from dreams_nas.supernet.target.families import (
     FamilyInfo,
     architecture_hash,
@@ -412,14 +413,17 @@ def _too_large(path: Path, exc: Exception) -> str:
 
 
 def _checkpoint_of(target: str | Path) -> str | Path:
-    """What to load for `target`: the demo target's cached checkpoint folder for "builtin"
-    (built on first use), else `target` itself."""
-    if str(target) != "builtin":
+    """What to load for `target`: the cached checkpoint folder of a built-in target (the demo
+    target for "builtin", a real-shaped proxy for "proxy-llava"; built on first use), else
+    `target` itself."""
+    if not is_named_target(target):
         return target
     try:
-        from dreams_nas.supernet.demo.cache import ensure_demo_target
+        from dreams_nas.supernet.demo.cache import ensure_demo_target, ensure_proxy_target
         from dreams_nas.supernet.demo.variants import builtin_variant
     except ImportError as exc:
-        raise InputError("the builtin demo target is not part of this build; "
+        raise InputError(f"the built-in target {str(target)!r} is not part of this build; "
                          "pass --target PATH or a hub id") from exc
-    return ensure_demo_target(variant=builtin_variant())
+    if str(target) == BUILTIN:
+        return ensure_demo_target(variant=builtin_variant())
+    return ensure_proxy_target(str(target))[0]

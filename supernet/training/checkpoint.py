@@ -16,7 +16,7 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.convergence import Tracker
-from dreams_nas.supernet.training.features import TargetSample
+from dreams_nas.supernet.training.features import TargetSample, sample_input_ids
 
 BEST = "best.safetensors"
 # settings that bound a run without changing what its steps compute: a resumed run may differ
@@ -117,6 +117,6 @@ def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
     if compute_dtype not in (None, torch.float32):  # float32 runs keep their old fingerprint
         fields["compute_dtype"] = str(compute_dtype)
     digest.update(json.dumps(fields, sort_keys=True).encode())
-    for s in samples:
-        digest.update(s.input_ids.numpy().tobytes())
+    for ids in sample_input_ids(samples):  # a feature store reads the ids alone
+        digest.update(ids.numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -26,6 +26,7 @@ def chain_matches(model: DreamDraft, samples: Sequence[TargetSample], spec: Subn
                   gamma: int) -> list[np.ndarray]:
     """Per sample, the accepted depth (0..gamma) of a chain started after each answer token
     y_t, t = 0 .. len(answer) - 2 -> one (n_answer - 1,) int array per sample."""
+    samples = list(samples)  # one batch: each sample read once (a feature store reads on access)
     with_visual = model.config.visual_in_self
     batch = collate(samples, with_visual).to(next(model.parameters()).device)
     ranks = path_ranks(model, batch, spec, (1,) * gamma)
@@ -49,7 +50,7 @@ def heldout_tau(model: DreamDraft, samples: Sequence[TargetSample], spec: Subnet
     tokens = cycles = 0
     try:
         for start in range(0, len(samples), batch_size):
-            part = samples[start: start + batch_size]
+            part = list(samples[start: start + batch_size])  # read once per batch
             for s, matches in zip(part, chain_matches(model, part, spec, gamma), strict=True):
                 answer = s.input_ids[s.prompt_len:].tolist()
                 eos = len(answer) - 1 if answer and answer[-1] in eos_ids else None

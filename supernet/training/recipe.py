@@ -1,7 +1,12 @@
 """`dreams-nas train` as a library call: data -> self-distillation -> AIFD -> TPPT -> run folder.
 
-Writes `supernet/` (model.safetensors + config.json, and `checkpoint/` for resume) and the
-run.json keys `target`, `space`, `supernet` and `aifd` (SCHEMAS.md).
+Writes `supernet/` (model.safetensors + config.json, `checkpoint/` for resume, the target's
+answers `selfdistill.json` and features `features/`) and the run.json keys `target`, `space`,
+`supernet` and `aifd` (SCHEMAS.md).
+
+Memory does not grow with the prompts: a prompt's processor inputs (pixels included) are built
+when a pass needs them (`PromptInputs`), and the target's features go to the run's feature
+store (`store`) as they are computed; training reads them back a batch at a time.
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, overload
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
@@ -31,6 +37,12 @@ from dreams_nas.supernet.training.selfdistill import (
     collect_samples,
     measure_aifd,
     regenerate_answers,
+)
+from dreams_nas.supernet.training.store import (
+    DEFAULT_SHARD_SAMPLES,
+    FeatureStore,
+    build_store,
+    store_key,
 )
 from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_supernet
 from torch import Tensor
@@ -51,17 +63,47 @@ DEFAULT_MLP_SHARES: tuple[float, ...] = (1.0,)
 
 @dataclass(frozen=True)
 class PreparedData:
-    """Everything the trainer needs from the target, computed once."""
+    """Everything the trainer needs from the target, computed once. `samples`: a list in
+    memory, or the run's `FeatureStore` (read per sample)."""
 
-    samples: list[TargetSample]
+    samples: Sequence[TargetSample]
     aifd: AifdResult
     space: SearchSpace
     num_target_layers: int
 
 
-def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> list[dict[str, Tensor]]:
-    """Chat-templated model inputs (image first) for each example's question."""
-    return [target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
+class PromptInputs(Sequence[dict[str, Tensor]]):
+    """Chat-templated model inputs (image first) of each example's question, built by
+    `target.build_inputs` when an item is read (and not kept: read it once per pass), so that
+    the pixels of all prompts are never held at once; a slice is another lazy sequence."""
+
+    def __init__(self, target: TargetAdapter, examples: Sequence[Any]) -> None:
+        self.target = target
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @overload
+    def __getitem__(self, item: int) -> dict[str, Tensor]: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> PromptInputs: ...
+
+    def __getitem__(self, item: int | slice) -> dict[str, Tensor] | PromptInputs:
+        if isinstance(item, slice):
+            return PromptInputs(self.target, self.examples[item])
+        example = self.examples[item]
+        return self.target.build_inputs(example.image_path, example.prompt)
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> PromptInputs:
+    """Chat-templated model inputs (image first) for each example's question, built lazily."""
+    return PromptInputs(target, examples)
 
 
 def _answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens: int) -> str:
@@ -91,9 +133,14 @@ def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str,
 def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_heads: int,
                  max_new_tokens: int = 64, aifd_prompts: int = 16,
                  answers_cache: Any = None, distill: Sequence[DistillMode] = ("aifd",),
+                 feature_store: str | Path | None = None,
+                 samples_per_shard: int = DEFAULT_SHARD_SAMPLES,
                  show_progress: bool | None = None) -> PreparedData:
     """Self-distilled answers, AIFD and the target's features of every prompt; `distill`:
-    the distillation modes whose layers' features to keep (an ablation keeps several)."""
+    the distillation modes whose layers' features to keep (an ablation keeps several).
+
+    feature_store: a folder for the features (`store.build_store`: sharded, resumable, read per
+    sample; `samples` is then a `FeatureStore`); None keeps them in memory (a list)."""
     if not examples:
         raise InputError("the training data hold no examples; give a JSONL file with at least one")
     prompts = prompt_inputs(target, examples)
@@ -104,13 +151,21 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
     if not keep:
         raise InputError("the target answered none of the training prompts "
                          "(every answer is empty); check the target and the prompts")
-    prompts, answers = [prompts[i] for i in keep], [answers[i] for i in keep]
+    examples = [examples[i] for i in keep]
+    prompts, answers = prompt_inputs(target, examples), [answers[i] for i in keep]
     n = max(1, min(aifd_prompts, len(prompts)))
     aifd = measure_aifd(target.model, prompts[:n], answers[:n])
     layers = target.num_layers
     space = SearchSpace.default_for(layers, num_draft_heads)
     kept = sorted({i for mode in distill for i in mode_layers(mode, aifd, layers)})
-    samples = collect_samples(target, prompts, answers, space.inject_layer, kept,
+    samples: Sequence[TargetSample]
+    if feature_store is None:
+        samples = collect_samples(target, prompts, answers, space.inject_layer, kept,
+                                  show_progress=show_progress)
+    else:
+        key = store_key(target, examples, answers, space.inject_layer, kept, samples_per_shard)
+        samples = build_store(feature_store, target, prompts, answers, space.inject_layer, kept,
+                              key, samples_per_shard=samples_per_shard,
                               show_progress=show_progress)
     return PreparedData(samples, aifd, space, layers)
 
@@ -122,15 +177,16 @@ def default_holdout(n_samples: int) -> int:
 
 
 def split_heldout(samples: Sequence[TargetSample], holdout: int | None
-                  ) -> tuple[list[TargetSample], list[TargetSample]]:
-    """(training samples, held-out samples): the last `holdout` (None: `default_holdout`)."""
+                  ) -> tuple[Sequence[TargetSample], Sequence[TargetSample]]:
+    """(training samples, held-out samples): the last `holdout` (None: `default_holdout`);
+    slices of `samples` (of a `FeatureStore`: views, nothing read)."""
     n = default_holdout(len(samples)) if holdout is None else int(holdout)
     if n >= len(samples):
         raise InputError(f"--holdout {n} keeps all {len(samples)} prompts out of training; "
                          f"give fewer than {len(samples)} (or 0 to train to the step cap)")
     if n <= 0:
-        return list(samples), []
-    return list(samples[:-n]), list(samples[-n:])
+        return samples, samples[:0]
+    return samples[:-n], samples[-n:]
 
 
 def mode_layers(mode: DistillMode, aifd: AifdResult, num_layers: int) -> tuple[int, ...]:
@@ -176,7 +232,12 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     the draft's own sequence (`DraftConfig.visual_in_self`; with neither: text only);
     depth, mlp: the supernet's decoder layers on each side of the cross-attention and the MLP
     widths it trains (the search space's `depth` = 1..depth and `mlp`; the defaults train the
-    paper's single-size draft)."""
+    paper's single-size draft).
+
+    Without `data` the target's features go to the run's feature store `supernet/features/`
+    (`store`), which the run keeps: a resumed or repeated training over the same prompts,
+    answers and layers reads it instead of running the target again. Deleting the folder
+    frees the disk; the next training recomputes it."""
     start = time.perf_counter()
     heads = int(num_heads or target.text_config.num_attention_heads)
     run.supernet_dir.mkdir(parents=True, exist_ok=True)
@@ -184,7 +245,8 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
         data = prepare_data(target, examples, num_draft_heads=heads,
                             max_new_tokens=max_new_tokens, aifd_prompts=aifd_prompts,
                             answers_cache=run.supernet_dir / "selfdistill.json",
-                            distill=(distill,), show_progress=show_progress)
+                            distill=(distill,), feature_store=run.supernet_dir / "features",
+                            show_progress=show_progress)
     log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
              [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
     layers = distill_layers_for(distill, data)
@@ -206,6 +268,8 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                                            run.supernet_dir / "checkpoint",
                                            show_progress=show_progress,
                                            compute_dtype=target.dtype, heldout=heldout)
+    if isinstance(data.samples, FeatureStore):
+        data.samples.close()  # unmap its shards (a later read would map them again)
     write_curve(run.supernet_dir / "curve.csv", outcome)
     best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
     if outcome.stopped:

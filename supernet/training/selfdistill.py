@@ -49,8 +49,10 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
                        batch_size: int = 8, show_progress: bool | None = None) -> list[Tensor]:
     """The target's greedy answer to each prompt (ids, ending with EOS when it stopped).
 
-    Prompts with only input_ids / attention_mask / pixel_values are generated in left-padded
-    batches; others (e.g. Qwen-VL's grid inputs) one at a time.
+    `prompts` are read `batch_size` at a time (a lazy sequence builds only those: the pixels of
+    all prompts are never held at once). A chunk whose prompts hold only input_ids /
+    attention_mask / pixel_values is generated as one left-padded batch; others (e.g.
+    Qwen-VL's grid inputs) one prompt at a time.
     """
     device = next(model.parameters()).device
     eos = _eos_ids(model)
@@ -58,8 +60,6 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
     pad = getattr(model.generation_config, "pad_token_id", None)
     pad = pad if pad is not None else getattr(text_cfg, "pad_token_id", None)
     pad = int(pad if pad is not None else (min(eos) if eos else 0))
-    batchable = all(set(p) <= _BATCHABLE for p in prompts)
-    size = batch_size if batchable else 1
     # A placeholder token in an answer would be read as an image slot when the answer is fed
     # back with the prompt's pixels; such an answer is cut before it.
     image_ids = {int(v) for v in (getattr(model.config, "image_token_id", None),
@@ -68,21 +68,25 @@ def regenerate_answers(model: Any, prompts: Sequence[Mapping[str, Tensor]], max_
     answers: list[Tensor] = []
     bar = progress(total=len(prompts), desc="self-distillation answers", unit="prompt",
                    disable=show_progress is False or None)
-    for start in range(0, len(prompts), size):
-        chunk = prompts[start:start + size]
-        inputs = _left_pad(chunk, pad) if batchable else dict(chunk[0])
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=pad)
-        new = out[:, inputs["input_ids"].shape[1]:].cpu()
-        for row in new:
-            ids = row.tolist()
-            stop = next((i for i, t in enumerate(ids) if t in eos), None)
-            ids = ids[: stop + 1] if stop is not None else ids
-            cut = next((i for i, t in enumerate(ids) if t in image_ids), None)
-            ids = ids[:cut] if cut is not None else ids
-            answers.append(torch.tensor(ids, dtype=torch.long, device="cpu"))
+    for start in range(0, len(prompts), batch_size):
+        chunk = [prompts[i] for i in range(start, min(start + batch_size, len(prompts)))]
+        batchable = all(set(p) <= _BATCHABLE for p in chunk)
+        for part in [chunk] if batchable else [[p] for p in chunk]:
+            inputs = _left_pad(part, pad) if batchable else dict(part[0])
+            inputs = {k: v.to(device) for k, v in inputs.items()}
+            out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=pad)
+            new = out[:, inputs["input_ids"].shape[1]:].cpu()
+            del inputs, out
+            for row in new:
+                ids = row.tolist()
+                stop = next((i for i, t in enumerate(ids) if t in eos), None)
+                ids = ids[: stop + 1] if stop is not None else ids
+                cut = next((i for i, t in enumerate(ids) if t in image_ids), None)
+                ids = ids[:cut] if cut is not None else ids
+                answers.append(torch.tensor(ids, dtype=torch.long, device="cpu"))
         bar.update(len(chunk))
+        del chunk, part  # this chunk's pixels go before the next chunk's are built
     bar.close()
     return answers
 
@@ -96,10 +100,10 @@ def measure_aifd(model: Any, prompts: Sequence[Mapping[str, Tensor]], answers: S
     """
     device = next(model.parameters()).device
     extend = TargetAdapter.from_model(model).extend_inputs
-    batches = []
-    for prompt, answer in zip(prompts, answers, strict=True):
-        batch = {key: v.to(device) if isinstance(v, Tensor) else v for key, v in prompt.items()}
-        batches.append(extend(batch, answer.view(1, -1)))
+    # a generator: one calibration batch on the device at a time
+    batches = (extend({key: v.to(device) if isinstance(v, Tensor) else v
+                       for key, v in prompt.items()}, answer.view(1, -1))
+               for prompt, answer in zip(prompts, answers, strict=True))
     return aifd_from_entropy(measure_target_entropy(model, batches), k)
 
 

@@ -11,10 +11,12 @@ from typing import Any
 
 import pytest
 
-# `dreams-nas demo` at test size; tests/nas/test_demo.py reruns exactly this command line.
+# `dreams-nas demo` at test size; tests/nas/test_demo.py reruns exactly this command line. Two
+# context lengths around the search's (the tiny eval prompts, ~45-51 tokens, plus half the
+# answer): a search outside the profiled contexts is refused.
 DEMO_ARGS = ("--device", "cpu", "--profile-budget", "4", "--train-prompts", "3",
-             "--train-steps", "1", "--repeats", "2", "--context-lengths", "40", "--threads", "1",
-             "--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1")
+             "--train-steps", "1", "--repeats", "2", "--context-lengths", "40", "64",
+             "--threads", "1", "--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1")
 
 
 @dataclass(frozen=True)

@@ -86,16 +86,19 @@ def fake_params(spec: SubnetSpec) -> int:
             - round(1500 * (1.0 - spec.mlp)))
 
 
-def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str) -> None:
+def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
+                          contexts: Sequence[int] = (16, 32, 64, 128)) -> None:
     """A latency predictor fitted on synthetic timings, saved as `dreams-nas profile` would, so a
-    real run folder can be searched without timing anything (the plumbing is what is tested)."""
+    real run folder can be searched without timing anything (the plumbing is what is tested).
+    `contexts`: the context lengths "profiled"; the default spans the tiny targets' prompts and
+    answers (a search outside them is refused)."""
     import json
 
     import pandas as pd
     from dreams_nas.latency.predictor import LatencyPredictor
 
     rows = []
-    for ctx in (16, 32):
+    for ctx in contexts:
         for h in space.heads:
             for v in space.visual_keep:
                 rows.append({"kind": "draft", "spec_id": f"h{h}-v{v:.2f}-l1-g1", "heads": h,

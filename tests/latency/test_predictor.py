@@ -13,15 +13,13 @@ import pytest
 from dreams_nas.latency import predictor as fitting
 from dreams_nas.latency.estimators import (
     FEATURE_NAMES,
-    SKOPS_TRUSTED_TYPES,
     CVSelectedRegressor,
-    StepFeatures,
-    chosen_regressor,
+    DraftFeatures,
     default_candidates,
     latency_metrics,
-    make_latency_model,
 )
 from dreams_nas.latency.predictor import LatencyPredictor, holdout_split
+from dreams_nas.latency.step_model import SKOPS_TRUSTED_TYPES, make_latency_model
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.space import SubnetSpec
 from sklearn.base import BaseEstimator, RegressorMixin, clone
@@ -76,7 +74,7 @@ def synthetic_rows(visual_tokens: int = 32, noise: float = 0.0, seed: int = 0) -
 
 def test_features_ignore_inject_layer_and_draft_len() -> None:
     rows = synthetic_rows().head(3)
-    feats = StepFeatures(visual_tokens=32).fit(rows)
+    feats = DraftFeatures(visual_tokens=32).fit(rows)
     a = feats.transform(rows)
     moved = rows.assign(inject_layer=[1, 5, 9], draft_len=[1, 4, 7])
     np.testing.assert_array_equal(a, feats.transform(moved))
@@ -87,29 +85,36 @@ def test_features_ignore_inject_layer_and_draft_len() -> None:
 
 
 def test_features_refuse_bad_rows() -> None:
-    feats = StepFeatures().fit(synthetic_rows())
+    drafts = synthetic_rows()[lambda f: f.kind == "draft"]
+    feats = DraftFeatures().fit(drafts)
     with pytest.raises(ValueError, match=r"lack column\(s\) \['k'\]"):
-        feats.transform(synthetic_rows().drop(columns="k"))
-    with pytest.raises(ValueError, match=r"unknown step kind\(s\) \['prefill'\]"):
-        feats.transform(synthetic_rows().assign(kind="prefill"))
+        feats.transform(drafts.drop(columns="k"))
+    with pytest.raises(ValueError, match=r"takes draft steps \(draft, draft_first\), not "
+                                         r"\['decode', 'verify'\]"):
+        feats.transform(synthetic_rows())  # target steps have a model of their own
     with pytest.raises(TypeError, match="takes a DataFrame"):
         feats.transform(np.zeros((2, 5)))
+    with pytest.raises(ValueError, match=r"unknown step kind\(s\) \['prefill'\]"):
+        make_latency_model().fit(synthetic_rows().assign(kind="prefill"), np.ones(200))
 
 
-def test_pipeline_fits_log_latency_and_is_accurate_on_held_out_rows() -> None:
+def test_model_is_accurate_on_held_out_rows_per_kind() -> None:
     rows = synthetic_rows(noise=0.01)
     train, hold = holdout_split(rows, 0.7, seed=0)
     model = make_latency_model(visual_tokens=32).fit(rows[train], rows.median_ms[train])
     metrics = latency_metrics(rows.median_ms[hold], model.predict(rows[hold]))
     assert (metrics["mape"] < 0.03 and metrics["within_10pct"] > 0.97
             and metrics["kendall_tau"] > 0.9)
-    selector = model.named_steps["regressor"].regressor_
-    assert set(selector.cv_scores_) == {"ridge", "ridge_poly2", "ridge_poly3", "gradient_boosting",
-                                        "random_forest"}
+    assert model.regressors() == {"draft": model.draft_models_["draft"].best_name_,
+                                  "draft_first": "as draft",  # none of its own here
+                                  "decode": "interpolated", "verify": "interpolated"}
+    selector = model.draft_models_["draft"]
+    assert set(selector.cv_scores_) == {"linear", "linear_sizes2"}
+    assert model.cv_scores() == {"draft": selector.cv_scores_}
     lowest = min(selector.cv_scores_.values())
     # the first (simplest) candidate within one standard error of the lowest CV error
     assert selector.cv_scores_[selector.best_name_] <= lowest * 1.5
-    assert clone(model).get_params()["features__visual_tokens"] == 32
+    assert clone(model).get_params()["visual_tokens"] == 32
     with pytest.raises(NotFittedError):
         make_latency_model().predict(rows)
 
@@ -153,10 +158,19 @@ def test_save_load_and_spec_level_predictions(tmp_path) -> None:
     pred = LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.3)
     pred.save(tmp_path)
     doc = json.loads((tmp_path / "predictor.json").read_text())
-    assert {"hardware_id", "regressor", "cv_scores", "metrics", "holdout", "n_train", "n_holdout",
-            "versions"} <= set(doc)
+    assert {"hardware_id", "regressor", "regressors", "cv_scores", "metrics", "metrics_by_kind",
+            "context_range", "context_margin", "holdout", "n_train", "n_holdout",
+            "holdout_fraction", "versions"} <= set(doc)
     assert set(doc["metrics"]) == {"mape", "rmse", "within_10pct", "kendall_tau"}
     assert doc["n_holdout"] == len(doc["holdout"]) > 0
+    # per kind: every kind of the held-out rows, with its row count
+    assert set(doc["metrics_by_kind"]) == {"draft", "decode", "verify"}
+    for kind, m in doc["metrics_by_kind"].items():
+        assert set(m) == {"mape", "rmse", "within_10pct", "kendall_tau", "n"}
+        assert m["n"] == sum(h["kind"] == kind for h in doc["holdout"])
+        assert m["mape"] < 0.05 and m["within_10pct"] == 1.0
+    assert doc["context_range"] == [48, 240] and doc["context_margin"] == 0.1
+    assert doc["regressors"]["verify"] == "interpolated" and "cv_scores" in doc
     loaded = LatencyPredictor.load(tmp_path)
     specs = [SubnetSpec(1, 0.25, 2, 3), SubnetSpec(4, 1.0, 9, 7), SubnetSpec(4, 1.0, 1, 1)]
     draft = loaded.draft_ms(specs, 144)
@@ -181,6 +195,17 @@ def test_predict_ms_answers_every_kind_the_search_asks_for() -> None:
         pred.predict_ms("draft", None, 144, 1)
     with pytest.raises(ValueError, match="latency kind 'prefill'"):
         pred.predict_ms("prefill", None, 144, 1)
+    # a kind never profiled is refused, not guessed from another kind's rows
+    with pytest.raises(InputError, match="no verify_tree step was profiled, and it is not "
+                                         "guessed from another kind's; rerun `dreams-nas "
+                                         "profile`"):
+        pred.predict_ms("verify_tree", None, 144, 4)
+    with pytest.raises(InputError, match="a draft step over a tree level of 3 nodes was not "
+                                         r"profiled \(widest timed: 1\)"):
+        pred.predict_ms("draft", spec, 144, 3)
+    with pytest.raises(InputError, match=r"a verify step over k=9 positions was not profiled "
+                                         r"\(profiled: k 2\.\.8\)"):
+        pred.verify_ms(9, 144)
 
 
 @pytest.mark.usefixtures("quick_fits")
@@ -379,7 +404,7 @@ def test_a_crafted_pickle_with_a_matching_hash_is_never_unpickled(tmp_path, capl
     assert not (tmp_path / "predictor.joblib").exists()
     assert (tmp_path / "predictor.skops").is_file()
     fresh = json.loads((tmp_path / "predictor.json").read_text())
-    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 5
+    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 6
     assert "joblib_sha256" not in fresh and len(fresh["skops_sha256"]) == 64
 
 
@@ -435,8 +460,9 @@ def test_save_then_load_predicts_the_same_for_every_regressor_family(tmp_path, c
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         loaded = LatencyPredictor.load(tmp_path)
     assert caplog.text == ""  # loaded, not refitted
-    assert chosen_regressor(loaded.model)[0] == name
-    probe = pd.concat([rows, rows.assign(context_len=rows.context_len + 7, k=rows.k + 1)])
+    assert loaded.model.regressors()["draft"] == name
+    probe = pd.concat([rows, rows.assign(context_len=rows.context_len + 7),
+                       rows.assign(context_len=rows.context_len * 3)])  # beyond the range too
     np.testing.assert_allclose(loaded.predict_rows(probe), pred.predict_rows(probe),
                                rtol=1e-12, atol=0)
 
@@ -465,24 +491,36 @@ def sized_rows(noise: float = 0.0, seed: int = 0, visual_tokens: int = 32) -> pd
 
 
 def test_features_carry_depth_and_mlp() -> None:
-    rows = pd.DataFrame({"kind": ["draft", "draft", "draft_first", "verify"],
-                         "heads": [2, 2, 2, np.nan], "visual_keep": [1.0, 1.0, 1.0, np.nan],
-                         "depth": [1, 3, 3, np.nan], "mlp": [1.0, 0.5, 0.5, np.nan],
+    rows = pd.DataFrame({"kind": ["draft", "draft", "draft_first", "draft"],
+                         "heads": [2, 2, 2, 2], "visual_keep": [1.0, 1.0, 1.0, 1.0],
+                         "depth": [1, 3, 3, 1], "mlp": [1.0, 0.5, 0.5, 1.0],
                          "context_len": 64, "k": [1, 1, 1, 4]})
-    feats = StepFeatures(visual_tokens=32).fit(rows)
+    feats = DraftFeatures(visual_tokens=32).fit(rows)
     a = feats.transform(rows)
     col = {name: a[:, i] for i, name in enumerate(FEATURE_NAMES)}
-    assert list(col["blocks"]) == [3, 7, 7, 0]  # 2 * depth + 1; none for a target step
-    assert list(col["mlp"]) == [1.0, 0.5, 0.5, 0.0]
-    assert list(col["blocks_x_heads"]) == [6, 14, 14, 0]
-    assert list(col["blocks_x_mlp"]) == [3, 3.5, 3.5, 0]
-    assert list(col["blocks_x_heads_x_attended"]) == [3 * 2 * 64, 7 * 2 * 64, 7 * 2 * 64, 0]
-    assert col["log_blocks"][1] == pytest.approx(np.log(7)) and col["log_blocks"][3] == 0
+    assert list(col["blocks"]) == [3, 7, 7, 3]  # 2 * depth + 1
+    assert list(col["mlp"]) == [1.0, 0.5, 0.5, 1.0]
+    assert list(col["blocks_x_heads"]) == [6, 14, 14, 6]
+    assert list(col["blocks_x_mlp"]) == [3, 3.5, 3.5, 3]
+    assert list(col["blocks_x_heads_x_attended"]) == [3 * 2 * 64, 7 * 2 * 64, 7 * 2 * 64,
+                                                      3 * 2 * 64]
+    # a tree level of 4 nodes: 3 extra nodes, each repeating the per-block work
+    assert list(col["extra_nodes"]) == [0, 0, 0, 3]
+    assert list(col["extra_x_blocks_x_heads"]) == [0, 0, 0, 3 * 3 * 2]
     assert not np.array_equal(a[0], a[1])  # depth and width are seen
     # rows without the columns (written before them) are the paper's draft: depth 1, mlp 1
     np.testing.assert_array_equal(feats.transform(rows.drop(columns=["depth", "mlp"]))[0], a[0])
     with pytest.raises(ValueError, match="draft rows need numeric depth and mlp"):
-        feats.transform(rows.assign(depth=[np.nan, 3, 3, np.nan]))
+        feats.transform(rows.assign(depth=[np.nan, 3, 3, 1]))
+
+
+def test_every_feature_is_affine_in_the_context() -> None:
+    """No feature squares the context or takes its log: each one's second difference over
+    evenly spaced contexts is zero, from far below the profiled range to far above it."""
+    rows = pd.DataFrame({"kind": "draft", "heads": 3, "visual_keep": 0.5, "depth": 2,
+                         "mlp": 0.5, "context_len": [40, 540, 1040, 1540, 2040], "k": 3})
+    a = DraftFeatures(visual_tokens=32).fit(rows).transform(rows)
+    np.testing.assert_allclose(np.diff(a, n=2, axis=0), 0.0, atol=1e-6)
 
 
 def test_an_unprofiled_depth_and_width_is_predicted_from_the_profiled_ones() -> None:
@@ -532,7 +570,7 @@ def test_a_predictor_saved_before_depth_and_mlp_is_refitted_from_its_rows(tmp_pa
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         loaded = LatencyPredictor.load(tmp_path)
     (record,) = caplog.records
-    assert "has schema 4, this is 5; refitting from its 120 saved rows" in record.getMessage()
+    assert "has schema 4, this is 6; refitting from its 120 saved rows" in record.getMessage()
     assert loaded.size_range() == {"depth": (1.0, 1.0), "mlp": (1.0, 1.0)}
     paper = SubnetSpec(4, 1.0, 2, 3)
     assert loaded.draft_ms([paper], 144)[0] == pytest.approx(
@@ -544,3 +582,84 @@ def test_a_predictor_saved_before_depth_and_mlp_is_refitted_from_its_rows(tmp_pa
     saved = pd.read_csv(tmp_path / "predictor_train.csv")  # rewritten with the sizes
     assert set(saved[saved.kind == "draft"].depth) == {1} and saved[saved.kind == "verify"
                                                                    ].depth.isna().all()
+
+
+# --- the profiled context range ---------------------------------------------------------------
+@pytest.mark.usefixtures("quick_fits")
+def test_the_predictor_records_its_context_range_and_refuses_a_search_far_outside(
+        tmp_path) -> None:
+    pred = LatencyPredictor.fit(synthetic_rows(noise=0.01), "cpu-test-1t", visual_tokens=32,
+                                holdout=0.0)
+    assert pred.contexts() == [48, 96, 144, 192, 240]
+    assert pred.context_range() == (48, 240)
+    # a tenth of the span (19.2 tokens) either side is allowed: the search's context is an
+    # estimate, and the fitted lines are barely less certain there
+    assert pred.allowed_contexts() == pytest.approx((28.8, 259.2))
+    for inside in (29, 48, 100, 240, 259):
+        pred.check_context(inside)
+    for outside, grid in ((28, "28 48 96 144 192 240"), (260, "48 96 144 192 240 260"),
+                          (2000, "48 96 144 192 240 2000")):
+        with pytest.raises(InputError) as err:
+            pred.check_context(outside, "the eval prompts' median length plus half the answer")
+        message = str(err.value)
+        assert message == (
+            f"the search runs at context length {outside} (the eval prompts' median length "
+            "plus half the answer), outside the contexts the latency profile of cpu-test-1t was "
+            "timed at: 48..240 (a search may lie up to 10% of that span outside it: "
+            "28.8..259.2); its predictions are not trusted that far from its measurements: "
+            f"re-profile with a context grid spanning it, e.g. `dreams-nas profile "
+            f"--context-lengths {grid}`")
+    # saved and loaded (and refitted) alike: the range is the training rows'
+    pred.save(tmp_path)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    assert doc["context_range"] == [48, 240] and doc["context_margin"] == 0.1
+    assert LatencyPredictor.load(tmp_path).context_range() == (48, 240)
+
+
+@pytest.mark.usefixtures("quick_fits")
+def test_a_profile_at_one_context_answers_for_that_context_only() -> None:
+    rows = synthetic_rows(noise=0.01)
+    pred = LatencyPredictor.fit(rows[rows.context_len == 96], "cpu-test-1t", visual_tokens=32,
+                                holdout=0.0)
+    pred.check_context(96)
+    with pytest.raises(InputError, match=r"timed at: 96; its predictions are not trusted .* "
+                                         r"--context-lengths 96 97`$"):
+        pred.check_context(97)
+
+
+@pytest.mark.usefixtures("quick_fits")
+def test_a_schema_5_folder_is_refitted_per_kind_and_evaluated_again(tmp_path, caplog) -> None:
+    """A folder of one pooled regressor (schema 5): its held-out metrics were another model's.
+    Loading refits it per kind from its rows, evaluates that model on a hold-out of the share
+    it held out, and saves it (schema 6), once."""
+    rows = synthetic_rows(noise=0.01)
+    LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.25).save(tmp_path)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    n_holdout = doc["n_holdout"]
+    for key in ("metrics_by_kind", "regressors", "context_range", "context_margin",
+                "holdout_fraction"):
+        del doc[key]
+    doc.update(schema_version=5, regressor="gradient_boosting",
+               metrics={"mape": 0.07, "rmse": 0.3, "within_10pct": 0.8, "kendall_tau": 0.9},
+               cv_scores={"ridge": 0.2, "gradient_boosting": 0.1})
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        loaded = LatencyPredictor.load(tmp_path)
+    (record,) = caplog.records
+    assert "has schema 5, this is 6; refitting from its 120 saved rows" in record.getMessage()
+    assert loaded.metrics["mape"] < 0.05  # its own evaluation, not the old model's 7 %
+    assert set(loaded.metrics_by_kind) == {"draft", "decode", "verify"}
+    # about the share it held out (a file of schema 5 records no hold-out fraction)
+    assert abs(loaded.n_holdout - n_holdout) <= 4
+    fresh = json.loads((tmp_path / "predictor.json").read_text())
+    assert fresh["schema_version"] == 6
+    assert {k: m["mape"] for k, m in fresh["metrics_by_kind"].items()} == {
+        k: m["mape"] for k, m in loaded.metrics_by_kind.items()}
+    assert fresh["regressors"]["verify"] == "interpolated"
+    assert fresh["holdout_fraction"] == pytest.approx(n_holdout / 120)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        again = LatencyPredictor.load(tmp_path)
+    assert caplog.text == ""
+    assert {k: m["n"] for k, m in again.metrics_by_kind.items()} == {
+        k: m["n"] for k, m in loaded.metrics_by_kind.items()}

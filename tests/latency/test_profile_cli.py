@@ -44,6 +44,11 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     summary = json.loads(capsys.readouterr().out)
     assert code == 0
     assert {"mape", "rmse", "within_10pct", "kendall_tau"} <= set(summary)
+    # per kind too: the held-out draft points (two contexts leave no target step to hold out)
+    assert set(summary["by_kind"]) == {"draft", "draft_first"}
+    for m in summary["by_kind"].values():
+        assert set(m) == {"mape", "rmse", "within_10pct", "kendall_tau", "n"} and m["n"] >= 1
+    assert summary["context_range"] == [12, 36]
     folder, store = _profile_dir(small_run)
     rows = store.read()
     assert len(rows) == summary["rows"] == summary["measured"] == FAST_ROWS
@@ -55,7 +60,11 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     hw = json.loads((folder / "hardware.json").read_text())
     assert hw["kind"] == "cpu" and hw["threads"] == 1 and hw["hardware_id"].endswith("-1t")
     doc = json.loads((folder / "predictor.json").read_text())
-    assert doc["hardware_id"] == hw["hardware_id"] and doc["regressor"] in doc["cv_scores"]
+    assert doc["hardware_id"] == hw["hardware_id"]
+    assert doc["regressors"]["draft"] in doc["cv_scores"]["draft"]
+    assert doc["regressors"]["verify"] == "interpolated"
+    assert {k: m["n"] for k, m in doc["metrics_by_kind"].items()} == {
+        k: m["n"] for k, m in summary["by_kind"].items()}
     assert LatencyPredictor.load(folder).decode_ms(20) > 0
     run_json = small_run.read_run()
     assert run_json["target"]["family"] == "llava" and run_json["target"]["num_layers"] == 2

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow  # builds the tiny demo target once, trains two ti
 
 # The real pipeline, every stage at test size.
 TRAIN = ["--train-prompts", "3", "--train-steps", "1"]
-PROFILE = ["--repeats", "2", "--context-lengths", "40", "--threads", "1"]
+# two contexts around the search's (a search outside the profiled ones is refused)
+PROFILE = ["--repeats", "2", "--context-lengths", "40", "64", "--threads", "1"]
 EVAL = ["--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1"]
 
 
@@ -154,6 +155,28 @@ def test_demo_in_bfloat16_keeps_one_dtype_end_to_end(cmd, tmp_path) -> None:
     code, again, err = cmd(*[a for a in argv if a not in ("--dtype", "bfloat16")])
     assert code == 0, err
     assert set(again["stages"].values()) == {"reused"} and again["dtype"] == "bfloat16"
+
+
+def test_demo_on_the_tiny_proxy_target_in_bfloat16(cmd, tmp_path) -> None:
+    """`--target proxy-llava` runs the same pipeline on a real-shaped random-weight target
+    (here its test-size twin: 64 visual tokens, a 1,000-token BPE), recorded by name."""
+    run = RunFolder(tmp_path / "run")
+    argv = ["demo", "--run", str(run.root), "--target", "proxy-llava-tiny", "--device", "cpu",
+            "--dtype", "bfloat16", "--profile-budget", "4", *TRAIN, "--repeats", "2",
+            "--context-lengths", "80", "120", "--threads", "1", *EVAL]
+    code, summary, err = cmd(*argv)
+    assert code == 0, err
+    assert summary["target_variant"] == "proxy-llava-tiny" and summary["dtype"] == "bfloat16"
+    info = run.read_run()["target"]
+    assert info["id"] == "proxy-llava-tiny" and run.target_source() == "proxy-llava-tiny"
+    best = json.loads(run.best_json(summary["hardware_id"]).read_text())
+    assert best["measured"]["prompts"] == 1 and best["dtype"] == "bfloat16"
+    code, again, err = cmd(*argv)
+    assert code == 0, err
+    assert set(again["stages"].values()) == {"reused"}
+    # the demo target's run folder is not the proxy's
+    code, _, err = cmd("demo", "--run", str(run.root), "--device", "cpu", *TRAIN, *EVAL)
+    assert code == 2 and "holds a supernet of target" in err
 
 
 def test_demo_refuses_a_run_folder_of_another_target(cmd, tmp_path) -> None:

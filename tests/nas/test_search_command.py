@@ -274,3 +274,41 @@ def test_the_front_pair_is_chosen_recorded_and_optimised(tiny_run, cmd) -> None:
                               storage=f"sqlite:///{run.study_db(HW)}")
     assert study.metric_names == ["speedup", "draft_bytes"]
     assert study.user_attrs["front"] == "speedup-memory"
+
+
+def test_a_search_outside_the_profiled_contexts_is_one_line_naming_the_fix(tiny_run,
+                                                                          cmd) -> None:
+    """The predictor is linear in the context beyond its rows, but a search far from them is
+    refused before anything is searched: one line naming the context, the profiled range and
+    the fix (exit 2)."""
+    from _support.search import fit_synthetic_latency
+
+    run, _ = tiny_run
+    args = ("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
+            "--verify", "0", "--no-report")
+    code, _, err = cmd(*args)  # the default synthetic profile spans the tiny prompts
+    assert code == 0, err
+    context = _context_of(run, max_new_tokens=8)
+    for path in run.search_dir(HW).iterdir():
+        path.unlink()
+    fit_synthetic_latency(run, SPACE, HW, contexts=(400, 600, 800))  # a "re-profile"
+    code, _, err = cmd(*args)
+    assert code == 2 and err.count("\n") == 1
+    assert (f"the search runs at context length {context} (the eval prompts' median length "
+            "plus half the answer), outside the contexts the latency profile of "
+            f"{HW} was timed at: 400..800 (a search may lie up to 10% of that span outside "
+            "it: 360..840); its predictions are not trusted that far") in err
+    assert ("re-profile with a context grid spanning it, e.g. `dreams-nas profile "
+            f"--context-lengths {context} 400 600 800`") in err
+    assert not any(run.search_dir(HW).iterdir())  # refused before anything was written
+
+
+def _context_of(run: RunFolder, max_new_tokens: int) -> int:
+    """The context a search of the cached acceptance rows runs at (`context_len_of`)."""
+    from dreams_nas.nas.stages.inputs import context_len_of, supernet_hash
+    from dreams_nas.supernet.acceptance.table import AcceptanceTable
+
+    (path,) = (run.root / "acceptance").glob("*.csv")
+    table = AcceptanceTable(path, supernet_hash(run), path.stem, 0.0,
+                            max_new_tokens=max_new_tokens)
+    return context_len_of(table, None)

@@ -290,6 +290,12 @@ def write_latency(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, in
                         "measured_ms": round(ms, 4),
                         "predicted_ms": round(ms * (1 + float(rng.normal(0, 0.02))), 4)})
     errs = [abs(p["predicted_ms"] - p["measured_ms"]) / p["measured_ms"] for p in holdout]
+    by_kind = {}
+    for kind in ("draft", "verify"):
+        rel = [e for e, p in zip(errs, holdout, strict=True) if p["kind"] == kind]
+        by_kind[kind] = {"mape": round(float(np.mean(rel)), 5), "rmse": 0.1,
+                         "within_10pct": round(float(np.mean([e <= 0.1 for e in rel])), 4),
+                         "kendall_tau": None if kind == "verify" else 0.9, "n": len(rel)}
     _write_json(d / "predictor.json", {
         "hardware_id": hw.hardware_id, "regressor": "GradientBoostingRegressor",
         "cv_scores": {"Ridge": -0.142, "RandomForestRegressor": -0.061,
@@ -297,6 +303,7 @@ def write_latency(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, in
         "metrics": {"mape": round(float(np.mean(errs)), 5), "rmse": 0.213,
                     "within_10pct": round(float(np.mean([e <= 0.1 for e in errs])), 4),
                     "kendall_tau": 0.912},
+        "metrics_by_kind": by_kind,
         "holdout": holdout, "n_train": 3 * len(holdout), "n_holdout": len(holdout),
         "versions": VERSIONS,
     })

@@ -80,6 +80,18 @@ def test_predictor_aifd_acceptance_and_verified(cpu_run) -> None:
     assert data.predictor.mape == pytest.approx(pred["metrics"]["mape"])
     assert data.predictor.kendall_tau == pytest.approx(pred["metrics"]["kendall_tau"])
     assert len(data.predictor.holdout) == pred["n_holdout"]
+    # per kind, as predictor.json has them (a null metric reads as missing)
+    by_kind = {k.kind: k for k in data.predictor.by_kind}
+    assert set(by_kind) == set(pred["metrics_by_kind"]) == {"draft", "verify"}
+    for kind, acc in by_kind.items():
+        assert acc.n == pred["metrics_by_kind"][kind]["n"] == sum(
+            p["kind"] == kind for p in pred["holdout"])
+        assert acc.mape == pytest.approx(pred["metrics_by_kind"][kind]["mape"])
+    assert by_kind["verify"].kendall_tau is None and by_kind["draft"].kendall_tau == 0.9
+    from dreams_nas.reports.diagnostic_figures import kind_line
+
+    assert kind_line(by_kind["verify"]).startswith(f"verify ({by_kind['verify'].n}): MAPE ")
+    assert "τ" not in kind_line(by_kind["verify"]) and "τ 0.90" in kind_line(by_kind["draft"])
     assert data.aifd.chosen == (12,) and len(data.aifd.ae) == len(data.aifd.layers) == 16
     assert data.aifd.delta_ae[0] == 0.0
     # One acceptance curve per front subnet, as long as its draft_len, decreasing with position.

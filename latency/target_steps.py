@@ -1,0 +1,104 @@
+"""The target's steps from their own measurements: (context_len, k) -> milliseconds, per kind.
+
+A profile times every target step (``decode``, ``verify`` over each k, ``verify_tree`` over each
+tree size) at every context length of its grid: a few dozen rows that scale every speedup. They
+are not regressed together with the draft rows (which would outnumber them and blur them); each
+kind's rows are read as a table, per k:
+
+* inside the measured contexts of that k: piecewise-linear interpolation between them (a
+  measured context gives back its own measurement: the mean of its rows, when profiles of
+  several machines were merged);
+* outside them: that k's least-squares line in the context (a target step's cost is its fixed
+  part plus attention over the KV cache, linear in the context); with one measured context, that
+  context's value;
+* a k between two measured ks: linear in k between the two ks' values at the context (a step
+  over k positions costs its fixed part plus a part per position); a k outside the measured ks
+  is refused (`InputError`): nothing says how a longer verify scales on this hardware.
+
+No prediction falls below a tenth of the cheapest measurement of its k (a line far below the
+measured contexts could otherwise cross zero).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from dreams_nas.supernet.core.errors import InputError
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+
+class TargetStepTable(RegressorMixin, BaseEstimator):
+    """One target kind's measured steps; X columns (context_len, k), y milliseconds.
+
+    kind: the step kind the rows are (``decode``, ``verify``, ``verify_tree``), named in
+    messages.
+    """
+
+    def __init__(self, kind: str = "verify") -> None:
+        self.kind = kind
+
+    def fit(self, X: Any, y: Any) -> TargetStepTable:
+        X, y = validate_data(self, X, y, y_numeric=True)
+        if X.shape[1] != 2:
+            raise ValueError(f"TargetStepTable takes columns (context_len, k); got {X.shape[1]}")
+        if not (np.asarray(y) > 0).all():
+            raise ValueError(f"{self.kind} milliseconds must be positive")
+        ks = np.unique(X[:, 1].astype(int))
+        contexts, values, slopes, intercepts = [], [], [], []
+        for k in ks:
+            rows = X[:, 1].astype(int) == k
+            ctx, inverse = np.unique(X[rows, 0], return_inverse=True)
+            ms = np.bincount(inverse, weights=y[rows]) / np.bincount(inverse)  # mean per context
+            if len(ctx) >= 2:
+                slope, intercept = np.polyfit(ctx, ms, 1)
+            else:
+                slope, intercept = 0.0, float(ms[0])
+            contexts.append(ctx.astype(float))
+            values.append(ms.astype(float))
+            slopes.append(float(slope))
+            intercepts.append(float(intercept))
+        self.ks_ = ks.astype(np.int64)
+        self.contexts_ = contexts  # per k: the measured contexts, ascending
+        self.ms_ = values  # per k: the mean milliseconds at each
+        self.slopes_ = np.array(slopes)  # per k: least-squares line over the contexts
+        self.intercepts_ = np.array(intercepts)
+        return self
+
+    def predict(self, X: Any) -> np.ndarray:
+        check_is_fitted(self, "ks_")
+        X = validate_data(self, X, reset=False)
+        ctx, k = X[:, 0].astype(float), X[:, 1].astype(int)
+        out = np.empty(len(X), dtype=float)
+        for value in np.unique(k):
+            rows = k == value
+            out[rows] = self._at_k(int(value), ctx[rows])
+        return out
+
+    def k_range(self) -> tuple[int, int]:
+        check_is_fitted(self, "ks_")
+        return int(self.ks_[0]), int(self.ks_[-1])
+
+    def _at_k(self, k: int, ctx: np.ndarray) -> np.ndarray:
+        hit = np.flatnonzero(self.ks_ == k)
+        if hit.size:
+            return self._along_context(int(hit[0]), ctx)
+        low, high = self.k_range()
+        if not low < k < high:
+            span = f"{low}" if low == high else f"{low}..{high}"
+            raise InputError(
+                f"a {self.kind} step over k={k} positions was not profiled (profiled: k {span}) "
+                "and is not extrapolated; rerun `dreams-nas profile` with the run's search space "
+                "(it times the target's steps for every draft length and tree of the space)")
+        above = int(np.searchsorted(self.ks_, k))
+        k0, k1 = int(self.ks_[above - 1]), int(self.ks_[above])
+        w = (k - k0) / (k1 - k0)
+        return (1 - w) * self._along_context(above - 1, ctx) + w * self._along_context(above, ctx)
+
+    def _along_context(self, i: int, ctx: np.ndarray) -> np.ndarray:
+        known, ms = self.contexts_[i], self.ms_[i]
+        inside = np.interp(ctx, known, ms)
+        line = self.intercepts_[i] + self.slopes_[i] * ctx
+        outside = (ctx < known[0]) | (ctx > known[-1])
+        return np.maximum(np.where(outside, line, inside), 0.1 * float(ms.min()))
