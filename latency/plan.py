@@ -25,8 +25,16 @@ Four kinds of step are timed, each at several context lengths:
   its top children), for every level width > 1 the space's trees draft after the root, timed
   for the largest and the smallest subnet at every context length (the regressor carries the
   width's cost to the other subnets).
+* ``cycle``: the speculative cycle's own work outside the two models' forward passes
+  (acceptance, the target's and the draft's cache rollback, the next inputs, the loop's
+  bookkeeping), per cycle of a chain of gamma drafts, k = gamma + 1, for every gamma of the
+  space: `supernet.decoding.loop.cycle` timed whole, less the time inside the target's
+  verify and the draft's forward passes (`dreams_nas.latency.cycle_steps`).
+* ``cycle_tree``: the same for a cycle of a token tree of k - 1 nodes (acceptance along the
+  tree, the target's KV compaction), one key per tree size of the space.
 
-The target steps are few (contexts x 8) and always all timed. The draft grid is
+The target-like steps (decode, verify, verify_tree, cycle, cycle_tree) are few (contexts x
+(8 + the space's gammas + its tree sizes)) and always all timed. The draft grid is
 (heads x visual_keep x depth x mlp x context) and is timed whole when it has at most
 FULL_GRID_LIMIT points and no budget is given; otherwise the points are a discrete Latin
 hypercube over the five axes (each level of each axis used about equally often), always
@@ -48,7 +56,7 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SearchSpace, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 
-KINDS = ("draft", "draft_first", "decode", "verify", "verify_tree")
+KINDS = ("draft", "draft_first", "decode", "verify", "verify_tree", "cycle", "cycle_tree")
 DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec
 DEFAULT_VERIFY_KS = tuple(range(2, 9))
 FULL_GRID_LIMIT = 256  # draft points timed whole when no budget is given
@@ -77,7 +85,7 @@ class StepKey:
             )
         if self.kind in ("decode", "draft_first") and self.k != 1:
             raise InputError(f"a {self.kind} step times one position; k={self.k} must be 1")
-        if self.kind in ("verify", "verify_tree") and self.k < 2:
+        if self.kind in ("verify", "verify_tree", "cycle", "cycle_tree") and self.k < 2:
             raise InputError(f"a {self.kind} step times k >= 2 positions; k={self.k} is not")
 
     @property
@@ -218,9 +226,10 @@ def build_plan(
     seed: int = 0,
     budget_option: str = "--budget",
 ) -> list[StepKey]:
-    """Every key to time: the target's decode and verify steps at every context length, and the
-    draft points the budget allows, each as a ``draft`` and a ``draft_first`` key (see the
-    module docstring). `budget_option`: the flag that gave the budget, named in messages."""
+    """Every key to time: the target's decode and verify steps and a ``cycle`` per gamma of
+    the space at every context length, and the draft points the budget allows, each as a
+    ``draft`` and a ``draft_first`` key (see the module docstring). `budget_option`: the
+    flag that gave the budget, named in messages."""
     contexts = sorted({int(c) for c in context_lengths})
     if not contexts or contexts[0] < 1:
         raise InputError(f"--context-lengths {list(context_lengths)} must be positive token counts")
@@ -253,6 +262,7 @@ def build_plan(
     for c in contexts:
         keys.append(StepKey("decode", c, 1))
         keys.extend(StepKey("verify", c, int(k)) for k in sorted(set(verify_ks)))
+        keys.extend(StepKey("cycle", c, int(g) + 1) for g in sorted(set(space.draft_len)))
     keys.extend(tree_keys(space, contexts))
     return keys
 
@@ -267,13 +277,14 @@ def tree_sizes(space: SearchSpace) -> tuple[list[int], list[int]]:
 
 
 def tree_keys(space: SearchSpace, contexts: Sequence[int]) -> list[StepKey]:
-    """The ``verify_tree`` keys (every tree size, every context) and the wide ``draft`` keys
-    (every level width, the largest and smallest subnet -- every draft axis at its maximum, at
-    its minimum -- every context) of the space's trees."""
+    """The ``verify_tree`` and ``cycle_tree`` keys (every tree size, every context) and the
+    wide ``draft`` keys (every level width, the largest and smallest subnet -- every draft axis
+    at its maximum, at its minimum -- every context) of the space's trees."""
     verify, levels = tree_sizes(space)
     axes = draft_axes(space)
     ends = sorted({tuple(a[0] for a in axes), tuple(a[-1] for a in axes)})
     keys = [StepKey("draft", c, w, canonical_spec(space, *end))
             for end in ends for c in contexts for w in levels]
     keys += [StepKey("verify_tree", c, k) for c in contexts for k in verify]
+    keys += [StepKey("cycle_tree", c, k) for c in contexts for k in verify]
     return keys

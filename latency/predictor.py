@@ -186,6 +186,23 @@ class LatencyPredictor:
                              "context_len": int(context_len), "k": ks})
         return self.predict_rows(rows)
 
+    def cycle_profiled(self, tree: bool = False) -> bool:
+        """Whether the profile timed the speculative cycle's own work (kind ``cycle``, or
+        ``cycle_tree`` with `tree`); a profile made before that kind existed did not."""
+        return ("cycle_tree" if tree else "cycle") in getattr(self.model, "target_models_", {})
+
+    def cycle_ms(self, k: Sequence[int], context_len: int, tree: bool = False) -> np.ndarray:
+        """The speculative cycle's work outside the models' forwards (acceptance, cache
+        rollback, bookkeeping) per cycle of k = gamma + 1 positions (`tree`: a token tree of
+        k - 1 nodes). 0 where the profile has no such rows (`cycle_profiled`): the search then
+        prices no overhead and says so."""
+        ks = np.atleast_1d(np.asarray(k, dtype=int))
+        if not self.cycle_profiled(tree):
+            return np.zeros(len(ks))
+        rows = pd.DataFrame({"kind": "cycle_tree" if tree else "cycle", "heads": np.nan,
+                             "visual_keep": np.nan, "context_len": int(context_len), "k": ks})
+        return self.predict_rows(rows)
+
     def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
         """The first draft step of a cycle (right after the target's verify) of each spec."""
         return self.draft_ms(specs, context_len, kind="draft_first")
@@ -217,8 +234,10 @@ class LatencyPredictor:
             return float(self.tree_verify_ms([k], context_len)[0])
         if kind == "decode":
             return self.decode_ms(context_len)
+        if kind in ("cycle", "cycle_tree"):
+            return float(self.cycle_ms([k], context_len, tree=kind == "cycle_tree")[0])
         raise ValueError(f"latency kind {kind!r} is not one of draft, draft_first, verify, "
-                         "verify_tree, decode")
+                         "verify_tree, decode, cycle, cycle_tree")
 
     # --- fitting ------------------------------------------------------------------------
     @classmethod

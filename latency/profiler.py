@@ -25,10 +25,13 @@ log = logging.getLogger("dreams_nas.latency")
 
 @dataclass(frozen=True)
 class Step:
-    """One timed step: ``run`` is timed; ``prepare`` (optional) runs untimed before each repeat."""
+    """One timed step: ``run`` is timed; ``prepare`` (optional) runs untimed before each repeat;
+    ``excluded`` (optional) gives, per clock, the milliseconds of the last ``run`` that the
+    sample leaves out (`timing.measure`)."""
 
     run: Callable[[], object]
     prepare: Callable[[], object] | None = None
+    excluded: Callable[[str], float] | None = None
 
 
 class StepBuilder(Protocol):
@@ -167,7 +170,7 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
                          min_repeats=settings.min_repeats, max_repeats=settings.repeats,
                          budget_s=settings.budget_s, threads=settings.threads, probe=probe,
                          clock=settings.clock if hw.kind == "cpu" else "wall",
-                         prepare=step.prepare)
+                         prepare=step.prepare, excluded=step.excluded)
         del step
         return timing
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError

@@ -6,8 +6,10 @@ model per kind of step.
   `DraftFeatures`, linear in the context (`dreams_nas.latency.estimators`), cross-validated over
   grid-point groups (`dreams_nas.latency.validation.grid_groups`). A profile without
   ``draft_first`` rows (timed before that kind existed) prices the first step as a hot one.
-* ``decode``, ``verify`` and ``verify_tree``: each a `TargetStepTable`, its own measurements
-  interpolated per k (`dreams_nas.latency.target_steps`).
+* ``decode``, ``verify``, ``verify_tree``, ``cycle`` and ``cycle_tree`` (the speculative
+  cycle's own work outside the forwards, per k = gamma + 1 or tree size): each a
+  `TargetStepTable`, its own measurements interpolated per k, linear in the context beyond
+  them (`dreams_nas.latency.target_steps`).
 
 A kind the profile never timed is refused (`InputError`) rather than guessed from another, and
 so is a draft step over a tree level wider than any timed.

@@ -16,6 +16,8 @@
   cycle's draft steps, which push the target's weights out of the CPU caches; so when the
   builder is given a `precede` subnet, a ``verify`` repeat is prepared (untimed) by that
   subnet's draft steps at the same context, as the loop runs it.
+* ``cycle`` / ``cycle_tree``: the speculative loop's per-cycle work outside the forwards, with
+  `precede`'s extracted draft (`dreams_nas.latency.cycle_steps`).
 
 Latency does not depend on the weights' values, so an untrained supernet built from the
 target's config times the same as the trained one.
@@ -144,6 +146,8 @@ class ModelSteps:
             return Step(self._draft_step(key, width=key.k, level=key.k > 1))
         if key.kind == "draft_first":
             return self._first_draft_step(key)
+        if key.kind in ("cycle", "cycle_tree"):
+            return self._cycle(key)
         if key.kind in ("verify", "verify_tree") and self.precede is not None:
             return self._verify_after_draft(key)
         return Step(self._target_step(key))
@@ -173,6 +177,17 @@ class ModelSteps:
             return out.logits.argmax(-1)
 
         return step
+
+    def _cycle(self, key: StepKey) -> Step:
+        """One speculative cycle of `key` (a chain of k - 1 drafts, or the space's tree of
+        k - 1 nodes) drafted by `precede` (else the supernet's active subnet), its forwards'
+        time left out of the sample."""
+        from dreams_nas.latency.cycle_steps import cycle_step
+
+        spec = self.precede or self.supernet.active
+        tree = self._tree_of(key.k) if key.kind == "cycle_tree" else None
+        return cycle_step(self.adapter, self._extracted(spec), key, self._ids(key.context_len),
+                          self._ids(1), tree=tree)
 
     def _tree_of(self, k: int) -> TokenTree:
         """The space's tree of k - 1 nodes (else a root with k - 1 children)."""

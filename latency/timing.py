@@ -15,6 +15,11 @@ machine in the state the step meets in real use (e.g. the target's verify pass b
 draft step of a cycle, which evicts the draft's weights from the CPU caches). On CUDA the
 device is synchronised after it, so its kernels are not in the step's time.
 
+`excluded` (optional) is what a sample leaves out: called after each timed call with the
+clock's name (``wall``, ``cpu`` or ``cuda``), it returns the milliseconds of that call which
+another kind of step already prices -- the model forwards inside a timed speculative cycle
+(`dreams_nas.latency.cycle_steps`) -- read on the same clock, and the sample is the rest.
+
 The raw samples are kept; the summary is the median with the 10th and 90th percentiles, and a
 flag when the clock dropped or the driver reported a slowdown reason during the sample.
 """
@@ -77,13 +82,15 @@ def measure(
     clock_drop: float = 0.10,
     clock: str = "wall",
     prepare: Callable[[], object] | None = None,
+    excluded: Callable[[str], float] | None = None,
 ) -> Timing:
     """Time `step()`: `warmup` untimed calls, then repeats until `max_repeats` or until
     `budget_s` seconds have passed (but at least `min_repeats`).
 
     `probe` (NVML) is read after every repeat; the timing is flagged `throttled` when a slowdown
     reason was set or the SM clock fell more than `clock_drop` below the highest clock seen.
-    `prepare`, when given, runs untimed before every warm-up call and every sample.
+    `prepare`, when given, runs untimed before every warm-up call and every sample;
+    `excluded`, when given, is subtracted from every sample (module docstring).
     """
     if min_repeats < 1 or max_repeats < min_repeats:
         raise ValueError(
@@ -114,7 +121,10 @@ def measure(
         deadline = time.perf_counter() + budget_s
         while len(samples) < max_repeats:
             _prepare(prepare, on_cuda, device)
-            samples.append(_time_cuda(step, device) if on_cuda else timer(step))
+            sample = _time_cuda(step, device) if on_cuda else timer(step)
+            if excluded is not None:
+                sample -= excluded("cuda" if on_cuda else clock)
+            samples.append(sample)
             if probe is not None:
                 throttled |= bool(probe.throttle_mask())
                 mhz = probe.sm_clock_mhz()

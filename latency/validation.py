@@ -25,7 +25,8 @@ from dreams_nas.latency.plan import DRAFT_KINDS
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SIZE_DEFAULTS
 
-METRIC_KINDS = ("draft", "draft_tree", "draft_first", "decode", "verify", "verify_tree")
+METRIC_KINDS = ("draft", "draft_tree", "draft_first", "decode", "verify", "verify_tree",
+                "cycle", "cycle_tree")
 
 
 def metric_kinds(frame: pd.DataFrame) -> np.ndarray:

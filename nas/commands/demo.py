@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     small.add_argument("--repeats", type=whole(1), default=40, metavar="N",
                        help="timed repeats per profiled step, in 4 passes (default 40)")
     small.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
-                       help="profiled prompt lengths (default: image + 16..256 text)")
+                       help="profiled prompt lengths (default: five from the shortest "
+                            "evaluation prompt to the longest plus --max-new-tokens)")
     small.add_argument("--limit", type=whole(1), default=None, metavar="N",
                        help="evaluation prompts scored (default 32)")
     small.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",

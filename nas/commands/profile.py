@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, real, whole
+from dreams_nas.nas.commands.options import (
+    add_data,
+    add_device,
+    add_dtype,
+    add_threads,
+    real,
+    whole,
+)
 
 HELP = ("time draft subnets and the target's decode/verify steps on this device; "
         "fit the latency predictor")
@@ -22,10 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid)")
     parser.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
-                        help="prompt lengths in tokens, image included "
-                             "(default: image + 16..256 text); span the contexts you will "
-                             "search at: `search` refuses one outside them by more than a "
-                             "tenth of their span")
+                        help="prompt lengths in tokens, image included (default: five "
+                             "from the shortest evaluation prompt of --data to the longest "
+                             "plus --max-new-tokens); span the contexts you will search at: "
+                             "`search` refuses one outside them by more than a tenth of "
+                             "their span")
+    add_data(parser, "evaluation prompts whose visual tokens and lengths set the contexts")
+    parser.add_argument("--limit", type=whole(1), default=None, metavar="N",
+                        help="use the first N evaluation prompts (builtin default: 32)")
+    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
+                        help="answer length the context grid allows for (default: 64)")
     parser.add_argument("--repeats", type=whole(1), default=100,
                         help="timed repeats per step, at most (default: 100; fewer past 2 s)")
     add_threads(parser, "fixed while timing", default="physical cores")
@@ -57,7 +70,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     options = ProfileOptions(
         target=args.target, device=args.device, dtype=args.dtype, budget=args.budget,
-        context_lengths=args.context_lengths, repeats=args.repeats, threads=args.threads,
+        context_lengths=args.context_lengths, data=args.data, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, threads=args.threads,
         clock=args.clock, passes=args.passes, chunk=args.chunk, holdout=args.holdout,
         stat=f"{args.stat}_ms", fit_only=args.fit_only,
         seed=args.seed,

@@ -14,6 +14,11 @@ A model that also predicts many steps per call (`BatchLatencyModel`: `draft_ms(s
 `first_draft_ms(specs, ...)`, `target_ms(ks, ...)`, as `LatencyPredictor` does) is asked once
 per kind for every distinct step a table of subnets needs, so evaluating 10^6 subnets costs
 three predictor calls; any other `LatencyModel` is asked once per distinct step.
+
+A model with a ``cycle_ms(ks, context_len, tree=False)`` method (`LatencyPredictor`) also
+prices the speculative cycle's own work outside the forwards (acceptance, cache rollback,
+bookkeeping: the profile's ``cycle`` / ``cycle_tree`` kinds) per chain gamma and tree size;
+without one, or from a profile without those rows, the overhead is priced 0 ms.
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ class Candidate:
     # the cycle's draft steps after the first: a chain's draft_len - 1 hot steps, a tree's
     # steps over its levels (NaN: a chain's, from draft_ms)
     hot_draft_ms: float = float("nan")
+    # the cycle's own work outside the forwards (acceptance, rollback, bookkeeping); 0: not
+    # profiled
+    cycle_overhead_ms: float = 0.0
 
     @property
     def cycle_draft_ms(self) -> float:
@@ -117,7 +125,8 @@ class Candidate:
 
     @property
     def cycle_ms(self) -> float:
-        """One speculative cycle: its draft steps and the target's verify pass."""
+        """One speculative cycle's forwards: its draft steps and the target's verify pass
+        (the cycle's own work outside them is `cycle_overhead_ms`)."""
         return self.cycle_draft_ms + self.verify_ms
 
     def value(self, name: str) -> float:
@@ -136,7 +145,7 @@ class Candidate:
                 "decode_ms": self.decode_ms, "speedup": self.speedup,
                 "draft_params": self.draft_params, "draft_bytes": self.draft_bytes,
                 "hot_draft_ms": self.cycle_draft_ms - self.first_draft_ms,
-                "feasible": self.feasible}
+                "cycle_overhead_ms": self.cycle_overhead_ms, "feasible": self.feasible}
 
     @classmethod
     def from_attrs(cls, spec: SubnetSpec, attrs: Mapping[str, Any], number: int) -> Candidate:
@@ -149,7 +158,8 @@ class Candidate:
             speedup=float(attrs["speedup"]), draft_params=int(attrs["draft_params"]),
             feasible=bool(attrs["feasible"]), number=number,
             draft_bytes=int(attrs.get("draft_bytes", 0)),
-            hot_draft_ms=float(attrs.get("hot_draft_ms", float("nan"))))
+            hot_draft_ms=float(attrs.get("hot_draft_ms", float("nan"))),
+            cycle_overhead_ms=float(attrs.get("cycle_overhead_ms", 0.0)))
 
     def to_row(self) -> dict[str, Any]:
         """The SCHEMAS.md trials.csv columns this candidate fills."""
@@ -160,7 +170,7 @@ class Candidate:
             "verify_ms": self.verify_ms, "decode_ms": self.decode_ms,
             "speedup": self.speedup, "draft_params": self.draft_params,
             "draft_bytes": self.draft_bytes, "cycle_ms": self.cycle_ms,
-            "feasible": int(self.feasible),
+            "cycle_overhead_ms": self.cycle_overhead_ms, "feasible": int(self.feasible),
         }
 
 
@@ -285,6 +295,34 @@ class LatencyCache:
         per_key = np.array([self._memo[("tree", int(k))] for k in distinct], dtype=np.float64)
         return per_key[inverse]
 
+    @property
+    def cycle_priced(self) -> dict[str, bool]:
+        """{``chain``/``tree``: whether the model prices that cycle's own work}; False for a
+        model without ``cycle_ms`` or a profile without ``cycle`` (``cycle_tree``) rows."""
+        profiled = getattr(self.predictor, "cycle_profiled", None)
+        has = callable(getattr(self.predictor, "cycle_ms", None))
+        return {shape: bool(has and (profiled is None or profiled(shape == "tree")))
+                for shape in ("chain", "tree")}
+
+    def cycle_steps(self, ks: ArrayLike, tree: bool = False) -> np.ndarray:
+        """(len(ks),) ms of a speculative cycle's own work outside the forwards: k = gamma + 1
+        of a chain, or a tree's nodes + 1 (`tree`); 0 where the model does not price it
+        (`cycle_priced`)."""
+        ks = np.asarray(ks, dtype=np.int64).reshape(-1)
+        if not len(ks) or not self.cycle_priced["tree" if tree else "chain"]:
+            return np.zeros(len(ks))
+        cycle_ms = self.predictor.cycle_ms  # type: ignore[attr-defined]
+        name = "cycle_tree" if tree else "cycle"
+        distinct, inverse = np.unique(ks, return_inverse=True)
+        missing = [int(k) for k in distinct if (name, int(k)) not in self._memo]
+        if missing:
+            self.n_calls += 1
+            values = _as_floats(cycle_ms(missing, self.context_len, tree=tree), len(missing),
+                                name)
+            self._memo.update(zip(((name, k) for k in missing), values, strict=True))
+        per_key = np.array([self._memo[(name, int(k))] for k in distinct], dtype=np.float64)
+        return per_key[inverse]
+
     def target_steps(self, ks: ArrayLike) -> np.ndarray:
         """(len(ks),) ms of one target pass over k positions: k = 1 a plain decoding step,
         k = gamma + 1 the verify of gamma drafted tokens."""
@@ -363,6 +401,7 @@ class CandidateArrays:
     speedup: np.ndarray  # (n,)
     feasible: np.ndarray  # (n,) bool
     hot_draft_ms: np.ndarray | None = None  # (n,) the cycle's draft steps after the first
+    cycle_overhead_ms: np.ndarray | None = None  # (n,) the cycle's work outside the forwards
 
 
 def evaluate_fields(
@@ -386,23 +425,25 @@ def evaluate_fields(
     target = latency.target_steps(np.concatenate([[1], fields.draft_len + 1]))  # (1 + n,)
     decode, verify = float(target[0]), target[1:].copy()
     hot = (fields.draft_len - 1) * draft  # a chain's gamma - 1 hot steps
+    overhead = latency.cycle_steps(fields.draft_len + 1)  # (n,) a chain's; trees' below
     is_tree = fields.tree_index >= 0
     if is_tree.any():
-        _tree_costs(fields, is_tree, latency, hot, verify)
+        _tree_costs(fields, is_tree, latency, hot, verify, overhead)
     speedup = expected_speedup(tau, fields.draft_len, draft, verify, decode,
-                               first_draft_ms=first, hot_draft_ms=hot)  # (n,)
+                               first_draft_ms=first, hot_draft_ms=hot,
+                               cycle_overhead_ms=overhead)  # (n,)
     feasible = (np.ones(len(fields), dtype=bool) if max_draft_ms is None
                 else draft <= max_draft_ms)
     return CandidateArrays(draft_ms=draft, first_draft_ms=first, verify_ms=verify,
                            decode_ms=decode, speedup=speedup, feasible=feasible,
-                           hot_draft_ms=hot)
+                           hot_draft_ms=hot, cycle_overhead_ms=overhead)
 
 
 def _tree_costs(fields: SubnetFields, is_tree: np.ndarray, latency: LatencyCache,
-                hot: np.ndarray, verify: np.ndarray) -> None:
+                hot: np.ndarray, verify: np.ndarray, overhead: np.ndarray) -> None:
     """Fill the token trees' cycle costs in place: the draft's steps over each level after
-    the root (one step per depth, as wide as the level) and the target's tree verify over
-    the nodes and the root."""
+    the root (one step per depth, as wide as the level), the target's tree verify over
+    the nodes and the root, and the tree cycle's own work."""
     sub = fields.rows(is_tree)
     trees = [TokenTree(t) for t in fields.trees]
     tree_hot = np.zeros(len(sub))
@@ -412,6 +453,7 @@ def _tree_costs(fields: SubnetFields, is_tree: np.ndarray, latency: LatencyCache
     hot[is_tree] = tree_hot
     nodes = np.array([t.nodes for t in trees])
     verify[is_tree] = latency.tree_steps(nodes[sub.tree_index] + 1)
+    overhead[is_tree] = latency.cycle_steps(nodes[sub.tree_index] + 1, tree=True)
 
 
 def evaluate(
@@ -433,7 +475,8 @@ def evaluate(
     numbers = list(numbers) if numbers is not None else list(range(len(rows)))
     columns = zip(rows, arrays.draft_ms.tolist(), arrays.first_draft_ms.tolist(),
                   arrays.verify_ms.tolist(), arrays.speedup.tolist(), arrays.feasible.tolist(),
-                  numbers, arrays.hot_draft_ms.tolist(), strict=True)
+                  numbers, arrays.hot_draft_ms.tolist(), arrays.cycle_overhead_ms.tolist(),
+                  strict=True)
     return [
         Candidate(
             spec=r.spec, tau=float(r.tau), tau_ci=(float(r.tau_lo), float(r.tau_hi)),
@@ -441,7 +484,7 @@ def evaluate(
             decode_ms=arrays.decode_ms, speedup=speedup, draft_params=int(draft_params(r.spec)),
             feasible=feasible, number=int(number),
             draft_bytes=int(draft_memory(r.spec)) if draft_memory is not None else 0,
-            hot_draft_ms=hot,
+            hot_draft_ms=hot, cycle_overhead_ms=overhead,
         )
-        for r, draft, first, verify, speedup, feasible, number, hot in columns
+        for r, draft, first, verify, speedup, feasible, number, hot, overhead in columns
     ]

@@ -4,14 +4,20 @@ Per speculative cycle the draft runs gamma steps and the target verifies gamma+1
 one forward pass; the cycle yields tau tokens on average (tau counts the bonus token, so
 1 <= tau <= gamma+1). Plain decoding yields one token per target step of T_decode, hence
 
-    speedup = tau * T_decode / ((gamma - 1) * T_draft_step + T_draft_first + T_verify(gamma + 1))
+    speedup = tau * T_decode / ((gamma - 1) * T_draft_step + T_draft_first + T_verify(gamma + 1)
+                               + T_cycle(gamma + 1))
 
 T_draft_first is the cycle's first draft step, which runs right after the target's verify
 pass: that pass evicts the draft's weights from the CPU caches (on a GPU, the launch queue
 drains at its synchronisation), so the first step costs more than the later ones, timed back
 to back. Likewise T_verify is timed right after a cycle's draft steps, and T_decode back to
 back, as each runs in its own loop. Without a first-step time, T_draft_first = T_draft_step:
-tau * T_decode / (gamma * T_draft_step + T_verify(gamma + 1)).
+tau * T_decode / (gamma * T_draft_step + T_verify(gamma + 1) + T_cycle).
+
+T_cycle is the cycle's own work outside the two models' forward passes -- acceptance, the
+target's and the draft's cache rollback (a tree's KV compaction), the next inputs, the loop's
+bookkeeping -- profiled as the kinds ``cycle`` / ``cycle_tree`` (`dreams_nas.latency`);
+0 when not given (a profile made before those kinds).
 
 All arguments broadcast like numpy arrays; the result is a float64 array (a 0-d array for
 scalars). A NaN input gives NaN for that element; a non-positive cycle time is an error.
@@ -32,6 +38,7 @@ def expected_speedup(
     decode_ms: ArrayLike,
     first_draft_ms: ArrayLike | None = None,
     hot_draft_ms: ArrayLike | None = None,
+    cycle_overhead_ms: ArrayLike = 0.0,
 ) -> NDArray[np.float64]:
     """Expected speedup for each element.
 
@@ -44,6 +51,7 @@ def expected_speedup(
     hot_draft_ms: the cycle's draft steps after the first, in all (ms); None: a chain's
                   (gamma - 1) * draft_ms. A token tree's: one step per level after the root,
                   each over that level's nodes; its verify_ms covers its nodes + 1 positions.
+    cycle_overhead_ms: the cycle's work outside the forwards (ms); 0: not priced.
     """
     tau_a = np.asarray(tau, dtype=np.float64)
     gamma = np.asarray(draft_len, dtype=np.float64)
@@ -66,11 +74,13 @@ def expected_speedup(
     if hot_draft_ms is not None:
         hot = np.asarray(hot_draft_ms, dtype=np.float64)
         _check_nonnegative("hot_draft_ms", hot)
-    cycle_ms = hot + (t_draft if first_draft_ms is None else t_first) + t_verify
+    t_cycle = np.asarray(cycle_overhead_ms, dtype=np.float64)
+    _check_nonnegative("cycle_overhead_ms", t_cycle)
+    cycle_ms = hot + (t_draft if first_draft_ms is None else t_first) + t_verify + t_cycle
     if np.any(cycle_ms <= 0):
         raise InputError(
-            "a speculative cycle of (gamma - 1) * draft_ms + first_draft_ms + verify_ms <= 0 ms "
-            "cannot be; the "
+            "a speculative cycle of (gamma - 1) * draft_ms + first_draft_ms + verify_ms "
+            "+ cycle_overhead_ms <= 0 ms cannot be; the "
             "latency predictor returned non-positive times: refit it with `dreams-nas profile`"
         )
     return np.asarray(tau_a * t_decode / cycle_ms, dtype=np.float64)

@@ -165,7 +165,8 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
     return ProfileOptions(
         target=options.target, device=device, dtype=options.dtype,
         budget=options.profile_budget,
-        context_lengths=options.context_lengths, repeats=options.profile_repeats,
+        context_lengths=options.context_lengths, limit=options.limit,
+        max_new_tokens=options.max_new_tokens, repeats=options.profile_repeats,
         passes=options.profile_passes,
         threads=options.threads, seed=options.seed, show_progress=options.show_progress,
         budget_option=PROFILE_BUDGET)

@@ -27,8 +27,8 @@ from dreams_nas.supernet.core.versions import library_versions
 TRIAL_COLUMNS: tuple[str, ...] = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tree", "depth",
     "mlp", "tau", "tau_lo", "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms",
-    "speedup", "draft_params", "draft_bytes", "cycle_ms", "feasible", "state", "method",
-    "objective",
+    "speedup", "draft_params", "draft_bytes", "cycle_ms", "cycle_overhead_ms", "feasible",
+    "state", "method", "objective",
 )
 HISTORY_COLUMNS: tuple[str, ...] = ("number", "value", "best_so_far")
 
@@ -72,7 +72,7 @@ def write_history(path: Path, history: Sequence[tuple[int, float, float]]) -> Pa
 def predicted(c: Candidate) -> dict[str, Any]:
     return {"speedup": c.speedup, "tau": c.tau, "tau_ci": [c.tau_ci[0], c.tau_ci[1]],
             "draft_ms": c.draft_ms, "first_draft_ms": c.first_draft_ms, "verify_ms": c.verify_ms,
-            "decode_ms": c.decode_ms}
+            "decode_ms": c.decode_ms, "cycle_overhead_ms": c.cycle_overhead_ms}
 
 
 def write_spec_dir(folder: Path, c: Candidate, *, target: Mapping[str, Any], supernet_hash: str,
@@ -96,10 +96,12 @@ def write_spec_dir(folder: Path, c: Candidate, *, target: Mapping[str, Any], sup
 def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[str, Any],
                  supernet_hash: str, dtype: str, measured: Mapping[str, Any] | None = None,
                  verified: Sequence[Mapping[str, Any]] = (),
-                 inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 inputs: Mapping[str, Any] | None = None,
+                 cycle_note: str | None = None) -> dict[str, Any]:
     """best.json's document. `inputs`: what the result was computed from
     (`nas.stages.search.search_inputs`), the key its reuse is checked against; null when the
-    caller gives none, and then the file is never reused."""
+    caller gives none, and then the file is never reused. `cycle_note`: why the speculative
+    cycle's own work is priced 0 ms (a profile without ``cycle`` rows); None: it is priced."""
     best = result.best
     if best is None:
         raise ValueError("no feasible subnet: nothing to write to best.json")
@@ -114,6 +116,7 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
         "verified": [dict(v) for v in verified],
         "hardware": dict(hardware), "supernet_hash": supernet_hash, "dtype": dtype,
         "inputs": dict(inputs) if inputs is not None else None,
+        "cycle_overhead": {"priced": cycle_note is None, "note": cycle_note},
         "n_evaluations": result.n_evaluations, "space_size": result.space_size,
         "study_name": result.study_name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -127,7 +130,8 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
                   measured: Mapping[str, Any] | None = None,
                   verified: Sequence[Mapping[str, Any]] = (),
                   spec_ids: Sequence[str] | None = None,
-                  inputs: Mapping[str, Any] | None = None) -> dict[str, Path]:
+                  inputs: Mapping[str, Any] | None = None,
+                  cycle_note: str | None = None) -> dict[str, Path]:
     """Write every file of one search; returns their paths by name.
 
     spec_ids: which candidates get a specs/<id>/ folder (default: the best one and the front).
@@ -151,7 +155,7 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
                                write_draft=write_draft)
         paths["best"] = write_best(run, result, hardware_id=hardware_id, hardware=hardware,
                                    supernet_hash=supernet_hash, dtype=dtype, measured=measured,
-                                   verified=verified, inputs=inputs)
+                                   verified=verified, inputs=inputs, cycle_note=cycle_note)
         paths["spec_dir"] = run.spec_dir(result.best.spec.id)
     return paths
 
@@ -160,11 +164,12 @@ def write_best(run: RunFolder, result: SearchResult, *, hardware_id: str,
                hardware: Mapping[str, Any], supernet_hash: str, dtype: str,
                measured: Mapping[str, Any] | None = None,
                verified: Sequence[Mapping[str, Any]] = (),
-               inputs: Mapping[str, Any] | None = None) -> Path:
+               inputs: Mapping[str, Any] | None = None,
+               cycle_note: str | None = None) -> Path:
     """search/<hw>/best.json, atomically: first with the prediction alone, then again once
     the end-to-end measurement is in."""
     return atomic_write_json(
         run.best_json(hardware_id),
         best_payload(result, hardware_id=hardware_id, hardware=hardware,
                      supernet_hash=supernet_hash, dtype=dtype, measured=measured,
-                     verified=verified, inputs=inputs))
+                     verified=verified, inputs=inputs, cycle_note=cycle_note))

@@ -19,6 +19,7 @@ from dreams_nas.latency.plan import DEFAULT_VERIFY_KS, KINDS, build_plan
 from dreams_nas.latency.predictor import LatencyPredictor
 from dreams_nas.latency.profiler import TimingSettings, run_profile
 from dreams_nas.latency.store import ProfileStore
+from dreams_nas.nas.stages.contexts import measure_data_contexts
 from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
@@ -34,7 +35,11 @@ class ProfileOptions:
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     budget: float | int | str | None = None
-    context_lengths: Sequence[int] | None = None
+    context_lengths: Sequence[int] | None = None  # None: spanning the data's (`contexts`)
+    # the evaluation prompts whose visual tokens and lengths set the default context grid
+    data: str = "builtin"
+    limit: int | None = None
+    max_new_tokens: int = 64
     repeats: int = 100
     threads: int | None = None
     clock: str = "wall"
@@ -88,6 +93,20 @@ def load_target(target: str, device: str, dtype: Any) -> Any:
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
     return TargetAdapter.load(target, device=device, dtype=dtype)
+
+
+def _eval_examples(options: ProfileOptions) -> list[Any]:
+    """The evaluation prompts whose visual tokens and lengths the profile reads (`contexts`)."""
+    from dreams_nas.nas.stages.inputs import load_eval_examples
+    from dreams_nas.supernet.data.prompts import check_data
+
+    check_data(options.data)
+    return load_eval_examples(options.data, options.limit, options.seed)
+
+
+def _range(values: Sequence[int]) -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}..{high}"
 
 
 def count_visual_tokens(adapter: Any) -> int:
@@ -174,12 +193,22 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         _check_same_hardware(folder, hw, options.clock)
         target_id = options.target or run.target_source() or "builtin"
         _check_same_target(folder, target_id)  # from its config, before the slow load
+        examples = _eval_examples(options)  # a bad --data fails before the slow load
         adapter = load_target(target_id, device, dtype)
         entry = adapter.describe()
         architecture = entry["architecture_hash"]
         space, supernet = _space_and_supernet(run, adapter.model, options.seed)
-        visual_tokens = count_visual_tokens(adapter)
-        contexts = list(options.context_lengths or default_context_lengths(visual_tokens))
+        data = measure_data_contexts(adapter, examples, options.data, options.max_new_tokens)
+        if data is not None:
+            visual_tokens = data.median_visual_tokens
+            log.info("evaluation prompts (%s, %d): %s visual tokens, %s tokens long; contexts "
+                     "span %d..%d", options.data, len(examples),
+                     _range(data.visual_tokens), _range(data.prompt_lens), *data.span())
+        else:
+            visual_tokens = count_visual_tokens(adapter)
+        contexts = list(options.context_lengths
+                        or (data.grid() if data is not None
+                            else default_context_lengths(visual_tokens)))
         check_context_lengths(contexts, visual_tokens, adapter.model.config)
         keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
                           budget_option=options.budget_option)
@@ -198,6 +227,7 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
             "passes": passes, "chunk": options.chunk,
             "verify_after": space.largest().id, "target": entry.get("id"),
             "architecture_hash": architecture,
+            "data_contexts": None if data is None else data.to_dict(),
         })
         settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
                                   threads=hw.threads, clock=options.clock, passes=passes,
@@ -380,9 +410,9 @@ def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore
     planned, done = int(plan.get("n_keys", 0)), len(store.done_keys())
     if done < planned:
         changes.append(f"{planned - done} of {planned} planned steps not timed yet")
-    trees = bool((plan.get("space") or {}).get("trees"))  # verify_tree is timed for trees only
+    trees = bool((plan.get("space") or {}).get("trees"))  # *_tree kinds: for trees only
     absent = [kind for kind in KINDS
-              if kind not in set(rows["kind"]) and (trees or kind != "verify_tree")]
+              if kind not in set(rows["kind"]) and (trees or not kind.endswith("_tree"))]
     if absent:
         changes.append(f"no {', '.join(absent)} step timed yet")
     if predictor_path.stat().st_mtime < store.path.stat().st_mtime:

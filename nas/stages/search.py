@@ -179,6 +179,9 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         study_name = options.study_name or study_name_for(options, hardware_id, data_id,
                                                           digest, key)
         memory = draft_memory_fn(run, context_len, getattr(latency, "visual_tokens", 0), dtype)
+        unpriced = cycle_overhead_note(latency, space, hardware_id)
+        if unpriced:
+            log.warning("warning: %s", unpriced)
         result = _search(
             space, cached, latency, draft_params_fn(run), draft_memory=memory,
             front=options.front, context_len=context_len, objective=options.objective,
@@ -201,12 +204,12 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     # Everything the search found is on disk before the (long, fallible) measurement.
     paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
                           target=info, supernet_hash=digest, dtype=dtype,
-                          write_draft=write_draft, inputs=inputs)
+                          write_draft=write_draft, inputs=inputs, cycle_note=unpriced)
     measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
     if measured is not None:
         write_best(run, result, hardware_id=hardware_id, hardware=hardware,
                    supernet_hash=digest, dtype=dtype, measured=measured, verified=verified,
-                   inputs=inputs)
+                   inputs=inputs, cycle_note=unpriced)
     report = write_run_report(run, hardware_id) if options.write_report else None
     best = result.best
     summary: dict[str, Any] = {
@@ -217,12 +220,16 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
                       "draft_ms": round(best.draft_ms, 4),
                       "first_draft_ms": round(best.first_draft_ms, 4),
                       "verify_ms": round(best.verify_ms, 4),
-                      "decode_ms": round(best.decode_ms, 4)},
+                      "decode_ms": round(best.decode_ms, 4),
+                      "cycle_overhead_ms": round(best.cycle_overhead_ms, 4)},
+        "cycle_overhead_priced": unpriced is None,
         "measured": measured, "n_evaluations": result.n_evaluations,
         "space_size": result.space_size, "n_scored": result.n_scored,
         "front": [c.spec.id for c in result.front], "best_json": str(paths["best"]),
-        "warnings": warnings,
+        "warnings": ([unpriced] if unpriced else []) + warnings,
     }
+    if measured is not None:
+        summary["gap_pct"] = round(measured["gap_pct"], 2)
     if result.study_name:
         summary["study_name"] = result.study_name
         summary["storage"] = redact(storage)
@@ -231,11 +238,28 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     return summary
 
 
+def cycle_overhead_note(latency: Any, space: Any, hardware_id: str) -> str | None:
+    """None when the predictor prices the speculative cycle's own work for every shape the
+    space drafts (chains, and trees when it has them); else the one line that says the
+    search prices it 0 ms (a profile made before the ``cycle`` kinds) and how to fix it."""
+    profiled = getattr(latency, "cycle_profiled", None)
+    if profiled is None:
+        return None  # a model that prices no overhead by design (tests, replays)
+    missing = [kind for kind, tree in (("cycle", False), ("cycle_tree", True))
+               if (tree and space.trees or not tree) and not profiled(tree)]
+    if not missing:
+        return None
+    return (f"the latency profile of {hardware_id} has no {'/'.join(missing)} rows (profiled "
+            "before the speculative cycle's own work was timed): its expected speedups price "
+            "that work as 0 ms and run high; rerun `dreams-nas profile` (it times only the "
+            "missing rows) to price it")
+
+
 def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
                 hardware: dict[str, Any]
                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
     """Measure the best subnet and the top of the front end to end against plain decoding."""
-    from dreams_nas.nas.stages.verify import gap_warning, measure_end_to_end
+    from dreams_nas.nas.stages.verify import gap_line, gap_warning, measure_end_to_end, speedup_gap
     from dreams_nas.supernet.core.device import torch_threads
 
     if options.verify == 0:
@@ -262,6 +286,7 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     for cand, m in zip(chosen, results, strict=True):
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
                          "measured_speedup": m.speedup,
+                         "gap_pct": speedup_gap(cand, m)["gap_pct"],
                          "measured_speedup_end_to_end": m.speedup_end_to_end,
                          "measured_tau": m.tau,
                          "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
@@ -276,7 +301,10 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
             log.warning("warning: %s", warning)
             warnings.append(warning)
     best = results[0]
+    gap = speedup_gap(chosen[0], best)
+    log.info("%s", gap_line(chosen[0], best))
     measured = {"speedup": best.speedup, "speedup_end_to_end": best.speedup_end_to_end,
+                "predicted_speedup": gap["predicted_speedup"], "gap_pct": gap["gap_pct"],
                 "tau": best.tau, "tokens_per_s": best.tokens_per_s,
                 "baseline_tokens_per_s": best.baseline_tokens_per_s,
                 "decode_tokens_per_s": best.decode_tokens_per_s,

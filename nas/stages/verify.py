@@ -197,6 +197,21 @@ def _check_divergence(target: Any, spec: SubnetSpec, index: int, prompt: Mapping
     return Divergence(spec.id, index, at, margin, tolerance)
 
 
+def speedup_gap(predicted: Candidate, measured: Measured) -> dict[str, float]:
+    """Predicted vs measured decode-phase speedup and their gap, (measured - predicted) /
+    predicted in percent (negative: the subnet ran slower than predicted)."""
+    gap = (measured.speedup - predicted.speedup) / predicted.speedup * 100.0
+    return {"predicted_speedup": float(predicted.speedup),
+            "measured_speedup": float(measured.speedup), "gap_pct": float(gap)}
+
+
+def gap_line(predicted: Candidate, measured: Measured) -> str:
+    """The one log line stating the gap of `speedup_gap`."""
+    gap = speedup_gap(predicted, measured)
+    return (f"{predicted.spec.id}: decode-phase speedup predicted {gap['predicted_speedup']:.2f}x, "
+            f"measured {gap['measured_speedup']:.2f}x ({gap['gap_pct']:+.1f}%)")
+
+
 def gap_warning(predicted: Candidate, measured: Measured) -> str | None:
     """A one-line warning with the likely cause when prediction and measurement disagree."""
     gap = abs(measured.speedup - predicted.speedup) / predicted.speedup
@@ -219,19 +234,24 @@ def _latency_cause(p: Candidate, m: Measured) -> str:
         return ("tau agrees, so the gap is in the latencies: the latency predictor does not "
                 "match this machine now (profiled under other load, clocks or threads); re-run "
                 "`dreams-nas profile` on a quiet machine")
-    cycle = p.cycle_draft_ms + p.verify_ms
+    cycle = p.cycle_draft_ms + p.verify_ms + p.cycle_overhead_ms
     step_ms = p.cycle_draft_ms / gamma  # predicted mean step: the first (after the verify) + hot
     effects = {  # relative change of the speedup each part explains
         "draft": gamma * (m.draft_ms - step_ms) / cycle,
         "verify": (m.verify_ms - p.verify_ms) / cycle,
-        "overhead": m.other_ms / cycle,
+        "overhead": (m.other_ms - p.cycle_overhead_ms) / cycle,
         "decode": (p.decode_ms - m.decode_ms) / p.decode_ms,
     }
     worst = max(effects, key=lambda k: abs(effects[k]))
-    if worst == "overhead":
+    if worst == "overhead" and not p.cycle_overhead_ms:
         return (f"the speculative loop's own work ({m.other_ms:.2f} ms per cycle: acceptance, "
-                "bookkeeping, Python) is not in the speedup formula; it weighs when a target "
+                "bookkeeping, Python) is not in the speedup formula (the latency profile has no "
+                "`cycle` rows: rerun `dreams-nas profile` to time them); it weighs when a target "
                 f"step is as short as {m.decode_ms:.2f} ms")
+    if worst == "overhead":
+        return (f"the speculative loop's own work took {m.other_ms:.2f} ms per cycle here vs "
+                f"{p.cycle_overhead_ms:.2f} ms profiled (the `cycle` rows): the latency profile "
+                "does not match this machine now; re-run `dreams-nas profile` on a quiet machine")
     names = {"draft": ("a draft step (mean over the cycle, the first one after the verify "
                        "included)", m.draft_ms, step_ms),
              "verify": ("a verify pass", m.verify_ms, p.verify_ms),

@@ -198,6 +198,27 @@ def step(target: TargetAdapter, drafter: Drafter, last_token: Tensor, gamma: int
     return accepted, proposal.tokens.shape[1]
 
 
+def cycle(target: TargetAdapter, drafter: Drafter, last_token: Tensor, room: int,
+          tree: TokenTree | None, sampling: SamplingConfig, generator: torch.Generator | None,
+          clock: _Clock | None = None) -> tuple[Accepted, int, list[int], bool]:
+    """One speculative cycle of `generate` with `room` tokens of budget: a chain of `room`
+    drafts, or `tree` cut to `room` depths; then the kept tokens cut at an EOS. Returns (what
+    is kept, depths proposed, the new token ids, whether an EOS ended the answer).
+
+    The latency profile times this very function (`dreams_nas.latency.cycle_steps`) for the
+    per-cycle work outside the two models' forward passes. `clock`: None is untimed."""
+    clock = clock if clock is not None else _Clock(target.device, False)
+    if tree is not None and room > 0:
+        shape = fitted_tree(tree, room)
+        n, kept, ids = tree_step(target, drafter, last_token, shape, sampling, generator,
+                                 clock.lap)
+        accepted, k = Accepted(n, kept, ids), shape.depth
+    else:
+        accepted, k = step(target, drafter, last_token, room, sampling, generator, clock)
+    new, done = _truncate_at_eos(accepted.ids, target.eos_token_ids)
+    return accepted, k, new, done
+
+
 def _truncate_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
     for i, t in enumerate(tokens):
         if t in eos:
@@ -248,14 +269,8 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
     proposed: list[int] = []
     while not done and len(tokens) < max_new_tokens:
         room = min(gamma, max_new_tokens - len(tokens) - 1)  # never produce past the budget
-        if tree is not None and room > 0:
-            shape = fitted_tree(tree, room)
-            n, kept, ids = tree_step(target, drafter, last, shape, sampling, generator,
-                                     clock.lap)
-            accepted, k = Accepted(n, kept, ids), shape.depth
-        else:
-            accepted, k = step(target, drafter, last, room, sampling, generator, clock)
-        new, done = _truncate_at_eos(accepted.ids, target.eos_token_ids)
+        accepted, k, new, done = cycle(target, drafter, last, room, tree, sampling, generator,
+                                       clock)
         tokens.extend(new)
         lengths.append(len(new))  # accepted + 1, less anything after an EOS
         proposed.append(k)

@@ -16,6 +16,7 @@ HEADS, KEEPS, DEPTHS = (1, 2, 4), (0.25, 0.5, 1.0), (1, 2)
 LEVEL_WIDTHS = (2, 4)
 VERIFY_KS = tuple(range(2, 9))
 TREE_KS = (4, 7)
+CYCLE_KS = (2, 4, 6)  # the speculative cycle's own work, per gamma + 1 of the space's chains
 
 
 def linear_cost(kind: str, context_len: float, k: int = 1, heads: int = 0,
@@ -33,6 +34,10 @@ def linear_cost(kind: str, context_len: float, k: int = 1, heads: int = 0,
         return 3.0 + 0.25 * k + 0.004 * context_len + 0.0003 * k * context_len
     if kind == "verify_tree":
         return 3.1 + 0.27 * k + 0.004 * context_len + 0.00035 * k * context_len
+    if kind == "cycle":
+        return 0.4 + 0.05 * k + 0.0002 * context_len
+    if kind == "cycle_tree":
+        return 0.5 + 0.06 * k + 0.0002 * context_len
     raise ValueError(kind)
 
 
@@ -68,6 +73,9 @@ def linear_profile_rows(contexts: Sequence[int], noise: float = 0.0, seed: int =
             target("verify", ctx, k)
         for k in TREE_KS:
             target("verify_tree", ctx, k)
+            target("cycle_tree", ctx, k)
+        for k in CYCLE_KS:
+            target("cycle", ctx, k)
     frame = pd.DataFrame(rows)
     frame["median_ms"] *= np.exp(rng.normal(0.0, noise, len(frame)))
     return frame

@@ -87,11 +87,13 @@ def fake_params(spec: SubnetSpec) -> int:
 
 
 def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
-                          contexts: Sequence[int] = (16, 32, 64, 128)) -> None:
+                          contexts: Sequence[int] = (16, 32, 64, 128), cycle: bool = False
+                          ) -> None:
     """A latency predictor fitted on synthetic timings, saved as `dreams-nas profile` would, so a
     real run folder can be searched without timing anything (the plumbing is what is tested).
     `contexts`: the context lengths "profiled"; the default spans the tiny targets' prompts and
-    answers (a search outside them is refused)."""
+    answers (a search outside them is refused). `cycle`: with the speculative cycle's own
+    work (kinds ``cycle``, ``cycle_tree``); without, the profile is one made before them."""
     import json
 
     import pandas as pd
@@ -111,6 +113,11 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
                          "inject_layer": float("nan"), "draft_len": float("nan"),
                          "context_len": ctx, "k": k, "median_ms": 4.0 + 0.3 * k})
         rows += _synthetic_tree_rows(space, ctx)
+        if cycle:
+            rows += [{**row, "kind": kind, "median_ms": 0.5 + 0.1 * row["k"]}
+                     for row in rows if row["context_len"] == ctx
+                     for kind in ({"verify": "cycle", "verify_tree": "cycle_tree"}
+                                  .get(row["kind"]),) if kind]
     predictor = LatencyPredictor.fit(pd.DataFrame(rows), hardware_id, holdout=0.0)
     predictor.save(run.latency_dir(hardware_id))
     (run.latency_dir(hardware_id) / "profile.csv").write_text("hardware_id,kind\n")

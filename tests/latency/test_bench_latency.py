@@ -82,7 +82,8 @@ def test_fit_and_metrics_per_kind_on_the_predicted_rows() -> None:
     assert [line.split()[0] for line in lines[1:]] == ["overall", *METRIC_KINDS]
     summary = bench_latency.split_summary(rows, train)
     assert summary["train_rows"] + summary["holdout_rows"] == len(rows)
-    assert summary["target_points_train"] == 2 * (1 + 7 + 2)  # 2 contexts per kind and k
+    # 2 contexts per kind and k: decode, 7 verify, 2 verify_tree, 3 cycle, 2 cycle_tree
+    assert summary["target_points_train"] == 2 * (1 + 7 + 2 + 3 + 2)
 
 
 def test_without_tree_holdout_draft_tree_is_reported_as_fitted_only() -> None:

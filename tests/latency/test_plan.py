@@ -30,7 +30,8 @@ def test_small_grid_is_timed_whole_with_every_target_step() -> None:
     assert len({k.ident for k in keys}) == len(keys)
     target = {(k.kind, k.context_len, k.k) for k in keys if k.spec is None}
     assert target == {("decode", c, 1) for c in CONTEXTS} | {
-        ("verify", c, k) for c in CONTEXTS for k in range(2, 9)}
+        ("verify", c, k) for c in CONTEXTS for k in range(2, 9)} | {
+        ("cycle", c, g + 1) for c in CONTEXTS for g in SPACE.draft_len}  # every gamma's cycle
     # draft rows stand for every inject_layer / draft_len: recorded under one canonical spec
     assert {(k.spec.inject_layer, k.spec.draft_len) for k in keys if k.kind == "draft"} == {(8, 7)}
 
@@ -118,6 +119,8 @@ def test_a_space_with_trees_times_each_tree_size_and_each_level_width() -> None:
     keys = build_plan(dataclasses.replace(SPACE, trees=trees), CONTEXTS)
     tree_verify = {(k.context_len, k.k) for k in keys if k.kind == "verify_tree"}
     assert tree_verify == set(itertools.product(CONTEXTS, (7, 16, 9)))
+    tree_cycles = {(k.context_len, k.k) for k in keys if k.kind == "cycle_tree"}
+    assert tree_cycles == tree_verify  # each tree's own cycle work, at every context
     wide = {(k.spec.heads, k.spec.visual_keep, k.context_len, k.k)
             for k in keys if k.kind == "draft" and k.k > 1}
     # levels of 2 (2x1x1), 3 and 6 (3x2x1), 4 (4x1): the largest and smallest subnet each
@@ -127,9 +130,12 @@ def test_a_space_with_trees_times_each_tree_size_and_each_level_width() -> None:
         if (h, v) not in ((1, 0.25), (4, 1.0))}
     assert len({k.ident for k in keys}) == len(keys)
     chains = build_plan(SPACE, CONTEXTS)
-    assert not any(k.kind == "verify_tree" or k.k > 1 and k.kind == "draft" for k in chains)
+    assert not any(k.kind in ("verify_tree", "cycle_tree") or k.k > 1 and k.kind == "draft"
+                   for k in chains)
     with pytest.raises(InputError, match="k >= 2"):
         StepKey("verify_tree", 64, 1)
+    with pytest.raises(InputError, match="k >= 2"):
+        StepKey("cycle", 64, 1)
 
 
 # --- elastic depth and MLP width ------------------------------------------------------------

@@ -18,8 +18,9 @@ from dreams_nas.latency.timing import Timing
 from dreams_nas.nas import cli
 
 FAST = ["--device", "cpu", "--threads", "1", "--repeats", "2", "--context-lengths", "12", "36"]
-# its plan: 2 heads x 2 keeps x 2 contexts drafts (hot and after a verify), 2 decode, 2 x 7 verify
-FAST_ROWS = 2 * 8 + 2 + 14
+# its plan: 2 heads x 2 keeps x 2 contexts drafts (hot and after a verify), 2 decode, 2 x 7 verify,
+# 2 x 3 cycles (one per gamma of the space)
+FAST_ROWS = 2 * 8 + 2 + 14 + 2 * 3
 
 
 @pytest.fixture(autouse=True)
@@ -138,7 +139,8 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     argv = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--device", "cpu",
             "--threads", "1", "--repeats", "2", "--context-lengths", "12", "--json", "-q"]
     assert cli.main(argv) == 0
-    assert json.loads(capsys.readouterr().out)["rows"] == 16  # 2 x 4 drafts, decode, 7 verify
+    # 2 x 4 drafts, decode, 7 verify, 3 cycles (one per gamma)
+    assert json.loads(capsys.readouterr().out)["rows"] == 19
     folder, store = _profile_dir(small_run)
     rows = store.read()
     assert set(rows["n_samples"]) == {2}
@@ -162,12 +164,12 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     assert cli.main(["profile", "--run", str(small_run.root), "--device", "cpu", "--threads",
                      "1", "--fit-only", "--json", "-q"]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out)["rows"] == 15
-    assert ("warning: fitted 15 of 16 planned steps; rerun `dreams-nas profile` without "
+    assert json.loads(out)["rows"] == 18
+    assert ("warning: fitted 18 of 19 planned steps; rerun `dreams-nas profile` without "
             "--fit-only to time the missing ones") in err
     logged.listen()
     assert completed_profile(small_run, same) is None
-    assert logged[-1] == "profile: redone (1 of 16 planned steps not timed yet)"
+    assert logged[-1] == "profile: redone (1 of 19 planned steps not timed yet)"
 
 
 @pytest.mark.parametrize("contexts, message", [
@@ -246,7 +248,8 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
     store = ProfileStore(csv)
     partial = len(store.read())
-    total = 2 * (2 * 2 * 3) + 3 + 3 * 7  # drafts hot and after a verify, decode, verify
+    # drafts hot and after a verify, decode, verify, a cycle per gamma
+    total = 2 * (2 * 2 * 3) + 3 + 3 * 7 + 3 * 3
     assert 5 <= partial < total
     # the resume runs in-process: a second interpreter would import torch again and fit
     # with the real regressors, and neither is what this test is about
@@ -269,5 +272,29 @@ def test_profile_on_the_gpu(small_run, tiny_llava, capsys) -> None:
     assert hw["kind"] == "cuda" and hw["dtype"] == "bfloat16"
     assert summary["hardware_id"] == hw["hardware_id"]
     rows = store.read()
-    assert len(rows) == 2 * 2 * 2 + 2 + 2 * 7 and set(rows.status) == {"ok"}
+    assert len(rows) == FAST_ROWS and set(rows.status) == {"ok"}
     assert set(rows.clock) == {"cuda-events"}
+
+
+def test_profile_spans_the_evaluation_prompts_by_default(small_run, tmp_path, capsys) -> None:
+    """Without --context-lengths the grid runs from the shortest evaluation prompt to the
+    longest plus an answer, and the visual-token feature is their median (nas/stages/contexts),
+    read through the checkpoint's own processor."""
+    from _support.models import save_tiny_vlm
+
+    target = str(save_tiny_vlm("llava", tmp_path / "llava"))
+    code = cli.main(["profile", "--run", str(small_run.root), "--target", target, "--json",
+                     "--device", "cpu", "--threads", "1", "--repeats", "1", "--limit", "1",
+                     "--max-new-tokens", "1", "--budget", "4"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    (hw,) = small_run.hardware_ids()
+    plan = json.loads((small_run.latency_dir(hw) / "plan.json").read_text())
+    data = plan["data_contexts"]
+    assert data["data"] == "builtin" and data["n_prompts"] == 1  # one prompt: a short grid
+    assert data["max_new_tokens"] == 1
+    low, high = data["span"]
+    assert low == data["prompt_len"]["min"] and high == data["prompt_len"]["max"] + 1
+    assert plan["context_lengths"][0] == low and plan["context_lengths"][-1] == high
+    assert plan["visual_tokens"] == data["visual_tokens"]["median"] > 0
+    assert summary["context_range"] == [low, high]

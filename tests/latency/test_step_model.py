@@ -26,7 +26,7 @@ def test_costs_linear_in_the_context_extrapolate_within_10pct_for_every_kind(con
     relative = model.predict(truth) / truth["median_ms"].to_numpy() - 1
     labels = metric_kinds(truth)
     assert set(labels) == {"draft", "draft_tree", "draft_first", "decode", "verify",
-                           "verify_tree"}
+                           "verify_tree", "cycle", "cycle_tree"}
     for kind in set(labels):
         worst = float(np.abs(relative[labels == kind]).max())
         assert worst < 0.10, (kind, worst)
@@ -96,3 +96,38 @@ def test_the_model_clones_and_refuses_bad_rows() -> None:
         model.fit(rows, -rows["median_ms"])
     with pytest.raises(TypeError, match="takes a DataFrame"):
         model.fit(rows.to_numpy(), rows["median_ms"])
+
+
+def test_cycle_rows_are_interpolated_per_k_and_linear_beyond_the_contexts() -> None:
+    """The speculative cycle's own work is a target kind: its own rows per k (gamma + 1, or
+    a tree's nodes + 1), linear in k between them and in the context beyond them."""
+    from _support.profiles import CYCLE_KS
+    from dreams_nas.latency.predictor import LatencyPredictor
+
+    rows = linear_profile_rows([100, 200, 300])
+    predictor = LatencyPredictor.fit(rows, "hw", visual_tokens=VISUAL_TOKENS, holdout=0.0)
+    assert predictor.cycle_profiled() and predictor.cycle_profiled(tree=True)
+    assert predictor.model.regressors()["cycle"] == "interpolated"
+    for k, ctx in ((CYCLE_KS[0], 200), (3, 150), (5, 250), (CYCLE_KS[-1], 600)):
+        assert predictor.cycle_ms([k], ctx)[0] == pytest.approx(linear_cost("cycle", ctx, k))
+    assert predictor.cycle_ms([4, 7], 50, tree=True) == pytest.approx(
+        [linear_cost("cycle_tree", 50, 4), linear_cost("cycle_tree", 50, 7)])
+    assert predictor.predict_ms("cycle", None, 200, 4) == pytest.approx(
+        linear_cost("cycle", 200, 4))
+    with pytest.raises(InputError, match="k=8 positions was not profiled"):
+        predictor.cycle_ms([8], 200)  # a longer cycle than any timed is not extrapolated
+
+
+def test_a_profile_without_cycle_rows_prices_no_cycle_overhead() -> None:
+    """A profile made before the cycle kinds still predicts every step; its cycle overhead is
+    0 ms, and it says it has none (the search then says so once)."""
+    from dreams_nas.latency.predictor import LatencyPredictor
+
+    rows = linear_profile_rows([100, 200, 300])
+    old = rows[~rows.kind.isin(["cycle", "cycle_tree"])]
+    predictor = LatencyPredictor.fit(old, "hw", visual_tokens=VISUAL_TOKENS, holdout=0.2)
+    assert not predictor.cycle_profiled() and not predictor.cycle_profiled(tree=True)
+    assert predictor.cycle_ms([2, 4], 200).tolist() == [0.0, 0.0]
+    assert predictor.predict_ms("cycle_tree", None, 200, 7) == 0.0
+    assert "cycle" not in predictor.metrics_by_kind
+    assert predictor.verify_ms(4, 200) == pytest.approx(linear_cost("verify", 200, 4))

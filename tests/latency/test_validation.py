@@ -112,7 +112,8 @@ def test_metrics_by_kind_has_every_held_out_kind_with_its_count() -> None:
     predicted = measured * np.where(rows.kind == "verify", 1.2, 1.0)
     out = metrics_by_kind(rows, measured, predicted)
     labels = metric_kinds(rows)
-    assert list(out) == ["draft", "draft_tree", "draft_first", "decode", "verify", "verify_tree"]
+    assert list(out) == ["draft", "draft_tree", "draft_first", "decode", "verify", "verify_tree",
+                         "cycle", "cycle_tree"]
     for kind, m in out.items():
         assert m["n"] == int((labels == kind).sum())
     assert out["verify"]["mape"] == pytest.approx(0.2) and out["verify"]["within_10pct"] == 0

@@ -13,6 +13,7 @@ from _support.search import SIZED_SPACE, SMALL_SPACE, FakeLatency, FakeScorer, f
 from dreams_nas.latency.predictor import LatencyPredictor
 from dreams_nas.nas.search.candidate import (
     BatchLatencyModel,
+    Candidate,
     LatencyCache,
     SubnetFields,
     evaluate,
@@ -214,3 +215,32 @@ def test_subnet_fields_default_to_the_paper_size_and_keep_it_in_rows() -> None:
     assert of.rows(np.array([True, False])).depth.tolist() == [2]
     with pytest.raises(InputError, match="1-d and of one length"):
         SubnetFields(heads=[1], visual_keep=[0.5], inject_layer=[1], draft_len=[1], depth=[1, 2])
+
+
+def test_the_cycle_overhead_is_priced_per_gamma_and_lowers_the_speedup(predictor) -> None:
+    """A profile with `cycle` rows: each candidate carries its gamma's overhead, and its
+    speedup is the formula's with it; a profile without them prices 0 ms."""
+    from dreams_nas.nas.search.speedup import expected_speedup
+
+    rows = predictor.train_rows
+    cycles = pd.DataFrame([{"kind": "cycle", "heads": np.nan, "visual_keep": np.nan,
+                            "context_len": ctx, "k": k, "median_ms": 0.5 + 0.1 * k}
+                           for ctx in (16, 32, 64) for k in range(2, 8)])
+    priced = LatencyPredictor.fit(pd.concat([rows, cycles], ignore_index=True), "cpu-test",
+                                  holdout=0.0)
+    cache = LatencyCache(priced, CONTEXT)
+    assert cache.cycle_priced == {"chain": True, "tree": False}
+    plain = {c.spec: c for c in evaluate(_rows(), LatencyCache(predictor, CONTEXT), fake_params)}
+    for c in evaluate(_rows(), cache, fake_params):
+        assert c.cycle_overhead_ms == pytest.approx(0.5 + 0.1 * (c.spec.draft_len + 1))
+        expected = expected_speedup(c.tau, c.spec.draft_len, c.draft_ms, c.verify_ms,
+                                    c.decode_ms, first_draft_ms=c.first_draft_ms,
+                                    cycle_overhead_ms=c.cycle_overhead_ms)
+        assert c.speedup == pytest.approx(float(expected))
+        old = plain[c.spec]
+        assert old.cycle_overhead_ms == 0.0 and old.speedup > c.speedup
+        assert old.speedup / c.speedup == pytest.approx(
+            (c.cycle_ms + c.cycle_overhead_ms) / c.cycle_ms)
+        assert c.to_row()["cycle_overhead_ms"] == c.cycle_overhead_ms
+        assert Candidate.from_attrs(c.spec, c.to_attrs(), 0).cycle_overhead_ms == \
+            c.cycle_overhead_ms

@@ -24,10 +24,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 TRAIN = ["--warmup-steps", "1", "--multires-steps", "1", "--batch-size", "2",
          "--max-new-tokens", "4", "--n-train", "2", "--device", "cpu"]
-# above every tiny family's visual tokens (LLaVA-NeXT has the most: 36)
+# above every tiny family's visual tokens in the synthetic 48 x 48 images, counted through its
+# processor (LLaVA-NeXT has the most: 88 by its any-resolution tiling, where a square of its
+# vision config's image_size gives 36)
 # --holdout 0: the predictor is fitted once (its hold-out evaluation is tested elsewhere)
+CONTEXT = 128
 PROFILE = ["--device", "cpu", "--threads", "1", "--repeats", "2", "--passes", "1",
-           "--budget", "2", "--context-lengths", "48", "--holdout", "0"]
+           "--budget", "2", "--context-lengths", str(CONTEXT), "--holdout", "0"]
 DTYPES = ("float32", "bfloat16")
 SPEC = SubnetSpec(2, 0.5, 2, 3)  # in the default space of every tiny target (2 layers, 4 heads)
 
@@ -111,14 +114,18 @@ def test_train(family, dtype, trained) -> None:
 
 
 @pytest.mark.parametrize("family", _families("profile"), indirect=True)
-def test_profile(family, dtype, trained) -> None:
+def test_profile(family, dtype, trained, data) -> None:
     target, run = _supernet(trained)
-    code, summary, err = call_cli("profile", "--run", str(run), "--target", str(target), *PROFILE)
+    code, summary, err = call_cli("profile", "--run", str(run), "--target", str(target), *PROFILE,
+                                  "--data", str(data["eval"]), "--limit", "1")
     assert code == 0, err
     folder = run / "latency" / summary["hardware_id"]
     rows = pd.read_csv(folder / "profile.csv")
     assert len(rows) == summary["rows"] > 0 and set(rows["status"]) == {"ok"}
-    assert set(rows["context_len"]) == {48}
+    assert set(rows["context_len"]) == {CONTEXT}
+    plan = json.loads((folder / "plan.json").read_text())
+    assert plan["data_contexts"]["n_prompts"] == 1  # the visual tokens counted on the data
+    assert plan["visual_tokens"] == plan["data_contexts"]["visual_tokens"]["median"] > 0
     assert summary["dtype"] == dtype and set(rows["dtype"]) == {dtype}
     assert json.loads((folder / "predictor.json").read_text())["fingerprint"]["dtype"] == dtype
 

@@ -60,7 +60,7 @@ def test_best_json_and_spec_dir(exported) -> None:
     assert best["spec_id"] == result.best.spec.id
     assert SubnetSpec.from_dict(best["spec"]) == result.best.spec
     assert set(best["predicted"]) == {"speedup", "tau", "tau_ci", "draft_ms", "first_draft_ms",
-                                      "verify_ms", "decode_ms"}
+                                      "verify_ms", "decode_ms", "cycle_overhead_ms"}
     assert best["measured"] is None and best["verified"] == []
     spec_dir = run.root / best["spec_dir"]
     spec = json.loads((spec_dir / "spec.json").read_text())

@@ -66,6 +66,19 @@ def test_score_then_search_writes_every_artefact(tiny_run, cmd) -> None:
     assert len(best["verified"]) == min(2, len(set(out["front"]) | {out["best"]}))
     assert best["verified"][0]["spec_id"] == best["spec_id"]
     assert best["hardware"]["hardware_id"] == HW and best["supernet_hash"]
+    # the gap between predicted and measured decode-phase speedup, stated once
+    measured = best["measured"]
+    assert measured["predicted_speedup"] == pytest.approx(best["predicted"]["speedup"])
+    assert measured["gap_pct"] == pytest.approx(
+        (measured["speedup"] / measured["predicted_speedup"] - 1) * 100)
+    assert out["gap_pct"] == pytest.approx(measured["gap_pct"], abs=0.01)
+    assert best["verified"][0]["gap_pct"] == pytest.approx(measured["gap_pct"])
+    # a profile made before the cycle kinds: the overhead is priced 0 ms, and said so once
+    assert best["cycle_overhead"]["priced"] is False and out["cycle_overhead_priced"] is False
+    note = best["cycle_overhead"]["note"]
+    assert "no cycle rows" in note and "rerun `dreams-nas profile`" in note
+    assert out["warnings"].count(note) == 1
+    assert set(pd.read_csv(run.trials_csv(HW))["cycle_overhead_ms"]) == {0.0}
     spec_dir = run.root / best["spec_dir"]
     assert {"spec.json", "config.json", "draft.safetensors"} <= {p.name for p in spec_dir.iterdir()}
     trials = pd.read_csv(run.trials_csv(HW))
@@ -312,3 +325,21 @@ def _context_of(run: RunFolder, max_new_tokens: int) -> int:
     table = AcceptanceTable(path, supernet_hash(run), path.stem, 0.0,
                             max_new_tokens=max_new_tokens)
     return context_len_of(table, None)
+
+
+def test_a_profile_with_cycle_rows_prices_the_cycle_overhead(tiny_run, cmd) -> None:
+    """Re-fitted with `cycle` rows, the search adds each gamma's overhead to its cycle."""
+    from _support.search import fit_synthetic_latency
+
+    run, _ = tiny_run
+    fit_synthetic_latency(run, SPACE, HW, cycle=True)
+    code, out, err = cmd("search", "--limit", "4", "--max-new-tokens", "12", "--device", "cpu",
+                         "--verify", "0")
+    assert code == 0, err
+    best = json.loads(run.best_json(HW).read_text())
+    assert best["cycle_overhead"] == {"priced": True, "note": None}
+    assert out["cycle_overhead_priced"] is True and "no cycle rows" not in err
+    trials = pd.read_csv(run.trials_csv(HW))
+    assert (trials["cycle_overhead_ms"] == 0.5 + 0.1 * (trials["draft_len"] + 1)).all()
+    assert best["predicted"]["cycle_overhead_ms"] == pytest.approx(
+        0.5 + 0.1 * (best["spec"]["draft_len"] + 1))

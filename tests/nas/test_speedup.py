@@ -96,3 +96,19 @@ def test_first_draft_term_broadcasts_and_is_checked() -> None:
     np.testing.assert_allclose(got, [20.0 / 12.0, 20.0 / 15.0], rtol=1e-12)
     with pytest.raises(InputError, match=r"first_draft_ms=-1.0 is negative"):
         expected_speedup(2.0, 3, 1.0, 10.0, 9.0, first_draft_ms=-1.0)
+
+
+def test_the_cycle_overhead_adds_to_the_cycle_by_exactly_its_milliseconds() -> None:
+    """tau * T_decode / (draft steps + T_verify + T_cycle): hand-made numbers."""
+    # gamma 3: 2 hot steps of 1 ms, a first step of 2 ms, verify 10 ms -> 14 ms; + 2 ms = 16
+    without = expected_speedup(3.0, 3, 1.0, 10.0, 8.0, first_draft_ms=2.0)
+    assert float(without) == pytest.approx(24.0 / 14.0)
+    priced = expected_speedup(3.0, 3, 1.0, 10.0, 8.0, first_draft_ms=2.0, cycle_overhead_ms=2.0)
+    assert float(priced) == pytest.approx(24.0 / 16.0)
+    assert float(without) / float(priced) == pytest.approx(16.0 / 14.0)
+    # vectorised, and 0 (the default) changes nothing
+    got = expected_speedup([3.0, 3.0], 3, 1.0, 10.0, 8.0, first_draft_ms=2.0,
+                           cycle_overhead_ms=[0.0, 2.0])
+    assert got.tolist() == pytest.approx([24.0 / 14.0, 24.0 / 16.0])
+    with pytest.raises(InputError, match="cycle_overhead_ms=-1.0 is negative"):
+        expected_speedup(3.0, 3, 1.0, 10.0, 8.0, cycle_overhead_ms=-1.0)
