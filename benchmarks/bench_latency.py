@@ -5,9 +5,9 @@
         [--tree-holdout 0] [--out DIR]
 
 1. Times every step of the grid on this CPU with `dreams-nas profile`'s library call (draft
-   step of every (heads, visual_keep, depth, mlp) subnet extracted from a supernet at every
-   context length, hot and right after a verify (draft_first), over each tree level's width
-   for the largest and smallest subnet; the target's decode step, its verify step for
+   step of every (heads, visual_keep, depth, mlp, draft_vocab) subnet extracted from a supernet
+   at every context length, hot and right after a verify (draft_first), over each tree level's
+   width for the largest and smallest subnet; the target's decode step, its verify step for
    k = 2..8 and its tree verify for each tree size), and reports the wall time taken.
 2. Splits the rows by grid point (`latency.validation.grid_groups`: one draft architecture at
    one context with all its draft, draft_first and tree-level rows; one target (kind, k) at one
@@ -103,9 +103,10 @@ def pick_target(name: str, scratch: Path) -> str:
     return name
 
 
-def draft_points(rows: pd.DataFrame) -> list[tuple[int, float, int, float, int]]:
-    """The draft grid point of each row, (heads, visual_keep, depth, mlp, context_len); rows
-    without depth and mlp columns (profiled before them) are depth 1, mlp 1."""
+def draft_points(rows: pd.DataFrame) -> list[tuple[int, float, int, float, float, int]]:
+    """The draft grid point of each row, (heads, visual_keep, depth, mlp, draft_vocab,
+    context_len); rows without a depth, mlp or draft_vocab column (profiled before it) are at
+    1 there."""
     from dreams_nas.supernet.core.space import SIZE_DEFAULTS
 
     def column(name: str) -> np.ndarray:
@@ -113,15 +114,17 @@ def draft_points(rows: pd.DataFrame) -> list[tuple[int, float, int, float, int]]
             return pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype=float)
         return np.full(len(rows), float(SIZE_DEFAULTS[name]))
 
-    return [(int(h), round(float(v), 6), int(d), round(float(m), 6), int(c))
-            for h, v, d, m, c in zip(column("heads"), column("visual_keep"), column("depth"),
-                                     column("mlp"), rows["context_len"].astype(int), strict=True)]
+    return [(int(h), round(float(v), 6), int(d), round(float(m), 6), round(float(n), 6), int(c))
+            for h, v, d, m, n, c in zip(column("heads"), column("visual_keep"), column("depth"),
+                                        column("mlp"), column("draft_vocab"),
+                                        rows["context_len"].astype(int), strict=True)]
 
 
 def plan_draft_points(rows: pd.DataFrame, fraction: float, seed: int) -> set[tuple]:
     """The draft grid points `dreams-nas profile --budget fraction --seed seed` times over the
     draft grid these rows span: `plan.build_plan`'s own choice (the largest and smallest subnet
-    at every context, then a Latin hypercube over heads x visual_keep x depth x mlp x context,
+    at every context, then a Latin hypercube over heads x visual_keep x depth x mlp x
+    draft_vocab x context,
     ceil(fraction x grid) points in all), each point timed as draft and draft_first."""
     from dreams_nas.latency.plan import DRAFT_KINDS, build_plan
     from dreams_nas.supernet.core.space import SearchSpace
@@ -129,15 +132,17 @@ def plan_draft_points(rows: pd.DataFrame, fraction: float, seed: int) -> set[tup
     points = draft_points(rows[rows["kind"].isin(DRAFT_KINDS)])
     if not points:
         return set()
-    heads, keeps, depths, mlps, contexts = (sorted(set(axis)) for axis in zip(*points,
-                                                                                strict=True))
+    heads, keeps, depths, mlps, vocabs, contexts = (sorted(set(axis))
+                                                    for axis in zip(*points, strict=True))
     # inject_layer and draft_len do not change a step's cost, nor the plan's choice; a chain-only
     # space: the tree-level keys are not drawn, they are fixed (the extremes at every context)
     space = SearchSpace(heads=tuple(heads), visual_keep=tuple(keeps), inject_layer=(1,),
-                        draft_len=(1,), depth=tuple(depths), mlp=tuple(mlps))
+                        draft_len=(1,), depth=tuple(depths), mlp=tuple(mlps),
+                        draft_vocab=tuple(vocabs))
     keys = build_plan(space, contexts, budget=fraction, seed=seed)
     return {(int(key.spec.heads), round(float(key.spec.visual_keep), 6), int(key.spec.depth),
-             round(float(key.spec.mlp), 6), int(key.context_len))
+             round(float(key.spec.mlp), 6), round(float(key.spec.draft_vocab), 6),
+             int(key.context_len))
             for key in keys if key.kind == "draft" and key.k == 1}
 
 

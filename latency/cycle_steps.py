@@ -126,11 +126,13 @@ class TimedDraft:
 
 
 def cycle_step(adapter: Any, draft: Any, key: StepKey, prompt: torch.Tensor,
-               last_token: torch.Tensor, tree: Any = None) -> Step:
+               last_token: torch.Tensor, tree: Any = None, pre: Any = None) -> Step:
     """The ``cycle`` / ``cycle_tree`` step of `key`: one `loop.cycle` with `draft` (an extracted
     `DreamDraft` subnet) drafting a chain of k - 1 tokens, or `tree` (a `TokenTree` of k - 1
     nodes), on `adapter` after the `prompt` (1, context_len) ids; `last_token` (1, 1) is the
-    cycle's newest token. Its sample excludes the forwards' time (module docstring)."""
+    cycle's newest token. `pre`: the adapter's prefill output when its cache already holds
+    the context (with the draft's layer's hidden states), else the prompt is prefilled here.
+    Its sample excludes the forwards' time (module docstring)."""
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.decoding.loop import cycle
     from dreams_nas.supernet.decoding.sampling import SamplingConfig
@@ -141,8 +143,9 @@ def cycle_step(adapter: Any, draft: Any, key: StepKey, prompt: torch.Tensor,
     target = TimedTarget(adapter, timer)
     sampling = SamplingConfig()
     room = tree.depth if tree is not None else key.k - 1  # the budget that drafts it whole
-    with torch.inference_mode():
-        pre = adapter.prefill({"input_ids": prompt}, layers=drafter.required_layers)
+    if pre is None:
+        with torch.inference_mode():
+            pre = adapter.prefill({"input_ids": prompt}, layers=drafter.required_layers)
     context = adapter.cache_len
     assert context == key.context_len
 

@@ -2,8 +2,10 @@
 
 A draft step's cost is what its blocks do: a fixed part, a part per block, the MLP's channels
 and the attention's work over the keys it reads, which are the text and the *kept* visual tokens
-and so grow linearly with the context. `DraftFeatures` turns a row into exactly these products
-of the subnet's sizes (heads, visual_keep, blocks = 2 * depth + 1, mlp, a tree level's extra
+and so grow linearly with the context; then the LM head, whose rows are the draft's vocabulary
+(a share `draft_vocab` of the target's) times the positions it computes logits for (one, or a
+tree level's nodes). `DraftFeatures` turns a row into exactly these products of the subnet's
+sizes (heads, visual_keep, blocks = 2 * depth + 1, mlp, draft_vocab, a tree level's extra
 nodes) and, at most once in each, the attended keys or the context: every feature is affine in
 the context, so a model linear in them is linear in the context, inside the profiled range and
 beyond it. Nothing squares the context or takes its log: a ridge on squared log features once
@@ -39,14 +41,15 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 # The cost's shape: a fixed part, per block (blocks = 2 * depth + 1) its overhead, heads, MLP
 # channels and attention over the attended keys; a tree level's extra nodes (width - 1) repeat
-# the per-block work. Each feature is affine in the context.
+# the per-block work; the LM head's rows (draft_vocab) once per position it computes (1 +
+# extra_nodes). Each feature is affine in the context.
 BASE_FEATURES = (
     "context", "attended", "heads", "mlp", "blocks", "blocks_x_heads", "blocks_x_mlp",
     "blocks_x_attended", "blocks_x_heads_x_attended", "heads_x_attended", "extra_nodes",
     "extra_x_blocks", "extra_x_blocks_x_heads", "extra_x_blocks_x_mlp",
-    "extra_x_blocks_x_heads_x_attended",
+    "extra_x_blocks_x_heads_x_attended", "draft_vocab", "extra_x_draft_vocab",
 )
-SIZES = ("heads", "visual_keep", "blocks", "mlp", "extra_nodes")
+SIZES = ("heads", "visual_keep", "blocks", "mlp", "draft_vocab", "extra_nodes")
 # Pairwise products of the sizes (squares included), alone and times the attended keys: still
 # affine in the context.
 SIZE_PRODUCTS = tuple(f"{a}_x_{b}" for i, a in enumerate(SIZES) for b in SIZES[i:])
@@ -54,23 +57,24 @@ FEATURE_NAMES = (*BASE_FEATURES, *SIZE_PRODUCTS, *(f"{p}_x_attended" for p in SI
 N_BASE_FEATURES = len(BASE_FEATURES)
 
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
-# Optional input columns: rows without them (written before elastic depth and MLP width) are
-# the paper's draft size, `SIZE_DEFAULTS`.
+# Optional input columns: rows without them (written before elastic depth and MLP width, or
+# before the draft vocabulary) are the paper's draft size, `SIZE_DEFAULTS`.
 _SIZE_COLUMNS = tuple(SIZE_DEFAULTS)
 DEFAULT_ALPHAS = tuple(float(a) for a in np.logspace(-6, 2, 9))
 
 
 class DraftFeatures(TransformerMixin, BaseEstimator):
-    """Draft rows of (kind, heads, visual_keep, depth, mlp, context_len, k) -> the numeric
-    features of a step (rows without depth and mlp columns are depth 1, mlp 1: the paper's
-    draft), `FEATURE_NAMES`, the first `N_BASE_FEATURES` of them the cost's shape.
+    """Draft rows of (kind, heads, visual_keep, depth, mlp, draft_vocab, context_len, k) -> the
+    numeric features of a step (a row without a depth, mlp or draft_vocab column is at 1 there:
+    the paper's draft), `FEATURE_NAMES`, the first `N_BASE_FEATURES` of them the cost's shape.
 
     The attention reads the text and the *kept* visual tokens,
     ``attended = context_len - visual_tokens * (1 - visual_keep)``; a step runs
     ``blocks = 2 * depth + 1`` blocks (depth decoder layers on each side of the
     cross-attention); a step over a tree level of k nodes has ``extra_nodes`` = k - 1 (0 for a
-    chain's step). `inject_layer` and `draft_len` are deliberately absent: they do not change
-    what one step costs.
+    chain's step), and its LM head computes ``draft_vocab`` of the vocabulary's rows for each of
+    the k nodes (``draft_vocab`` + ``extra_x_draft_vocab``). `inject_layer` and `draft_len` are
+    deliberately absent: they do not change what one step costs.
 
     visual_tokens: visual tokens in one prompt of the target (0 when unknown: then
     ``attended`` is the context scaled by visual_keep).
@@ -96,13 +100,13 @@ class DraftFeatures(TransformerMixin, BaseEstimator):
         keep = pd.to_numeric(frame["visual_keep"], errors="coerce").to_numpy(dtype=float)
         if np.isnan(heads).any() or np.isnan(keep).any():
             raise ValueError("draft rows need numeric heads and visual_keep")
-        depth, mlp = (
+        depth, mlp, vocab = (
             pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=float)
             if name in frame.columns else np.full(len(frame), float(SIZE_DEFAULTS[name]))
             for name in _SIZE_COLUMNS)
-        if np.isnan(depth).any() or np.isnan(mlp).any():
-            raise ValueError("draft rows need numeric depth and mlp (or neither column: "
-                             "depth 1, mlp 1)")
+        if np.isnan(depth).any() or np.isnan(mlp).any() or np.isnan(vocab).any():
+            raise ValueError("draft rows need numeric depth, mlp and draft_vocab (or no such "
+                             "column: depth 1, mlp 1, draft_vocab 1)")
         blocks = 2.0 * depth + 1.0  # decoder layers + cross-attention
         if self.visual_tokens:
             attended = ctx - self.visual_tokens * (1.0 - keep)
@@ -112,8 +116,8 @@ class DraftFeatures(TransformerMixin, BaseEstimator):
         base = [ctx, attended, heads, mlp, blocks, blocks * heads, blocks * mlp,
                 blocks * attended, blocks * heads * attended, heads * attended, extra,
                 extra * blocks, extra * blocks * heads, extra * blocks * mlp,
-                extra * blocks * heads * attended]
-        sizes = [heads, keep, blocks, mlp, extra]
+                extra * blocks * heads * attended, vocab, extra * vocab]
+        sizes = [heads, keep, blocks, mlp, vocab, extra]
         products = [a * b for i, a in enumerate(sizes) for b in sizes[i:]]
         out = np.column_stack([*base, *products, *(p * attended for p in products)])
         return out  # (rows, len(FEATURE_NAMES))

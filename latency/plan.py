@@ -4,12 +4,13 @@ Four kinds of step are timed, each at several context lengths:
 
 * ``draft``: one step of an extracted subnet. Its cost depends on `heads` and `visual_keep`
   (sliced weights, fewer visual keys), `depth` (decoder layers on each side of the
-  cross-attention: a step runs 2 * depth + 1 blocks), `mlp` (the MLP channels kept) and the
-  context length -- not on `inject_layer` (every target layer has the same width, so the
+  cross-attention: a step runs 2 * depth + 1 blocks), `mlp` (the MLP channels kept),
+  `draft_vocab` (the LM head computes only the rows of the draft's vocabulary) and the context
+  length -- not on `inject_layer` (every target layer has the same width, so the
   cross-attention costs the same) and not on `draft_len` (that is how many steps a cycle
   takes, not what one step costs). A draft measurement therefore stands for every spec sharing
-  its (heads, visual_keep, depth, mlp); it is recorded for the canonical spec with the largest
-  inject_layer and draft_len of the space (`canonical_spec`).
+  its (heads, visual_keep, depth, mlp, draft_vocab); it is recorded for the canonical spec with
+  the largest inject_layer and draft_len of the space (`canonical_spec`).
 * ``draft_first``: the same draft step timed right after a target verify, as the first step
   of every speculative cycle runs: the verify evicts the draft's weights from the CPU caches
   (on a GPU the launch queue drains at the verify's synchronisation), so this step costs more
@@ -35,9 +36,9 @@ Four kinds of step are timed, each at several context lengths:
 
 The target-like steps (decode, verify, verify_tree, cycle, cycle_tree) are few (contexts x
 (8 + the space's gammas + its tree sizes)) and always all timed. The draft grid is
-(heads x visual_keep x depth x mlp x context) and is timed whole when it has at most
-FULL_GRID_LIMIT points and no budget is given; otherwise the points are a discrete Latin
-hypercube over the five axes (each level of each axis used about equally often), always
+(heads x visual_keep x depth x mlp x draft_vocab x context) and is timed whole when it has at
+most FULL_GRID_LIMIT points and no budget is given; otherwise the points are a discrete Latin
+hypercube over the six axes (each level of each axis used about equally often), always
 including the largest subnet (every axis at its maximum) and the smallest (every axis at its
 minimum) at every context length, so the regressor interpolates between measured extremes.
 Every draft point chosen is timed twice, as ``draft`` and as ``draft_first``: the budget
@@ -61,7 +62,7 @@ DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec
 DEFAULT_VERIFY_KS = tuple(range(2, 9))
 FULL_GRID_LIMIT = 256  # draft points timed whole when no budget is given
 # The spec fields one draft step's cost depends on (the grid's axes besides the context).
-DRAFT_AXES = ("heads", "visual_keep", "depth", "mlp")
+DRAFT_AXES = ("heads", "visual_keep", "depth", "mlp", "draft_vocab")
 
 
 @dataclass(frozen=True, order=True)
@@ -99,19 +100,21 @@ class StepKey:
 
 
 def canonical_spec(space: SearchSpace, heads: int, visual_keep: float,
-                   depth: int = SIZE_DEFAULTS["depth"], mlp: float = SIZE_DEFAULTS["mlp"]
-                   ) -> SubnetSpec:
-    """The spec a draft measurement of (heads, visual_keep, depth, mlp) is recorded under: the
-    space's largest inject_layer and draft_len (neither changes one step's cost). depth and
-    mlp default to the paper's draft size (one layer a side, the whole MLP)."""
+                   depth: int = SIZE_DEFAULTS["depth"], mlp: float = SIZE_DEFAULTS["mlp"],
+                   draft_vocab: float = SIZE_DEFAULTS["draft_vocab"]) -> SubnetSpec:
+    """The spec a draft measurement of (heads, visual_keep, depth, mlp, draft_vocab) is recorded
+    under: the space's largest inject_layer and draft_len (neither changes one step's cost).
+    depth, mlp and draft_vocab default to the paper's draft size (one layer a side, the whole
+    MLP, the whole vocabulary)."""
     return SubnetSpec(heads=heads, visual_keep=visual_keep,
                       inject_layer=max(space.inject_layer), draft_len=max(space.draft_len),
-                      depth=depth, mlp=mlp)
+                      depth=depth, mlp=mlp, draft_vocab=draft_vocab)
 
 
 def draft_axes(space: SearchSpace) -> tuple[tuple[int | float, ...], ...]:
-    """The axes a draft step's cost depends on, in grid order: (heads, visual_keep, depth,
-    mlp), each sorted ascending (the first level is the smallest, the last the largest)."""
+    """The axes a draft step's cost depends on, in grid order (`DRAFT_AXES`: heads,
+    visual_keep, depth, mlp, draft_vocab), each sorted ascending (the first level is the
+    smallest, the last the largest)."""
     return tuple(tuple(sorted(getattr(space, name))) for name in DRAFT_AXES)
 
 

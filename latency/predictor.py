@@ -55,14 +55,17 @@ from dreams_nas.supernet.core.versions import library_versions
 
 log = logging.getLogger("dreams_nas.latency")
 TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
-                 "depth", "mlp", "context_len", "k", "median_ms")
+                 "depth", "mlp", "draft_vocab", "context_len", "k", "median_ms")
 # 3: the model is predictor.skops (skops), no longer predictor.joblib (a pickle)
 # 4: token trees: draft steps over a tree level (draft_width) and tree verifies (is_tree)
 # 5: elastic depth and MLP width: rows carry depth and mlp, features blocks = 2 * depth + 1 and
 #    its products (a schema-4 folder is refitted from its rows, their draft rows at depth 1)
 # 6: one model per kind: draft kinds linear in the context, target steps interpolated from their
 #    own measurements; grouped validation, metrics per kind, the profiled context range
-PREDICTOR_SCHEMA_VERSION = 6
+# 7: the draft vocabulary: rows carry draft_vocab, features the LM head's rows (draft_vocab and
+#    extra_x_draft_vocab) and draft_vocab's products (a schema-6 model reads fewer features, so
+#    its folder is refitted from its rows, their draft rows at the whole vocabulary)
+PREDICTOR_SCHEMA_VERSION = 7
 MODEL_FILE = "predictor.skops"
 LEGACY_PICKLE = "predictor.joblib"  # saved before schema 3; never unpickled, removed on save
 
@@ -100,26 +103,29 @@ class LatencyPredictor:
 
     # --- prediction ---------------------------------------------------------------------
     def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
-        """Milliseconds for rows with columns kind, heads, visual_keep, depth, mlp, context_len,
-        k (without depth and mlp: depth 1, mlp 1)."""
+        """Milliseconds for rows with columns kind, heads, visual_keep, depth, mlp, draft_vocab,
+        context_len, k (without depth, mlp or draft_vocab: 1 there)."""
         return np.asarray(self.model.predict(rows), dtype=float)
 
     def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int,
                  kind: str = "draft", k: int = 1) -> np.ndarray:
         """One draft step of each spec (its inject_layer and draft_len do not change it):
         kind ``draft`` a hot step (over `k` nodes: a token tree's level), ``draft_first`` the
-        cycle's first step, right after the target's verify. A spec whose depth or mlp lies
-        outside the profiled range is refused (`check_sizes`): it would be extrapolated."""
+        cycle's first step, right after the target's verify. A spec whose depth, mlp or
+        draft_vocab lies outside the profiled range is refused (`check_sizes`): it would be
+        extrapolated."""
         specs = list(specs)
         self.check_sizes(specs)
         rows = pd.DataFrame({"kind": kind, "heads": [s.heads for s in specs],
                              "visual_keep": [s.visual_keep for s in specs],
                              "depth": [s.depth for s in specs], "mlp": [s.mlp for s in specs],
+                             "draft_vocab": [s.draft_vocab for s in specs],
                              "context_len": int(context_len), "k": int(k)})
         return self.predict_rows(rows)
 
     def size_range(self) -> dict[str, tuple[float, float]]:
-        """{depth/mlp: (lowest, highest)} over the draft rows fitted on (empty without any)."""
+        """{depth/mlp/draft_vocab: (lowest, highest)} over the draft rows fitted on (empty
+        without any; a size without its column: its default, 1)."""
         if self._sizes is None:
             drafts = self.train_rows[self.train_rows["kind"].isin(DRAFT_KINDS)]
             self._sizes = {} if drafts.empty else {
@@ -129,9 +135,10 @@ class LatencyPredictor:
         return self._sizes
 
     def check_sizes(self, specs: Sequence[SubnetSpec]) -> None:
-        """Refuse specs deeper or shallower, wider or narrower than any draft row profiled: the
-        regressor would extrapolate their cost (a profile made before the space searched depth
-        and width holds depth 1 and the whole MLP only)."""
+        """Refuse specs deeper or shallower, wider or narrower, or with a larger or smaller
+        draft vocabulary than any draft row profiled: the regressor would extrapolate their cost
+        (a profile made before the space searched depth and width holds depth 1 and the whole
+        MLP only; one made before the draft vocabulary, the whole vocabulary only)."""
         for name, (low, high) in self.size_range().items():
             outside = sorted({getattr(s, name) for s in specs
                               if not low - 1e-9 <= getattr(s, name) <= high + 1e-9})
@@ -538,8 +545,8 @@ def _training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.Data
     frame["spec_id"] = frame.get("spec_id", "").fillna("").astype(str) if "spec_id" in frame else ""
     for name in ("heads", "visual_keep", "median_ms", *(n for n in SIZE_DEFAULTS if n in frame)):
         frame[name] = pd.to_numeric(frame[name], errors="coerce")
-    # Rows from before elastic depth and MLP width (no such column): draft rows at the paper's
-    # size, target rows without one (NaN, as their heads).
+    # Rows from before elastic depth and MLP width or the draft vocabulary (no such column):
+    # draft rows at the paper's size, target rows without one (NaN, as their heads).
     drafted = frame["kind"].isin(DRAFT_KINDS).to_numpy()
     for name, default in SIZE_DEFAULTS.items():
         if name not in frame:

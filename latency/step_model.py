@@ -52,7 +52,7 @@ _FIX = ("rerun `dreams-nas profile` with the run's search space (it times every 
 
 class StepLatencyModel(RegressorMixin, BaseEstimator):
     """Rows (a DataFrame with columns kind, heads, visual_keep, context_len, k and optionally
-    depth, mlp) -> milliseconds, one model per kind (module docstring).
+    depth, mlp, draft_vocab) -> milliseconds, one model per kind (module docstring).
 
     visual_tokens: visual tokens in one prompt of the target (a feature of the draft steps).
     candidates, cv, random_state: each draft kind's `CVSelectedRegressor`'s.

@@ -4,18 +4,20 @@
   only its `depth` layers a side, so fewer heads, MLP channels and layers really cost less) --
   embed the last token, fuse with the previous feature, the draft's 2 * depth + 1 blocks over
   its own KV cache and the cross-attention memory of the kept visual + text positions, the
-  target's LM head, argmax. The memory's keys/values are computed once per request at
-  prefill, so they are built before timing, as the draft's cache is.
+  draft's `logits` (the target's LM head, only its rows of the draft's vocabulary when
+  `draft_vocab` < 1: `DreamDraft.logits`), argmax. The memory's keys/values are computed once
+  per request at prefill, so they are built before timing, as the draft's cache is.
 * ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
   (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
   runs the target's verify over the cycle's gamma_max + 1 positions at the same context length
   and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
-  already holding `context_len` positions, cropped back after each repeat. ``decode`` is timed
-  back to back, as plain decoding runs it. In speculative decoding every verify follows the
-  cycle's draft steps, which push the target's weights out of the CPU caches; so when the
-  builder is given a `precede` subnet, a ``verify`` repeat is prepared (untimed) by that
-  subnet's draft steps at the same context, as the loop runs it.
+  already holding `context_len` positions, cropped back after each repeat (the cache is filled
+  once per context and shared by every step at that context: `ModelSteps._prefill`).
+  ``decode`` is timed back to back, as plain decoding runs it. In speculative decoding every
+  verify follows the cycle's draft steps, which push the target's weights out of the CPU
+  caches; so when the builder is given a `precede` subnet, a ``verify`` repeat is prepared
+  (untimed) by that subnet's draft steps at the same context, as the loop runs it.
 * ``cycle`` / ``cycle_tree``: the speculative loop's per-cycle work outside the forwards, with
   `precede`'s extracted draft (`dreams_nas.latency.cycle_steps`).
 
@@ -74,9 +76,10 @@ def default_context_lengths(visual_tokens: int) -> list[int]:
 def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
                    seed: int = 0) -> nn.Module:
     """An (untrained, seeded) DREAM-S supernet for `target` covering `space` (its heads, its
-    deepest subnet's layers, its MLP widths), or one with `config` (a DraftConfig, e.g. the
-    trained supernet's), which must cover the space: its cost is what is timed, not its
-    weights."""
+    deepest subnet's layers, its MLP widths, its draft vocabularies), or one with `config` (a
+    DraftConfig, e.g. the trained supernet's), which must cover the space: its cost is what is
+    timed, not its weights (nor its token frequency order: an untrained one ranks the ids as
+    they come, and a draft vocabulary costs the same whichever rows it keeps)."""
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
@@ -87,7 +90,8 @@ def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
         config = DraftConfig.for_target(text_config(target.config),
                                         inject_layers=space.inject_layer,
                                         num_heads=max(space.heads),
-                                        num_layers=max(space.depth), mlp_shares=space.mlp)
+                                        num_layers=max(space.depth), mlp_shares=space.mlp,
+                                        vocab_shares=space.draft_vocab)
     missing = [h for h in space.heads if h > config.num_heads]
     if missing:
         raise InputError(f"the space's heads {missing} exceed the supernet's "
@@ -101,6 +105,11 @@ def build_supernet(target: nn.Module, space: SearchSpace, config: Any = None,
         raise InputError(f"the space's MLP widths {widths} are not ones the supernet was "
                          f"trained at {list(config.mlp_shares)}; search those, or train it at "
                          "these widths")
+    vocabs = [n for n in space.draft_vocab if n not in config.vocab_shares]
+    if vocabs:
+        raise InputError(f"the space's draft vocabularies {vocabs} are not shares the supernet "
+                         f"offers {list(config.vocab_shares)}; search those, or train it with "
+                         "`--draft-vocab` at these shares")
     param = next(target.parameters())
     draft = DreamDraft.initialised(config, shared, seed)
     return draft.to(device=param.device, dtype=param.dtype).eval()
@@ -128,6 +137,9 @@ class ModelSteps:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
         self._compact: tuple[SubnetSpec, nn.Module] | None = None
+        # ((the target cache object, its length), the prefill's output) of this builder's last
+        # prefill (`_prefill`)
+        self._prefilled: tuple[tuple[int, int], Any] | None = None
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
         # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
@@ -159,10 +171,33 @@ class ModelSteps:
         return ids.to(self.device)
 
     # --- target ------------------------------------------------------------------------
+    def _prefill(self, context_len: int) -> None:
+        """Leave the target's KV cache holding `context_len` positions. The cache's cost
+        depends on its length, not on which tokens (or image positions) it holds, and every
+        target step rolls back what it appends, so a cache this builder filled at the same
+        length is reused (rolled back to it): one prefill per context rather than one per step
+        and pass (at 600 positions of a 0.3B target in bfloat16 on a CPU a prefill takes tens
+        of seconds)."""
+        self.prefilled(context_len)
+
+    def prefilled(self, context_len: int) -> Any:
+        """`_prefill`, returning the prefill's output (with the hidden states of every layer
+        the supernet reads, so that a cycle's drafter starts from it too)."""
+        adapter = self.adapter
+        if (self._prefilled is not None and self._prefilled[0] == (id(adapter.cache), context_len)
+                and adapter.cache_len >= context_len):
+            if adapter.cache_len > context_len:  # a cycle leaves its accepted tokens
+                adapter.rollback(adapter.cache_len - context_len)
+            return self._prefilled[1]
+        with torch.no_grad():
+            pre = adapter.prefill({"input_ids": self._ids(context_len)},
+                                  layers=tuple(self.supernet.config.inject_layers))
+        self._prefilled = ((id(adapter.cache), context_len), pre)
+        return pre
+
     def _target_step(self, key: StepKey) -> Callable[[], object]:
         adapter, k = self.adapter, key.k
-        # The KV cache's cost depends on its length, not on which positions held image tokens.
-        adapter.prefill({"input_ids": self._ids(key.context_len)})
+        self._prefill(key.context_len)
         assert adapter.cache_len == key.context_len
         new = self._ids(k)
         layers = () if key.kind == "decode" else self.verify_layers
@@ -186,8 +221,9 @@ class ModelSteps:
 
         spec = self.precede or self.supernet.active
         tree = self._tree_of(key.k) if key.kind == "cycle_tree" else None
-        return cycle_step(self.adapter, self._extracted(spec), key, self._ids(key.context_len),
-                          self._ids(1), tree=tree)
+        draft = self._extracted(spec)
+        return cycle_step(self.adapter, draft, key, self._ids(key.context_len),
+                          self._ids(1), tree=tree, pre=self.prefilled(key.context_len))
 
     def _tree_of(self, k: int) -> TokenTree:
         """The space's tree of k - 1 nodes (else a root with k - 1 children)."""
@@ -219,20 +255,25 @@ class ModelSteps:
     def _extracted(self, spec: SubnetSpec) -> nn.Module:
         from dreams_nas.supernet.draft.extract import extract
 
-        ident = spec.arch  # heads, visual_keep, inject_layer, depth, mlp: what extract cuts
+        ident = spec.arch  # heads, visual_keep, inject_layer, the sizes: what extract cuts
         if self._compact is None or self._compact[0] != ident:
             self._compact = None  # free the previous subnet first
-            self._compact = (ident, extract(self.supernet, spec))
+            # built as the engine builds a draft, outside inference mode (the timed steps run
+            # inside it): its buffers, e.g. the `vocab_order` its sliced LM head is cached by,
+            # stay ordinary tensors with a version counter
+            with torch.inference_mode(False):
+                self._compact = (ident, extract(self.supernet, spec))
         return self._compact[1]
 
     @torch.inference_mode()
     def _draft_step(self, key: StepKey, width: int = 1, level: bool = False
                     ) -> Callable[[], object]:
         """One draft forward over `width` new positions (1: a step within the cycle), the
-        LM head on the last, argmax; the draft's cache is cropped back after each call. A tree
-        `level`: the `width` nodes of one depth, each seeing the cache and itself (its
-        ancestors sit in the cache), the LM head on every node and each node's children
-        ranked, as `DreamDrafter.propose_tree` drafts a level."""
+        draft's `logits` on the last (the LM head's rows of its vocabulary), argmax; the
+        draft's cache is cropped back after each call. A tree `level`: the `width` nodes of one
+        depth, each seeing the cache and itself (its ancestors sit in the cache), the logits of
+        every node and each node's children ranked, as `DreamDrafter.propose_tree` drafts a
+        level."""
         from dreams_nas.supernet.draft.state import DraftCache
 
         assert key.spec is not None

@@ -5,10 +5,13 @@ loses at most the row in flight. A rerun reads the keys already there -- (kind, 
 context_len, k) -- and times only the rest; the append re-checks the keys under a lock so two
 processes timing the same hardware id (two identical GPUs) never write a key twice.
 
-A file written before elastic depth and MLP width (no ``depth``/``mlp`` columns,
-`PRE_SIZE_COLUMNS`) reads as it is, its draft rows at depth 1 and the whole MLP (the only draft
-size there was); the first append migrates it once, under the lock, to the current header
-(draft rows get ``1``/``1``, target rows stay empty there), so a file has one header.
+A file written before a draft size column existed -- before elastic depth and MLP width (no
+``depth``/``mlp``/``draft_vocab``, `PRE_SIZE_COLUMNS`) or before the draft vocabulary (no
+``draft_vocab``, `PRE_VOCAB_COLUMNS`): any header that is PROFILE_COLUMNS less some of
+`SIZE_COLUMNS` -- reads as it is, its draft rows at the paper's size for each missing column
+(depth 1, the whole MLP, the whole vocabulary: the only size there was); the first append
+migrates it once, under the lock, to the current header (draft rows get ``1`` there, target
+rows stay empty), so a file has one header.
 """
 
 from __future__ import annotations
@@ -31,15 +34,17 @@ from dreams_nas.supernet.core.space import SIZE_DEFAULTS
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "hardware_id", "kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
-    "depth", "mlp", "context_len", "k", "median_ms", "p10_ms", "p90_ms", "n_samples", "throttled",
-    "status", "timestamp", "device", "dtype", "threads", "clock", "clock_mhz", "torch", "error",
-    "samples_ms",
+    "depth", "mlp", "draft_vocab", "context_len", "k", "median_ms", "p10_ms", "p90_ms",
+    "n_samples", "throttled", "status", "timestamp", "device", "dtype", "threads", "clock",
+    "clock_mhz", "torch", "error", "samples_ms",
 )
-# The draft size columns (SubnetSpec.depth and .mlp): empty on target rows.
+# The draft size columns (SubnetSpec.depth, .mlp and .draft_vocab): empty on target rows.
 SIZE_COLUMNS: tuple[str, ...] = tuple(SIZE_DEFAULTS)
-# The header of files written before elastic depth and MLP width (every draft row: depth 1,
-# the whole MLP); read as is, migrated to PROFILE_COLUMNS on the first append.
+# The headers of files written before them, read as is and migrated to PROFILE_COLUMNS on the
+# first append (`old_header_sizes`): before elastic depth and MLP width (every draft row: depth
+# 1, the whole MLP, the whole vocabulary), and before the draft vocabulary (the whole one).
 PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in PROFILE_COLUMNS if c not in SIZE_COLUMNS)
+PRE_VOCAB_COLUMNS: tuple[str, ...] = tuple(c for c in PROFILE_COLUMNS if c != "draft_vocab")
 STATUSES = ("ok", "oom", "failed")
 _INT_COLUMNS = ("context_len", "k", "n_samples", "throttled")
 _FLOAT_COLUMNS = ("median_ms", "p10_ms", "p90_ms")
@@ -66,6 +71,7 @@ def make_row(
         "draft_len": "" if spec is None else spec.draft_len,
         "depth": "" if spec is None else spec.depth,
         "mlp": "" if spec is None else f"{spec.mlp:g}",
+        "draft_vocab": "" if spec is None else f"{spec.draft_vocab:g}",
         "context_len": key.context_len, "k": key.k,
         "median_ms": "", "p10_ms": "", "p90_ms": "", "n_samples": 0, "throttled": 0,
         "status": status, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -83,6 +89,16 @@ def make_row(
             samples_ms=" ".join(f"{s:.5g}" for s in timing.samples_ms),
         )
     return row
+
+
+def old_header_sizes(header: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """The size columns an older profile header lacks: () for the current header or a foreign
+    one; else the missing ones of `SIZE_COLUMNS`, where `header` is PROFILE_COLUMNS, in order,
+    less those (`PRE_SIZE_COLUMNS`, `PRE_VOCAB_COLUMNS`)."""
+    missing = tuple(c for c in SIZE_COLUMNS if c not in header)
+    if not missing or list(header) != [c for c in PROFILE_COLUMNS if c not in missing]:
+        return ()
+    return missing
 
 
 class ProfileStore:
@@ -131,7 +147,7 @@ class ProfileStore:
                 self._corrupt(line, f"has {len(values)} fields where the header has {len(header)}")
             record = dict(zip(header, values, strict=True))
             records.append(self._parse(record, line))
-        # A file from before depth and mlp reads with them (`_parse` fills them in), in the
+        # A file from before a size column reads with it (`_parse` fills them in), in the
         # current column order; columns this version does not know are kept, last.
         columns = [c for c in PROFILE_COLUMNS if c in header or c in SIZE_COLUMNS]
         columns += [c for c in header if c not in PROFILE_COLUMNS]
@@ -175,22 +191,22 @@ class ProfileStore:
                 self._corrupt(line, "a draft row needs whole-number heads and a numeric "
                                     "visual_keep")
         for name, default in SIZE_DEFAULTS.items():
-            if name not in record:  # written before depth and mlp: the paper's draft size
+            if name not in record:  # written before the column: the paper's draft size
                 record[name] = default if drafted else ""
             elif drafted:
                 record[name] = self._size(record[name], name, line)
         return record
 
     def _size(self, text: str, name: str, line: int) -> int | float:
-        """A draft row's depth (a whole number >= 1) or mlp (a share in (0, 1])."""
+        """A draft row's depth (a whole number >= 1), mlp or draft_vocab (a share in (0, 1])."""
         try:
             value: float = int(text) if name == "depth" else float(text)
         except ValueError:
             value = math.nan
         if name == "depth" and not value >= 1:  # NaN fails too
             self._corrupt(line, f"depth={text!r} of a draft row is not a whole number >= 1")
-        if name == "mlp" and not 0.0 < value <= 1.0:
-            self._corrupt(line, f"mlp={text!r} of a draft row is not a share in (0, 1]")
+        if name != "depth" and not 0.0 < value <= 1.0:
+            self._corrupt(line, f"{name}={text!r} of a draft row is not a share in (0, 1]")
         return value
 
     def done_keys(self) -> set[tuple[str, str, int, int]]:
@@ -217,11 +233,12 @@ class ProfileStore:
             return append_csv_rows(self.path, fresh, PROFILE_COLUMNS)
 
     def _migrate_old_header(self) -> None:
-        """Rewrite a file of `PRE_SIZE_COLUMNS` with PROFILE_COLUMNS, once: draft rows at depth 1
-        and mlp 1 (what they measured), target rows empty there. A line torn by a kill is
-        dropped (`read` skips it); a damaged line is kept as it is, for `read` to name. Atomic,
-        under the lock `append_csv_rows` takes (the caller holds only the keys lock); a file of
-        any other header is left for `append_csv_rows` to refuse."""
+        """Rewrite a file of an older header (`old_header_sizes`) with PROFILE_COLUMNS, once:
+        draft rows at the paper's size in each missing size column (what they measured), target
+        rows empty there. A line torn by a kill is dropped (`read` skips it); a damaged line is
+        kept as it is, for `read` to name. Atomic, under the lock `append_csv_rows` takes (the
+        caller holds only the keys lock); a file of any other header is left for
+        `append_csv_rows` to refuse."""
         if not self.exists():
             return
         with locked(self.path):
@@ -230,18 +247,20 @@ class ProfileStore:
             if not text.endswith("\n"):
                 lines = lines[:-1]  # torn by a kill
             records = list(csv.reader(lines))
-            if not records or records[0] != list(PRE_SIZE_COLUMNS):
+            if not records or not old_header_sizes(records[0]):
                 return
-            at = PRE_SIZE_COLUMNS.index("draft_len") + 1  # where PROFILE_COLUMNS has the sizes
-            assert PROFILE_COLUMNS[at:at + len(SIZE_COLUMNS)] == SIZE_COLUMNS
+            header = records[0]
+            kind = header.index("kind")
             out = io.StringIO()
             writer = csv.writer(out)  # csv's line ends, as `append_csv_rows` writes them
             writer.writerow(PROFILE_COLUMNS)
             for values in records[1:]:
-                if len(values) == len(PRE_SIZE_COLUMNS):
-                    drafted = values[PRE_SIZE_COLUMNS.index("kind")] in DRAFT_KINDS
-                    sizes = [f"{v:g}" if drafted else "" for v in SIZE_DEFAULTS.values()]
-                    values = [*values[:at], *sizes, *values[at:]]
+                if len(values) == len(header):
+                    drafted = values[kind] in DRAFT_KINDS
+                    filled = {c: f"{SIZE_DEFAULTS[c]:g}" if drafted else ""
+                              for c in SIZE_COLUMNS if c not in header}
+                    cells = {**dict(zip(header, values, strict=True)), **filled}
+                    values = [cells[c] for c in PROFILE_COLUMNS]
                 writer.writerow(values)
             atomic_write_text(self.path, out.getvalue())
 

@@ -2,12 +2,12 @@
 accuracy per kind of step.
 
 A *grid point* is what one profile measurement point stands for: a draft architecture (heads,
-visual_keep, depth, mlp) at one context length, or one target step (kind, k) at one context.
-One draft grid point is timed several times -- as ``draft``, as ``draft_first`` and, for the
-largest and smallest subnets, over each tree level's width -- and those rows share most of their
-cost. Cross-validation folds and the hold-out split therefore move whole grid points
-(`grid_groups`): a held-out ``draft_first`` row is never predicted by a model that saw the same
-point's ``draft`` row.
+visual_keep, depth, mlp, draft_vocab) at one context length, or one target step (kind, k) at
+one context. One draft grid point is timed several times -- as ``draft``, as ``draft_first``
+and, for the largest and smallest subnets, over each tree level's width -- and those rows share
+most of their cost. Cross-validation folds and the hold-out split therefore move whole grid
+points (`grid_groups`): a held-out ``draft_first`` row is never predicted by a model that saw
+the same point's ``draft`` row.
 
 Accuracy is reported per *metric kind* (`METRIC_KINDS`): the profile's kinds, with a draft step
 over a tree level (kind ``draft``, k > 1) apart as ``draft_tree``. The few dozen target rows
@@ -38,8 +38,8 @@ def metric_kinds(frame: pd.DataFrame) -> np.ndarray:
 
 
 def grid_groups(frame: pd.DataFrame) -> np.ndarray:
-    """(rows,) the grid point of each row, as text: ``arch h4 v0.5 d1 m1 @ 640`` for the draft
-    kinds (every draft kind and tree width of one architecture at one context), ``verify k5 @
+    """(rows,) the grid point of each row, as text: ``arch h4 v0.5 d1 m1 n1 @ 640`` for the
+    draft kinds (every draft kind and tree width of one architecture at one context), ``verify k5 @
     640`` for a target step."""
     kinds = frame["kind"].astype(str).to_numpy()
     ctx = frame["context_len"].astype(int).to_numpy()
@@ -52,11 +52,11 @@ def grid_groups(frame: pd.DataFrame) -> np.ndarray:
         return np.full(len(frame), float(SIZE_DEFAULTS.get(name, np.nan)))
 
     heads, keep = column("heads"), column("visual_keep")
-    depth, mlp = column("depth"), column("mlp")
+    depth, mlp, vocab = column("depth"), column("mlp"), column("draft_vocab")
     return np.array([
-        f"arch h{h:g} v{v:g} d{d:g} m{m:g} @ {c}" if is_draft else f"{kind} k{kk} @ {c}"
-        for is_draft, kind, h, v, d, m, kk, c in zip(drafted, kinds, heads, keep, depth, mlp,
-                                                     k, ctx, strict=True)
+        f"arch h{h:g} v{v:g} d{d:g} m{m:g} n{n:g} @ {c}" if is_draft else f"{kind} k{kk} @ {c}"
+        for is_draft, kind, h, v, d, m, n, kk, c in zip(drafted, kinds, heads, keep, depth, mlp,
+                                                        vocab, k, ctx, strict=True)
     ], dtype=object)
 
 

@@ -221,11 +221,15 @@ inject_layer {b.inject_layer} · {_size_fields(data)}\
 
 
 def _size_fields(data: ReportData) -> str:
-    """``depth 2 · mlp 0.50 · `` for a search over draft sizes; "" for the paper's one size."""
+    """``depth 2 · mlp 0.50 · `` for a search over draft sizes, ``vocab 0.25 · `` for one over
+    draft vocabularies (both, or "" for the paper's one size over the whole vocabulary)."""
     b = data.best
-    if not (data.columns.is_elastic_size or b.depth != 1 or b.mlp != 1.0):
-        return ""
-    return f"depth {b.depth} · mlp {b.mlp:.2f} · "
+    out = ""
+    if data.columns.is_elastic_size or b.depth != 1 or b.mlp != 1.0:
+        out += f"depth {b.depth} · mlp {b.mlp:.2f} · "
+    if data.columns.is_draft_vocab or b.draft_vocab != 1.0:
+        out += f"vocab {b.draft_vocab:.2f} · "
+    return out
 
 
 def _figure(fig: RenderedFigure) -> str:
@@ -236,9 +240,11 @@ def _figure(fig: RenderedFigure) -> str:
 def _front_table(data: ReportData) -> str:
     measured = {v.spec_id: v.measured_speedup for v in data.verified}
     sizes = data.columns.is_elastic_size  # depth and mlp columns only when they vary
+    vocab = data.columns.is_draft_vocab  # the draft_vocab column only when it varies
     cols = [("spec id", "str", "id"), ("heads", "num", ""), ("visual_keep", "num", ""),
             ("inject_layer", "num", ""),
             *([("depth", "num", ""), ("mlp", "num", "")] if sizes else []),
+            *([("draft_vocab", "num", "")] if vocab else []),
             ("shape", "num", ""), ("speedup ×", "num", ""),
             ("measured ×", "num", ""), ("τ", "num", ""), ("τ 95% CI", "num", ""),
             ("draft ms", "num", ""), ("verify ms", "num", ""), ("params M", "num", ""),
@@ -269,6 +275,7 @@ def _front_table(data: ReportData) -> str:
             + cell(s.visual_keep, f"{s.visual_keep:.2f}")
             + cell(s.inject_layer, str(s.inject_layer))
             + (cell(s.depth, str(s.depth)) + cell(s.mlp, f"{s.mlp:.2f}") if sizes else "")
+            + (cell(s.draft_vocab, f"{s.draft_vocab:.2f}") if vocab else "")
             + cell(s.draft_len, _e(s.shape)) + cell(s.speedup, f"{s.speedup:.3f}")
             + cell(m, _f(m, ".3f")) + cell(s.tau, f"{s.tau:.2f}") + cell(s.tau_lo, ci)
             + cell(s.draft_ms, f"{s.draft_ms:.2f}") + cell(s.verify_ms, _f(s.verify_ms))

@@ -35,10 +35,12 @@ SPEC_FIELDS = ("heads", "visual_keep", "inject_layer", "draft_len")
 TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", "draft_ms",
                   "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
                   "feasible", "state")
-# written since fronts had names (absent: unknown), since token trees (absent: chains) and
-# since elastic depth and MLP width (absent or empty: depth 1, the whole MLP)
-OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms", "depth", "mlp")
-SIZE_DEFAULTS = {"depth": 1, "mlp": 1.0}
+# written since fronts had names (absent: unknown), since token trees (absent: chains), since
+# elastic depth and MLP width (absent or empty: depth 1, the whole MLP) and since the draft
+# vocabulary (absent or empty: the whole vocabulary)
+OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms", "depth", "mlp", "draft_vocab")
+# supernet.core.space.SIZE_DEFAULTS, stated again (reports imports no other package)
+SIZE_DEFAULTS = {"depth": 1, "mlp": 1.0, "draft_vocab": 1.0}
 
 
 def searched_hardware_ids(run_dir: str | Path) -> list[str]:
@@ -175,6 +177,7 @@ def load_subnet_table(run_dir: Path, hardware_id: str) -> SubnetTable:
         draft_bytes=whole("draft_bytes"),
         tree=np.char.strip(_text(frame["tree"]))[keep], recorded_cycle_ms=number("cycle_ms")[keep],
         depth=number("depth")[keep].astype(np.int64), mlp=number("mlp")[keep],
+        draft_vocab=number("draft_vocab")[keep],
     )
 
 
@@ -246,9 +249,11 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         tree=str(spec.get("tree") or ""),
         measured_speedup_end_to_end=num(meas.get("speedup_end_to_end")),
         exported=(run_dir / spec_dir / layout.SPEC_JSON).is_file(),
-        # spec.json omits depth and mlp at the paper's draft size (and wrote neither before)
+        # spec.json omits depth, mlp and draft_vocab at the paper's draft size and the whole
+        # vocabulary (and wrote none of them before)
         depth=integer(spec.get("depth")) or SIZE_DEFAULTS["depth"],
         mlp=num(spec.get("mlp")) or SIZE_DEFAULTS["mlp"],
+        draft_vocab=num(spec.get("draft_vocab")) or SIZE_DEFAULTS["draft_vocab"],
     )
     verified = []
     for item in raw.get("verified") or []:

@@ -50,6 +50,7 @@ class Subnet:
     recorded_cycle_ms: float | None = None  # trials.csv `cycle_ms` (None: not written)
     depth: int = 1  # decoder layers on each side of the cross-attention (trials.csv; 1 before)
     mlp: float = 1.0  # share of the MLP's channels kept (trials.csv; 1.0 before)
+    draft_vocab: float = 1.0  # share of the target's vocabulary drafted (trials.csv; 1.0 before)
 
     @property
     def shape(self) -> str:
@@ -116,11 +117,12 @@ class SubnetTable(Sequence[Subnet]):
     recorded_cycle_ms: np.ndarray  # (n,) float64, NaN: not written (the chain formula)
     depth: np.ndarray  # (n,) int64, 1 where trials.csv has no depth
     mlp: np.ndarray  # (n,) float64, 1.0 where trials.csv has no mlp
+    draft_vocab: np.ndarray  # (n,) float64, 1.0 where trials.csv has no draft_vocab
 
     COLUMNS = ("spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
                "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup",
                "draft_params", "feasible", "on_front", "number", "draft_bytes", "tree",
-               "recorded_cycle_ms", "depth", "mlp")
+               "recorded_cycle_ms", "depth", "mlp", "draft_vocab")
 
     @classmethod
     def of(cls, subnets: Sequence[Subnet]) -> SubnetTable:
@@ -201,6 +203,12 @@ class SubnetTable(Sequence[Subnet]):
         return bool(len(self) and ((self.depth != 1).any() or (self.mlp != 1.0).any()))
 
     @property
+    def is_draft_vocab(self) -> bool:
+        """Whether any subnet drafts over less than the target's whole vocabulary
+        (`draft_vocab` below 1): the report then shows that field."""
+        return bool(len(self) and (self.draft_vocab != 1.0).any())
+
+    @property
     def cycle_ms(self) -> np.ndarray:
         """(n,) one speculative cycle, as `Subnet.cycle_ms` (NaN: verify unknown)."""
         return self.cycle_draft_ms + self.verify_ms
@@ -235,6 +243,7 @@ class BestSubnet:
     tree: str = ""  # a token tree's shape (``4x2x1``); empty: a chain of draft_len
     depth: int = 1  # decoder layers on each side of the cross-attention
     mlp: float = 1.0  # share of the MLP's channels kept
+    draft_vocab: float = 1.0  # share of the target's vocabulary drafted
 
     @property
     def speedup_gap(self) -> float | None:

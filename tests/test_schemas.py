@@ -88,13 +88,13 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
     "search/<hardware-id>/trials.csv": (
         "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tau", "tau_lo",
         "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms", "speedup",
-        "draft_params", "feasible", "state", "tree", "cycle_ms", "depth", "mlp",
+        "draft_params", "feasible", "state", "tree", "cycle_ms", "depth", "mlp", "draft_vocab",
     ),
     "search/<hardware-id>/pareto.csv": ("spec_id",),
     "search/<hardware-id>/history.csv": ("number", "value", "best_so_far"),
     "search/<hardware-id>/best.json": (
         "spec", "spec.heads", "spec.visual_keep", "spec.inject_layer", "spec.draft_len",
-        "spec.tree", "spec.depth", "spec.mlp",
+        "spec.tree", "spec.depth", "spec.mlp", "spec.draft_vocab",
         "spec_id", "spec_dir", "objective", "method", "created", "supernet_hash",
         "predicted", "predicted.speedup", "predicted.tau", "predicted.tau_ci",
         "predicted.draft_ms", "predicted.verify_ms", "predicted.decode_ms",

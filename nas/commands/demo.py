@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     small.add_argument("--mlp", type=shares, default=None, metavar="SHARES",
                        help="MLP widths trained and searched, as `dreams-nas train --mlp` "
                             "(demo default 1)")
+    small.add_argument("--draft-vocab", type=shares, default=None, metavar="SHARES",
+                       help="draft vocabularies searched, as `dreams-nas train --draft-vocab` "
+                            "(default: 0.25,1 for a vocabulary of 16,000 tokens or more)")
     small.add_argument("--profile-budget", default=None, metavar="N|FRACTION",
                        help="draft measurements of the profile (default: the whole grid)")
     small.add_argument("--repeats", type=whole(1), default=40, metavar="N",
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
                          multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens,
-                         depth=args.depth, mlp=args.mlp)
+                         depth=args.depth, mlp=args.mlp, draft_vocab=args.draft_vocab)
     options = DemoOptions(
         device=args.device, dtype=args.dtype, seed=args.seed, target=args.target, train=train,
         profile_budget=args.profile_budget,

@@ -83,6 +83,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="MLP widths the supernet trains and the search picks from, as "
                              "shares of the channels, e.g. 0.25,0.5,1 (default 1: the whole "
                              "MLP only)")
+    parser.add_argument("--draft-vocab", type=shares, default=None, metavar="SHARES",
+                        help="draft vocabularies the search picks from, as shares of the "
+                             "target's vocabulary, its most frequent tokens in the "
+                             "self-distilled answers first (FR-Spec), e.g. 0.25,1 (default: "
+                             "0.25,1 for a vocabulary of 16,000 tokens or more, else 1)")
     parser.add_argument("--heads", type=whole(1), default=None, metavar="N",
                         help="heads of the maximal draft (default: the target's)")
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
@@ -120,6 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         holdout=args.holdout, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,
         heads=args.heads, visual_context=args.visual_context, depth=args.depth, mlp=args.mlp,
-        max_new_tokens=args.max_new_tokens, device=args.device, dtype=args.dtype,
+        draft_vocab=args.draft_vocab, max_new_tokens=args.max_new_tokens, device=args.device,
+        dtype=args.dtype,
         seed=args.seed, show_progress=False if args.json or args.quiet else None)
     return train(RunFolder(args.run), options)

@@ -52,8 +52,8 @@ class LatencyModel(Protocol):
 @runtime_checkable
 class BatchLatencyModel(LatencyModel, Protocol):
     """A latency model that also predicts many steps in one call. Its draft steps depend on a spec's
-    heads, visual_keep, depth and mlp only (not inject_layer, not draft_len), which is what lets
-    the cache share one prediction between every subnet with the same four."""
+    heads, visual_keep, depth, mlp and draft_vocab only (not inject_layer, not draft_len), which
+    is what lets the cache share one prediction between every subnet with the same five."""
 
     def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
         ...
@@ -178,8 +178,8 @@ class Candidate:
 class SubnetFields:
     """The `SubnetSpec` fields of n subnets as columns: what the vectorised evaluation reads,
     so a table of 10^6 subnets need not exist as 10^6 objects. A subnet's token tree is an
-    index into `trees` (-1: a chain); depth and mlp default to the paper's draft size (1 and
-    1.0 for every subnet)."""
+    index into `trees` (-1: a chain); depth, mlp and draft_vocab default to the paper's draft
+    (`SIZE_DEFAULTS`: 1, 1.0 and 1.0 for every subnet)."""
 
     heads: np.ndarray  # (n,) int64
     visual_keep: np.ndarray  # (n,) float64
@@ -189,6 +189,7 @@ class SubnetFields:
     trees: tuple[tuple[int, ...], ...] = ()  # the distinct branching vectors
     depth: np.ndarray | None = None  # (n,) int64 decoder layers a side; None: all 1
     mlp: np.ndarray | None = None  # (n,) float64 share of the MLP kept; None: all 1.0
+    draft_vocab: np.ndarray | None = None  # (n,) float64 vocabulary share; None: all 1.0
 
     def __post_init__(self) -> None:
         cast = {"heads": np.int64, "visual_keep": np.float64, "inject_layer": np.int64,
@@ -198,7 +199,8 @@ class SubnetFields:
         n = len(self.heads)
         index = np.full(n, -1) if self.tree_index is None else self.tree_index
         object.__setattr__(self, "tree_index", np.asarray(index, dtype=np.int64))
-        for name, dtype in (("depth", np.int64), ("mlp", np.float64)):
+        for name, dtype in (("depth", np.int64), ("mlp", np.float64),
+                            ("draft_vocab", np.float64)):
             value = getattr(self, name)
             value = np.full(n, SIZE_DEFAULTS[name]) if value is None else value
             object.__setattr__(self, name, np.asarray(value, dtype=dtype))
@@ -215,7 +217,8 @@ class SubnetFields:
                    inject_layer=[s.inject_layer for s in specs],
                    draft_len=[s.draft_len for s in specs],
                    tree_index=[where[s.tree] if s.tree else -1 for s in specs], trees=trees,
-                   depth=[s.depth for s in specs], mlp=[s.mlp for s in specs])
+                   depth=[s.depth for s in specs], mlp=[s.mlp for s in specs],
+                   draft_vocab=[s.draft_vocab for s in specs])
 
     def __len__(self) -> int:
         return len(self.heads)
@@ -224,17 +227,18 @@ class SubnetFields:
         """The fields of the subnets `index` selects (a mask or indices)."""
         return SubnetFields(self.heads[index], self.visual_keep[index], self.inject_layer[index],
                             self.draft_len[index], self.tree_index[index], self.trees,
-                            depth=self.depth[index], mlp=self.mlp[index])
+                            depth=self.depth[index], mlp=self.mlp[index],
+                            draft_vocab=self.draft_vocab[index])
 
 
 class LatencyCache:
     """Memoises step predictions by what they depend on.
 
-    A `BatchLatencyModel`'s draft step depends on (heads, visual_keep, depth, mlp) and a
-    target pass on k only, so a whole space needs one prediction per distinct draft size and
-    per gamma, asked in one call per kind. Any other `LatencyModel` gets the whole architecture
-    (`SubnetSpec.arch`: draft_len 1) and is asked once per distinct architecture: its
-    `predict_ms` may read inject_layer (recorded tables do), so collapsing it would make
+    A `BatchLatencyModel`'s draft step depends on (heads, visual_keep, depth, mlp, draft_vocab)
+    and a target pass on k only, so a whole space needs one prediction per distinct draft size
+    and per gamma, asked in one call per kind. Any other `LatencyModel` gets the whole
+    architecture (`SubnetSpec.arch`: draft_len 1) and is asked once per distinct architecture:
+    its `predict_ms` may read inject_layer (recorded tables do), so collapsing it would make
     answers order-dependent.
     """
 
@@ -257,12 +261,12 @@ class LatencyCache:
         verify)."""
         if kind not in ("draft", "draft_first"):
             raise ValueError(f"draft kind {kind!r} is not one of draft, draft_first")
-        columns = [fields.heads, fields.visual_keep, fields.depth, fields.mlp]
+        columns = [fields.heads, fields.visual_keep, fields.depth, fields.mlp, fields.draft_vocab]
         if not self.batched:
             columns.append(fields.inject_layer)
         first, inverse = _distinct(columns)
         keys = [(kind, int(fields.heads[i]), float(fields.visual_keep[i]), int(k),
-                 int(fields.depth[i]), float(fields.mlp[i]))
+                 int(fields.depth[i]), float(fields.mlp[i]), float(fields.draft_vocab[i]))
                 + (() if self.batched else (int(fields.inject_layer[i]),)) for i in first]
         missing = [(key, int(i)) for key, i in zip(keys, first, strict=True)
                    if key not in self._memo]
@@ -270,7 +274,8 @@ class LatencyCache:
             specs = [SubnetSpec(heads=int(fields.heads[i]),
                                 visual_keep=float(fields.visual_keep[i]),
                                 inject_layer=int(fields.inject_layer[i]), draft_len=1,
-                                depth=int(fields.depth[i]), mlp=float(fields.mlp[i]))
+                                depth=int(fields.depth[i]), mlp=float(fields.mlp[i]),
+                                draft_vocab=float(fields.draft_vocab[i]))
                      for _, i in missing]
             values = self._predict_draft(kind, specs, k)
             self._memo.update(zip((key for key, _ in missing), values, strict=True))

@@ -32,23 +32,26 @@ class RecordedAcceptance:
         return [self._rows[s] for s in specs]
 
 
-def _arch_key(key: Sequence[Any]) -> tuple[int, float, int, int, float]:
-    """(heads, visual_keep, inject_layer, depth, mlp) of a recorded key; a key of three (a
-    table recorded before elastic sizes) is depth 1 with the whole MLP."""
+def _arch_key(key: Sequence[Any]) -> tuple[int, float, int, int, float, float]:
+    """(heads, visual_keep, inject_layer, depth, mlp, draft_vocab) of a recorded key; a key of
+    three (a table recorded before elastic sizes) is depth 1 with the whole MLP, one of five
+    (before the draft vocabulary) predicts over the whole vocabulary."""
     h, v, lyr, *size = key
-    if len(size) not in (0, 2):
+    if len(size) not in (0, 2, 3):
         raise InputError(f"recorded draft latency key {tuple(key)!r} must be (heads, visual_keep, "
-                         "inject_layer) or (heads, visual_keep, inject_layer, depth, mlp)")
-    depth, mlp = size or (1, 1.0)
-    return int(h), float(v), int(lyr), int(depth), float(mlp)
+                         "inject_layer), (heads, visual_keep, inject_layer, depth, mlp) or "
+                         "(heads, visual_keep, inject_layer, depth, mlp, draft_vocab)")
+    depth, mlp, vocab = (*size, *(1, 1.0, 1.0)[len(size):])
+    return int(h), float(v), int(lyr), int(depth), float(mlp), float(vocab)
 
 
 class RecordedLatency:
     """A `LatencyModel` over a table.
 
-    draft:  (heads, visual_keep, inject_layer[, depth, mlp]) -> ms of one draft step (also
-            served for "draft_first", the cycle's first step, unless `first_draft` records
-            it); a key without depth and mlp is the draft of depth 1 with the whole MLP
+    draft:  (heads, visual_keep, inject_layer[, depth, mlp[, draft_vocab]]) -> ms of one draft
+            step (also served for "draft_first", the cycle's first step, unless `first_draft`
+            records it); a key without depth and mlp is the draft of depth 1 with the whole
+            MLP, one without draft_vocab predicts over the whole vocabulary
     verify: k -> ms of one target pass over k positions
     decode: ms of one plain target step
     """
@@ -71,7 +74,8 @@ class RecordedLatency:
                                  f"recorded: {sorted(self.verify)}")
             return self.verify[k]
         if kind in ("draft", "draft_first") and spec is not None:
-            key = (spec.heads, spec.visual_keep, spec.inject_layer, spec.depth, spec.mlp)
+            key = (spec.heads, spec.visual_keep, spec.inject_layer, spec.depth, spec.mlp,
+                   spec.draft_vocab)
             if kind == "draft_first" and key in self.first_draft:
                 return self.first_draft[key]
             if key not in self.draft:

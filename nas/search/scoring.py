@@ -1,10 +1,11 @@
 """Acceptance rows on demand: read the cache, score only what is missing, an architecture at a
 time.
 
-The unit of scoring is the architecture (heads, visual_keep, inject_layer, depth, mlp:
-`shared.triple_of`, still called a triple here): one teacher-forced pass gives tau for every draft
-length, so a miss scores the architecture's every draft length in the space at once. Alone, the rows
-go to the run's acceptance CSV as they are scored. Sharing a storage (`share`), a worker first
+The unit of scoring is the architecture (heads, visual_keep, inject_layer, depth, mlp,
+draft_vocab: `shared.triple_of`, still called a triple here): one teacher-forced pass gives tau
+for every draft length, so a miss scores the architecture's every draft length in the space at
+once (each draft vocabulary its own architecture). Alone, the rows go to the run's acceptance
+CSV as they are scored. Sharing a storage (`share`), a worker first
 claims the triple: the winner scores it and puts its rows in the shared table, the others wait for
 those rows (taking the triple over if its worker dies); rows scored elsewhere reach this run's CSV
 at the end (`sync_table`), so the CSV stays the single-machine cache and export.

@@ -1,18 +1,18 @@
 """Acceptance rows shared by every worker of a storage: each architecture (heads, visual_keep,
-inject_layer, depth, mlp: `SubnetSpec.arch`) is scored once, by one worker, and every worker
-reads its rows.
+inject_layer, depth, mlp, draft_vocab: `SubnetSpec.arch`) is scored once, by one worker, and
+every worker reads its rows.
 
 One teacher-forced pass scores every draft length of an architecture, so the unit of work and of
-claiming is the architecture (`triple_of`, named for the three fields it had before depth and MLP
-width joined it: it is the spec with draft_len 1, and its claim name is that spec's id,
-``triple:h4-v0.50-l12-g1`` for the paper's draft size as before, ``triple:h4-v0.50-l12-d2-m0.50-g1``
-otherwise). The rows go to `dreams_nas_acceptance`, a table beside Optuna's in the same database
-(the SQLite file beside a journal), keyed by the acceptance *scope* -- the supernet, data set,
-dtype, token budget and temperature the rows were scored with (`acceptance_scope`) -- so an Optuna
-study and an exhaustive sweep of the same run share them, and rows of other inputs are never mixed
-in. Reads are incremental (rows after the last sequence number seen). Triple claims live in the
-claims table under the study name ``tau:<scope>``, with the same heartbeat, takeover and database
-clock as subnet claims.
+claiming is the architecture (`triple_of`, named for the three fields it had before the draft
+sizes joined it: it is the spec with draft_len 1, and its claim name is that spec's id,
+``triple:h4-v0.50-l12-g1`` for the paper's draft size as before,
+``triple:h4-v0.50-l12-d2-m0.50-n0.25-g1`` otherwise). The rows go to `dreams_nas_acceptance`, a
+table beside Optuna's in the same database (the SQLite file beside a journal), keyed by the
+acceptance *scope* -- the supernet, data set, dtype, token budget and temperature the rows were
+scored with (`acceptance_scope`) -- so an Optuna study and an exhaustive sweep of the same run
+share them, and rows of other inputs are never mixed in. Reads are incremental (rows after the
+last sequence number seen). Triple claims live in the claims table under the study name
+``tau:<scope>``, with the same heartbeat, takeover and database clock as subnet claims.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class SharedRows:
 
 def expand(triple: SubnetSpec, draft_lens: Sequence[int], asked: Iterable[SubnetSpec],
            trees: Sequence[Sequence[int]] = ()) -> list[SubnetSpec]:
-    """Every spec of the architecture `triple` to score at once (its depth and mlp kept): the
+    """Every spec of the architecture `triple` to score at once (its sizes kept): the
     space's chains (`draft_lens`) and token `trees`, and the shapes asked."""
     asked = list(asked)
     lens = sorted({int(g) for g in draft_lens} | {s.draft_len for s in asked if not s.tree})

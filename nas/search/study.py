@@ -4,10 +4,11 @@ Optuna: every evaluated subnet is one COMPLETE trial carrying its figures in use
 so any worker (or `optuna-dashboard`) reads the same results. A subnet's trial is run by the
 worker that won its claim (`claims.py`); a trial that samples an already-held subnet copies its
 values (user attribute ``duplicate_of``). tau comes from the shared acceptance rows
-(`shared.py`): each architecture (heads, visual_keep, inject_layer, depth, mlp; still called a
-triple in claim names) is scored once, by one worker, whichever of its draft lengths was
-proposed first. A space that searches depth or MLP width samples them as two more parameters;
-one that does not keeps the three of before, so its studies continue as they were.
+(`shared.py`): each architecture (heads, visual_keep, inject_layer, depth, mlp, draft_vocab;
+still called a triple in claim names) is scored once, by one worker, whichever of its draft
+lengths was proposed first. A space that searches depth, MLP width or the draft vocabulary
+samples each of them as one more parameter; one that does not keeps the parameters of before,
+so its studies continue as they were.
 
 Sweep (exhaustive over a shared storage): Optuna's `GridSampler` over the architectures, one trial
 per architecture (its trial numbers give the first workers distinct grid points); each trial scores
@@ -59,8 +60,9 @@ SHAPE_PARAM = "shape"  # a space with token trees: draft_len and tree in one cat
 
 def arch_params(space: SearchSpace) -> tuple[str, ...]:
     """The Optuna parameters of `space`'s architectures (the sweep's grid): heads, visual_keep
-    and inject_layer, then depth and mlp where the space holds other than the paper's one size
-    (a space without them samples, and keys its studies, as before they existed)."""
+    and inject_layer, then each of depth, mlp and draft_vocab where the space holds other than
+    its one default (`SIZE_DEFAULTS`; a space without them samples, and keys its studies, as
+    before they existed)."""
     sizes = tuple(n for n, d in SIZE_DEFAULTS.items() if tuple(getattr(space, n)) != (d,))
     return (*TRIPLE_FIELDS, *sizes)
 
@@ -79,8 +81,8 @@ def search_distributions(space: SearchSpace) -> dict[str, Any]:
 
 
 def spec_of(params: Mapping[str, Any]) -> SubnetSpec:
-    """The subnet of a trial's parameters (`search_distributions`); depth and mlp absent (a
-    space of one draft size) are 1 and 1.0."""
+    """The subnet of a trial's parameters (`search_distributions`); depth, mlp and
+    draft_vocab absent (a space of one draft size, the whole vocabulary) are 1, 1.0 and 1.0."""
     fields = {name: params[name] for name in (*TRIPLE_FIELDS, *SIZE_DEFAULTS) if name in params}
     if SHAPE_PARAM not in params:
         return SubnetSpec(**fields, draft_len=params["draft_len"])

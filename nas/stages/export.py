@@ -26,9 +26,9 @@ from dreams_nas.supernet.core.versions import library_versions
 
 TRIAL_COLUMNS: tuple[str, ...] = (
     "number", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len", "tree", "depth",
-    "mlp", "tau", "tau_lo", "tau_hi", "draft_ms", "first_draft_ms", "verify_ms", "decode_ms",
-    "speedup", "draft_params", "draft_bytes", "cycle_ms", "cycle_overhead_ms", "feasible",
-    "state", "method", "objective",
+    "mlp", "draft_vocab", "tau", "tau_lo", "tau_hi", "draft_ms", "first_draft_ms", "verify_ms",
+    "decode_ms", "speedup", "draft_params", "draft_bytes", "cycle_ms", "cycle_overhead_ms",
+    "feasible", "state", "method", "objective",
 )
 HISTORY_COLUMNS: tuple[str, ...] = ("number", "value", "best_so_far")
 

@@ -123,7 +123,7 @@ def supernet_hash(run: RunFolder) -> str:
 def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
     """Parameters of each subnet's extracted draft, from the supernet's config alone
     (`DreamDraft.num_params`: they depend on heads, inject_layer, depth and mlp, not on
-    visual_keep or the draft shape)."""
+    visual_keep, draft_vocab -- the LM head is the target's -- or the draft shape)."""
     import torch
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.store import read_supernet_config
@@ -148,11 +148,14 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
     `visual_tokens` are the image's: its weights, the KV cache of its 2 * depth decoder layers
     (`SubnetSpec.depth` on each side of the cross-attention) over its own sequence (the text, plus
     the visual tokens it keeps when the draft keeps them there), and its cross-attention memory (the
-    context with the visual tokens it drops left out), all in `dtype`. An estimate from the shapes,
-    not a measurement: activations and the allocator's slack are not counted; the target's shared
-    embedding and LM head are not the draft's."""
+    context with the visual tokens it drops left out), all in `dtype`; with a draft vocabulary
+    (`SubnetSpec.draft_vocab` < 1) also the LM head's rows it predicts over, which it copies once
+    (`DreamDraft.logits`), and their token ids. An estimate from the shapes, not a measurement:
+    activations and the allocator's slack are not counted; the target's shared embedding and
+    whole LM head are not the draft's."""
     import torch
     from dreams_nas.supernet.core.device import torch_dtype
+    from dreams_nas.supernet.core.space import vocab_rows
     from dreams_nas.supernet.draft.state import keep_count
     from dreams_nas.supernet.draft.store import read_supernet_config
 
@@ -168,7 +171,11 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
         kv_tokens = 2 * spec.depth * (kept if config.visual_in_self else context - visual)
         if config.cross_attention:
             kv_tokens += max(1, kept)
-        return element * (params(spec) + 2 * width * kv_tokens)
+        head = 0  # the reduced LM head (rows x hidden) and its int64 token ids
+        if spec.draft_vocab < 1.0:
+            rows = vocab_rows(config.vocab_size, spec.draft_vocab)
+            head = element * rows * config.hidden_size + 8 * rows
+        return element * (params(spec) + 2 * width * kv_tokens) + head
 
     return memory
 

@@ -24,7 +24,7 @@ from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.space import SearchSpace, default_draft_vocab
 
 log = logging.getLogger("dreams_nas.latency")
 
@@ -140,9 +140,12 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
     else:
         text = text_config(model.config)
         heads = config.num_heads if config is not None else int(text.num_attention_heads)
-        # a trained supernet's own depths and MLP widths (the paper's one size without one)
-        sizes = {} if config is None else {"depth": tuple(range(1, config.num_layers + 1)),
-                                           "mlp": tuple(config.mlp_shares)}
+        # a trained supernet's own depths, MLP widths and draft vocabularies; without one the
+        # paper's one size and the draft vocabularies `train` would offer for this target
+        sizes = ({"draft_vocab": default_draft_vocab(int(text.vocab_size))} if config is None
+                 else {"depth": tuple(range(1, config.num_layers + 1)),
+                       "mlp": tuple(config.mlp_shares),
+                       "draft_vocab": tuple(config.vocab_shares)})
         space = SearchSpace.default_for(int(text.num_hidden_layers), heads, **sizes)
     return space, build_supernet(model, space, config, seed=seed)
 

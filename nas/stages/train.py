@@ -45,6 +45,8 @@ class TrainOptions:
     visual_context: str = "self"  # self: kept visual tokens in the draft's own sequence too
     depth: int | None = None  # decoder layers a side of the largest draft (None: DEFAULT_DEPTH)
     mlp: tuple[float, ...] | None = None  # MLP widths trained (None: DEFAULT_MLP_SHARES)
+    # draft vocabulary shares offered (None: `default_draft_vocab` of the target's vocabulary)
+    draft_vocab: tuple[float, ...] | None = None
     max_new_tokens: int = 64
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
@@ -58,6 +60,12 @@ class TrainOptions:
         depth = DEFAULT_DEPTH if self.depth is None else int(self.depth)
         shares = DEFAULT_MLP_SHARES if self.mlp is None else self.mlp
         return depth, tuple(sorted({float(x) for x in shares}))
+
+    def vocab_shares(self) -> tuple[float, ...] | None:
+        """The draft vocabulary shares asked for, sorted (None: the target's default)."""
+        if self.draft_vocab is None:
+            return None
+        return tuple(sorted({float(x) for x in self.draft_vocab}))
 
     def config(self) -> Any:
         """The `TrainConfig` these options ask for (None keeps its default)."""
@@ -120,6 +128,10 @@ def training_changes(block: dict[str, Any], options: TrainOptions) -> list[str]:
             changes.append(f"depth {had_depth} -> {depth}")
         if had_shares != shares:
             changes.append(f"mlp {_shares(had_shares)} -> {_shares(shares)}")
+        had_vocab = tuple(float(x) for x in draft.get("vocab_shares", (1.0,)))
+        vocab = options.vocab_shares()
+        if vocab is not None and had_vocab != vocab:
+            changes.append(f"draft-vocab {_shares(had_vocab)} -> {_shares(vocab)}")
     return changes
 
 
@@ -146,6 +158,8 @@ def retrain_command(run: RunFolder, options: TrainOptions) -> str:
         parts += ["--depth", str(depth)]
     if shares != tuple(DEFAULT_MLP_SHARES):
         parts += ["--mlp", _shares(shares)]
+    if options.vocab_shares() is not None:
+        parts += ["--draft-vocab", _shares(options.vocab_shares() or ())]
     parts += ["--warmup-steps", str(config.warmup_steps),
               "--multires-steps", str(config.multires_steps),
               "--max-new-tokens", str(options.max_new_tokens)]
@@ -219,4 +233,5 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
                      device=device, holdout=options.holdout,
                      visual_in_self=options.visual_context == "self",
                      depth=options.sizes()[0], mlp=options.sizes()[1],
+                     draft_vocab=options.vocab_shares(),
                      show_progress=options.show_progress)

@@ -7,8 +7,9 @@ max_new_tokens): everything the measured acceptance depends on, so a row scored 
 settings is never reused. A file that holds another supernet's rows is refused, never mixed
 in. A file written before `dtype` and `max_new_tokens` were recorded is migrated once (its
 rows kept with those cells empty: they match no table and are scored again); so is one written
-before token trees (its rows are chains) or before elastic depth and MLP width (its rows read
-as depth 1 and the whole MLP, the only draft size there was).
+before token trees (its rows are chains), before elastic depth and MLP width (its rows read
+as depth 1 and the whole MLP, the only draft size there was) or before the draft vocabulary
+(its rows read as the whole vocabulary, `draft_vocab` 1.0).
 
 Every row is checked when it is made and when it is read (`AcceptanceRow.__post_init__`): a
 row that is impossible (tau outside [1, gamma + 1], a rate outside [0, 1], ...) would win the
@@ -35,11 +36,13 @@ MAX_POSITIONS = 7  # accept_rate_1 .. accept_rate_7
 _RATE_COLUMNS = tuple(f"accept_rate_{i}" for i in range(1, MAX_POSITIONS + 1))
 ACCEPTANCE_COLUMNS: tuple[str, ...] = (
     "supernet_hash", "dataset_id", "spec_id", "heads", "visual_keep", "inject_layer",
-    "draft_len", "tree", "depth", "mlp", "temperature", "dtype", "max_new_tokens", "method",
-    "tau", "tau_lo", "tau_hi", "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
+    "draft_len", "tree", "depth", "mlp", "draft_vocab", "temperature", "dtype", "max_new_tokens",
+    "method", "tau", "tau_lo", "tau_hi", "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
 )
+# The header of files written before the draft vocabulary (every row the whole vocabulary).
+PRE_VOCAB_COLUMNS: tuple[str, ...] = tuple(c for c in ACCEPTANCE_COLUMNS if c != "draft_vocab")
 # The header of files written before elastic depth and MLP width (every row depth 1, whole MLP).
-PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in ACCEPTANCE_COLUMNS
+PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in PRE_VOCAB_COLUMNS
                                           if c not in SIZE_DEFAULTS)
 # The header of files written before token trees (every row a chain: `tree` empty).
 PRE_TREE_COLUMNS: tuple[str, ...] = tuple(c for c in PRE_SIZE_COLUMNS if c != "tree")
@@ -47,7 +50,7 @@ PRE_TREE_COLUMNS: tuple[str, ...] = tuple(c for c in PRE_SIZE_COLUMNS if c != "t
 LEGACY_COLUMNS: tuple[str, ...] = tuple(
     c for c in PRE_TREE_COLUMNS if c not in ("dtype", "max_new_tokens")
 )
-OLD_HEADERS = (PRE_SIZE_COLUMNS, PRE_TREE_COLUMNS, LEGACY_COLUMNS)
+OLD_HEADERS = (PRE_VOCAB_COLUMNS, PRE_SIZE_COLUMNS, PRE_TREE_COLUMNS, LEGACY_COLUMNS)
 METHODS = ("teacher-forced", "sampled", "expected")
 # Slack on the bounds of tau: it is a ratio of token counts, exact up to float rounding.
 TAU_TOLERANCE = 1e-6
@@ -159,13 +162,15 @@ class AcceptanceRow:
 
     @classmethod
     def from_csv_row(cls, row: Mapping[str, str]) -> AcceptanceRow:
-        """The row of one record; `depth` and `mlp` absent or empty (a row written before
-        elastic sizes) read as depth 1 and the whole MLP."""
+        """The row of one record; `depth`, `mlp` and `draft_vocab` absent or empty (a row
+        written before elastic sizes or the draft vocabulary) read as `SIZE_DEFAULTS`: depth 1,
+        the whole MLP and the whole vocabulary."""
         spec = SubnetSpec(
             heads=int(row["heads"]), visual_keep=float(row["visual_keep"]),
             inject_layer=int(row["inject_layer"]), draft_len=int(row["draft_len"]),
             tree=row.get("tree") or (), depth=int(row.get("depth") or 1),
             mlp=float(row.get("mlp") or 1.0),
+            draft_vocab=float(row.get("draft_vocab") or 1.0),
         )
         rates = []
         for i in range(1, MAX_POSITIONS + 1):
@@ -207,12 +212,14 @@ def _migrate(path: Path, old: tuple[str, ...]) -> None:
     """Rewrite a file of an old header with the current one.
 
     Every complete old row is kept, the cells of the columns it lacks empty: a row written before
-    elastic sizes is depth 1 with the whole MLP (`depth`, `mlp` empty, read as 1 and 1.0); one
-    written before trees is a chain (`tree` empty); one written before `dtype` and `max_new_tokens`
-    were recorded matches no table (the settings it was scored under are unknown) and is scored
-    again. A line torn by a kill is dropped, as `load` would skip it. Done under the file's lock,
-    atomically, and only if the header is still the old one once the lock is held (another process
-    may have migrated it meanwhile). Must not be called with the lock held: it is not reentrant.
+    the draft vocabulary predicts over the whole one (`draft_vocab` empty, read as 1.0); one
+    written before elastic sizes is depth 1 with the whole MLP (`depth`, `mlp` empty, read as 1
+    and 1.0); one written before trees is a chain (`tree` empty); one written before `dtype` and
+    `max_new_tokens` were recorded matches no table (the settings it was scored under are
+    unknown) and is scored again. A line torn by a kill is dropped, as `load` would skip it. Done
+    under the file's lock, atomically, and only if the header is still the old one once the lock
+    is held (another process may have migrated it meanwhile). Must not be called with the lock
+    held: it is not reentrant.
     """
     with locked(path):
         if _read_header(path) != list(old):

@@ -303,9 +303,10 @@ class TeacherForcedScorer:
     """The `AcceptanceScorer` of the search, over one evaluation set.
 
     Traces the target once per prompt (lazily, then kept); scoring a spec rolls the draft out
-    once for its (heads, visual_keep, inject_layer) and returns rows for every draft length in
-    `draft_lens` and every tree in `trees` of that triple (they are free), so the cache fills
-    a whole triple at a time.
+    once for its architecture (`SubnetSpec.triple`, i.e. `arch`: heads, visual_keep,
+    inject_layer, depth, mlp and draft_vocab -- each draft vocabulary is rolled out on its own)
+    and returns rows for every draft length in `draft_lens` and every tree in `trees` of that
+    architecture (they are free), so the cache fills a whole architecture at a time.
     """
 
     def __init__(self, adapter: TargetAdapter, draft: DreamDraft,

@@ -20,13 +20,18 @@ SPEC_SCHEMA_VERSION = 1
 SPACE_SCHEMA_VERSION = 1
 
 _ID_RE = re.compile(r"^h(\d+)-v(\d+(?:\.\d+)?)-l(\d+)(?:-d(\d+))?(?:-m(\d+(?:\.\d+)?))?"
-                    r"-(?:g(\d+)|t(\d+(?:x\d+)*))$")
+                    r"(?:-n(\d+(?:\.\d+)?))?-(?:g(\d+)|t(\d+(?:x\d+)*))$")
 DEFAULT_VISUAL_KEEP = (0.25, 0.5, 0.75, 1.0)
 DEFAULT_DRAFT_LENS = tuple(range(1, 8))
 # Elastic depth and MLP width of the default space: decoder layers on each side of the
 # cross-attention (a prefix of the supernet's stacks), and the MLP's share of channels.
 DEFAULT_DEPTHS = (1, 2, 3)
 DEFAULT_MLP = (0.25, 0.5, 1.0)
+# Draft vocabulary (FR-Spec / EAGLE-3): where the target's vocabulary has at least
+# LARGE_VOCAB tokens, the default space also offers a draft whose LM head predicts over the
+# most frequent quarter of it (8,000 of LLaVA-1.5's 32,000; 38,000 of Qwen2-VL's 152,000).
+DEFAULT_DRAFT_VOCAB = (0.25, 1.0)
+LARGE_VOCAB = 16_000
 # Token trees of the default space: the family of `tree_family` up to 12 nodes (14 shapes, wide
 # near the root, chains below, depth <= 6), beside the chains of DEFAULT_DRAFT_LENS.
 DEFAULT_TREE_NODES = 12
@@ -50,8 +55,12 @@ class SubnetSpec:
                   the paper's draft (decoder, cross-attention, decoder).
     mlp:          share of every MLP's intermediate channels kept, in (0, 1] (a prefix of the
                   importance-sorted channels, as heads are).
-    The id names depth and mlp only where they differ from 1 and 1.0, so the paper's draft
-    keeps its id (``h4-v0.50-l12-g5``; ``h4-v0.50-l12-d2-m0.50-g5`` otherwise).
+    draft_vocab:  share of the target's vocabulary the draft predicts over, in (0, 1]: the
+                  most frequent tokens of the self-distillation answers (FR-Spec / EAGLE-3),
+                  mapped back to target ids; the target verifies, so output is unchanged.
+    The id names depth, mlp and draft_vocab only where they differ from 1, 1.0 and 1.0, so the
+    paper's draft keeps its id (``h4-v0.50-l12-g5``; ``h4-v0.50-l12-d2-m0.50-n0.25-g5``
+    otherwise).
     """
 
     heads: int
@@ -61,6 +70,7 @@ class SubnetSpec:
     tree: tuple[int, ...] = ()
     depth: int = 1
     mlp: float = 1.0
+    draft_vocab: float = 1.0
 
     def __post_init__(self) -> None:
         given = _tree_field(self.tree, keep_chain=True)
@@ -73,7 +83,7 @@ class SubnetSpec:
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
                 raise InputError(f"SubnetSpec.{name}={value!r} must be an integer")
             object.__setattr__(self, name, int(value))
-        for name in ("visual_keep", "mlp"):
+        for name in ("visual_keep", "mlp", "draft_vocab"):
             share = getattr(self, name)
             if isinstance(share, bool) or not isinstance(share,
                                                          int | float | np.floating | np.integer):
@@ -99,10 +109,11 @@ class SubnetSpec:
 
     @property
     def size_id(self) -> str:
-        """The id's depth/width part: ``""`` for depth 1 and the whole MLP, else
-        ``-d2``, ``-m0.50`` or both."""
+        """The id's size part: ``""`` for depth 1, the whole MLP and the whole vocabulary,
+        else ``-d2``, ``-m0.50``, ``-n0.25`` or several."""
         return ((f"-d{self.depth}" if self.depth != 1 else "")
-                + (f"-m{self.mlp:.2f}" if self.mlp != 1.0 else ""))
+                + (f"-m{self.mlp:.2f}" if self.mlp != 1.0 else "")
+                + (f"-n{self.draft_vocab:.2f}" if self.draft_vocab != 1.0 else ""))
 
     @property
     def shape_id(self) -> str:
@@ -116,13 +127,15 @@ class SubnetSpec:
             raise InputError(
                 f"{text!r} is not a subnet id; ids look like 'h4-v0.50-l12-g5' "
                 "(heads, visual_keep, inject_layer, draft_len), 'h4-v0.50-l12-t4x2x1' (a tree) or "
-                "'h4-v0.50-l12-d2-m0.50-g5' (depth 2, half the MLP)"
+                "'h4-v0.50-l12-d2-m0.50-n0.25-g5' (depth 2, half the MLP, a quarter of the "
+                "vocabulary)"
             )
-        h, v, lyr, depth, mlp, g, tree = match.groups()
+        h, v, lyr, depth, mlp, vocab, g, tree = match.groups()
         shape = TokenTree.parse(tree).branching if tree else ()
         return cls(heads=int(h), visual_keep=float(v), inject_layer=int(lyr),
                    draft_len=len(shape) if tree else int(g), tree=shape,
-                   depth=int(depth) if depth else 1, mlp=float(mlp) if mlp else 1.0)
+                   depth=int(depth) if depth else 1, mlp=float(mlp) if mlp else 1.0,
+                   draft_vocab=float(vocab) if vocab else 1.0)
 
     @property
     def shape(self) -> TokenTree:
@@ -140,11 +153,11 @@ class SubnetSpec:
 
     @property
     def arch(self) -> SubnetSpec:
-        """The architecture (heads, visual_keep, inject_layer, depth, mlp) -- everything but
-        the draft shape -- as the chain of one token: the unit teacher-forced scoring rolls
-        out once for every draft length and tree."""
+        """The architecture (heads, visual_keep, inject_layer, depth, mlp, draft_vocab) --
+        everything but the draft shape -- as the chain of one token: the unit teacher-forced
+        scoring rolls out once for every draft length and tree."""
         return SubnetSpec(self.heads, self.visual_keep, self.inject_layer, 1,
-                          depth=self.depth, mlp=self.mlp)
+                          depth=self.depth, mlp=self.mlp, draft_vocab=self.draft_vocab)
 
     # The unit of scoring was the (heads, visual_keep, inject_layer) triple before depth and
     # width joined it; the name stays for the callers that claim and cache by it.
@@ -166,7 +179,8 @@ class SubnetSpec:
         """The fields as table rows write them (`tree` as its label, ``""`` for a chain)."""
         out = {name: getattr(self, name) for name in SPEC_FIELDS}
         out["tree"] = self.tree_label
-        out["depth"], out["mlp"] = self.depth, self.mlp
+        for name in SIZE_DEFAULTS:
+            out[name] = getattr(self, name)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,8 +206,9 @@ class SubnetSpec:
             raise InputError(f"subnet spec is missing field(s) {missing}; a spec needs {names}")
         unknown = sorted(set(data) - set(names) - {"schema_version", "id", "tree", *SIZE_DEFAULTS})
         if unknown:
+            optional = ", ".join(map(repr, ("tree", *SIZE_DEFAULTS)))
             raise InputError(f"subnet spec has unknown field(s) {unknown}; a spec has "
-                             f"{names} and optionally 'tree', 'depth' and 'mlp'")
+                             f"{names} and optionally {optional}")
         sizes = {n: default if data.get(n) in (None, "") else data[n]
                  for n, default in SIZE_DEFAULTS.items()}
         return cls(**{n: data[n] for n in names}, tree=data.get("tree") or (), **sizes)
@@ -206,12 +221,26 @@ class SubnetSpec:
         return cls.from_dict(json.loads(text))
 
 
-# The numeric fields every spec has; `tree`, `depth` and `mlp` are optional (SIZE_DEFAULTS).
+# The numeric fields every spec has; `tree` and the sizes are optional (SIZE_DEFAULTS).
 SPEC_FIELDS: tuple[str, ...] = ("heads", "visual_keep", "inject_layer", "draft_len")
-# Elastic depth and MLP width: a spec, space or table written before them reads as these.
-SIZE_DEFAULTS: dict[str, Any] = {"depth": 1, "mlp": 1.0}
+# Elastic depth, MLP width and draft vocabulary: a spec, space or table written before them
+# reads as these.
+SIZE_DEFAULTS: dict[str, Any] = {"depth": 1, "mlp": 1.0, "draft_vocab": 1.0}
 # The architecture's fields (all but the draft shape), in enumeration order.
-ARCH_FIELDS: tuple[str, ...] = ("heads", "visual_keep", "inject_layer", "depth", "mlp")
+ARCH_FIELDS: tuple[str, ...] = ("heads", "visual_keep", "inject_layer", "depth", "mlp",
+                                "draft_vocab")
+
+
+def default_draft_vocab(vocab_size: int) -> tuple[float, ...]:
+    """The draft vocabulary shares a supernet of a target with `vocab_size` tokens offers by
+    default: DEFAULT_DRAFT_VOCAB from LARGE_VOCAB tokens up, else the whole vocabulary only."""
+    return DEFAULT_DRAFT_VOCAB if int(vocab_size) >= LARGE_VOCAB else (1.0,)
+
+
+def vocab_rows(vocab_size: int, share: float) -> int:
+    """Tokens a draft of vocabulary share `share` predicts over: ceil(share * vocab_size),
+    within 1..vocab_size."""
+    return max(1, min(int(vocab_size), math.ceil(share * int(vocab_size) - 1e-9)))
 
 
 def _tree_field(value: Any, keep_chain: bool = False) -> tuple[int, ...]:
@@ -281,10 +310,11 @@ class SearchSpace:
     trees: tuple[tuple[int, ...], ...] = ()
     depth: tuple[int, ...] = (1,)
     mlp: tuple[float, ...] = (1.0,)
+    draft_vocab: tuple[float, ...] = (1.0,)
 
     def __post_init__(self) -> None:
         kinds = {"heads": int, "visual_keep": float, "inject_layer": int, "draft_len": int,
-                 "depth": int, "mlp": float}
+                 "depth": int, "mlp": float, "draft_vocab": float}
         for name, kind in kinds.items():
             object.__setattr__(self, name, _as_values(name, getattr(self, name), kind))
         rules = {
@@ -294,6 +324,7 @@ class SearchSpace:
             "draft_len": (lambda v: v >= 1, "at least 1"),
             "depth": (lambda v: v >= 1, "at least 1"),
             "mlp": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
+            "draft_vocab": (lambda v: 0.0 < v <= 1.0, "in (0, 1]"),
         }
         for name, (ok, rule) in rules.items():
             bad = [v for v in getattr(self, name) if not ok(v)]
@@ -312,8 +343,8 @@ class SearchSpace:
     def architectures(self) -> Iterator[SubnetSpec]:
         """Every architecture (`SubnetSpec.arch`: all fields but the draft shape), in
         enumeration order."""
-        for h, v, lyr, d, m in itertools.product(*(getattr(self, n) for n in ARCH_FIELDS)):
-            yield SubnetSpec(h, v, lyr, 1, depth=d, mlp=m)
+        for h, v, lyr, d, m, n in itertools.product(*(getattr(self, f) for f in ARCH_FIELDS)):
+            yield SubnetSpec(h, v, lyr, 1, depth=d, mlp=m, draft_vocab=n)
 
     @property
     def n_architectures(self) -> int:
@@ -348,11 +379,11 @@ class SearchSpace:
     def largest(self) -> SubnetSpec:
         """The largest chain subnet (every field at its maximum)."""
         return SubnetSpec(*(max(getattr(self, n)) for n in SPEC_FIELDS),
-                          depth=max(self.depth), mlp=max(self.mlp))
+                          **{n: max(getattr(self, n)) for n in SIZE_DEFAULTS})
 
     def smallest(self) -> SubnetSpec:
         return SubnetSpec(*(min(getattr(self, n)) for n in SPEC_FIELDS),
-                          depth=min(self.depth), mlp=min(self.mlp))
+                          **{n: min(getattr(self, n)) for n in SIZE_DEFAULTS})
 
     @property
     def max_depth(self) -> int:
@@ -395,6 +426,7 @@ class SearchSpace:
         trees: Sequence[Sequence[int]] | None = None,
         depth: Sequence[int] = (1,),
         mlp: Sequence[float] = (1.0,),
+        draft_vocab: Sequence[float] = (1.0,),
     ) -> SearchSpace:
         """A sensible default space.
 
@@ -405,7 +437,7 @@ class SearchSpace:
         DEFAULT_TREE_NODES nodes, no deeper than the longest chain; () for chains only.
         depth, mlp: the draft sizes (`SubnetSpec.depth`/`mlp`) a supernet trained with
         elastic depth and width offers (DEFAULT_DEPTHS, DEFAULT_MLP); the paper's one size by
-        default.
+        default. draft_vocab: the vocabulary shares (`default_draft_vocab`); the whole by default.
         """
         if num_target_layers < 1 or num_draft_heads < 1:
             raise InputError(
@@ -418,7 +450,7 @@ class SearchSpace:
             trees = [t.branching for t in tree_family(DEFAULT_TREE_NODES, max(draft_len))]
         return cls(heads=tuple(heads), visual_keep=tuple(visual_keep),
                    inject_layer=tuple(layers), draft_len=tuple(draft_len), trees=tuple(trees),
-                   depth=tuple(depth), mlp=tuple(mlp))
+                   depth=tuple(depth), mlp=tuple(mlp), draft_vocab=tuple(draft_vocab))
 
     @classmethod
     def from_configs(cls, target_config: Any, draft_config: Any, **kwargs: Any) -> SearchSpace:

@@ -38,6 +38,10 @@ class DraftConfig:
     # The MLP widths (shares of intermediate_size) the supernet is trained and searched at;
     # (1.0,): the whole MLP only, as drafts saved before elastic width.
     mlp_shares: tuple[float, ...] = (1.0,)
+    # The draft vocabularies (shares of vocab_size, most frequent tokens first: the model's
+    # `vocab_order`) the supernet offers; (1.0,): the target's whole vocabulary only, as drafts
+    # saved before the draft vocabulary.
+    vocab_shares: tuple[float, ...] = (1.0,)
     # Set on an extracted draft only: the subnet it was cut from.
     spec: SubnetSpec | None = None
 
@@ -48,6 +52,11 @@ class DraftConfig:
             raise InputError(f"mlp_shares={list(self.mlp_shares)} must be shares in (0, 1], "
                              "e.g. [0.25, 0.5, 1.0]")
         object.__setattr__(self, "mlp_shares", shares)
+        vocab = tuple(sorted({float(x) for x in self.vocab_shares}))
+        if not vocab or not all(0.0 < x <= 1.0 for x in vocab):
+            raise InputError(f"vocab_shares={list(self.vocab_shares)} must be shares in (0, 1], "
+                             "e.g. [0.25, 1.0]")
+        object.__setattr__(self, "vocab_shares", vocab)
         if self.head_dim % 2:
             raise InputError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.num_layers < 1:
@@ -80,6 +89,7 @@ class DraftConfig:
         data = asdict(self)
         data["inject_layers"] = list(self.inject_layers)
         data["mlp_shares"] = list(self.mlp_shares)
+        data["vocab_shares"] = list(self.vocab_shares)
         data["spec"] = None if self.spec is None else self.spec.to_dict()
         return {"schema_version": CONFIG_SCHEMA_VERSION, **data}
 
@@ -98,7 +108,14 @@ class DraftConfig:
     def largest(self) -> SubnetSpec:
         return SubnetSpec(heads=self.num_heads, visual_keep=1.0,
                           inject_layer=max(self.inject_layers), draft_len=1,
-                          depth=self.num_layers, mlp=max(self.mlp_shares))
+                          depth=self.num_layers, mlp=max(self.mlp_shares),
+                          draft_vocab=max(self.vocab_shares))
+
+    @property
+    def has_vocab_order(self) -> bool:
+        """Whether the draft holds a token frequency order (`DreamDraft.vocab_order`): a
+        supernet offering a share below 1, or a subnet extracted at one."""
+        return min(self.vocab_shares) < 1.0
 
     def mlp_channels(self, share: float) -> int:
         """Intermediate channels a subnet with MLP share `share` keeps (a prefix):

@@ -2,10 +2,11 @@
 
 `extract(supernet, spec)` copies only the active heads' and MLP channels' weights (prefixes,
 since both are importance-sorted), only the decoder layers of its depth (the first `depth`
-before the cross-attention, the last `depth` after it) and only the chosen layer's memory
-adapter into a `CompactDraft` whose own config says what it is. It saves as safetensors + JSON
-config and loads back without the supernet (the target's embedding and LM head are attached at
-load time, never saved).
+before the cross-attention, the last `depth` after it), only the chosen layer's memory
+adapter and, with a draft vocabulary, the token ids it predicts over into a `CompactDraft`
+whose own config says what it is. It saves as safetensors + JSON config and loads back
+without the supernet (the target's embedding and LM head are attached at load time, never
+saved).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ REEXPORT = "re-export the spec folder with `dreams-nas search` (it rewrites spec
 
 
 class CompactDraft(DreamDraft):
-    """A single subnet: `config.spec` fixes heads, visual_keep, inject_layer, depth and mlp."""
+    """A single subnet: `config.spec` fixes heads, visual_keep, inject_layer, depth, mlp and
+    draft_vocab (with a share below 1 it keeps the `vocab_order` prefix it predicts over)."""
 
     def __init__(self, config: DraftConfig, shared: SharedTargetModules | None = None) -> None:
         if config.spec is None:
@@ -96,6 +98,10 @@ def _slice_state(supernet: DreamDraft, spec: SubnetSpec) -> dict[str, Tensor]:
                 continue
         if name.startswith(dropped):
             continue
+        if name == "vocab_order":
+            if spec.draft_vocab >= 1.0:
+                continue
+            tensor = tensor[:supernet.vocab_rows_of(spec)]
         if name.startswith("layers_out.") and shift:
             index, rest = name.removeprefix("layers_out.").split(".", 1)
             name = f"layers_out.{int(index) - shift}.{rest}"
@@ -123,7 +129,8 @@ def extract(supernet: DreamDraft, spec: SubnetSpec) -> CompactDraft:
                                  "inject_layers": (spec.inject_layer,), "spec": spec,
                                  "num_layers": spec.depth,
                                  "intermediate_size": supernet.channels_of(spec),
-                                 "mlp_shares": (spec.mlp,)})
+                                 "mlp_shares": (spec.mlp,),
+                                 "vocab_shares": (spec.draft_vocab,)})
     compact = CompactDraft(compact_cfg, supernet.shared if supernet.is_attached else None)
     compact.load_state_dict(_slice_state(supernet, spec))
     param = next(supernet.parameters())

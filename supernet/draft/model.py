@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput, SwiGLU
@@ -49,6 +50,12 @@ from dreams_nas.supernet.draft.state import (
     select_memory_positions,
 )
 from torch import Tensor, nn
+
+
+def _version(tensor: Tensor) -> int:
+    """The tensor's in-place version counter (-1 for an inference tensor, which has none and
+    cannot be changed in place outside inference mode)."""
+    return -1 if tensor.is_inference() else int(tensor._version)
 
 
 # --- the draft ------------------------------------------------------------------------
@@ -73,6 +80,14 @@ class DreamDraft(nn.Module):
                                             for lyr in config.inject_layers})
         self._shared = shared  # plain attribute: not a submodule, not saved
         self._active = config.spec or config.largest()
+        self._head_rows: dict[tuple[Any, ...], tuple[Tensor, Tensor | None]] = {}
+        if config.has_vocab_order:
+            # target token ids, most frequent in the self-distillation answers first
+            # (`set_vocab_order`); an extracted subnet keeps only the ones it predicts over
+            rows = (config.vocab_size if config.spec is None
+                    else vocab_rows(config.vocab_size, config.spec.draft_vocab))
+            # cpu: built with the module, moved with it by .to()
+            self.register_buffer("vocab_order", torch.arange(rows, dtype=torch.long))
 
     # --- the active subnet: one typed place -----------------------------------------
     @property
@@ -89,6 +104,10 @@ class DreamDraft(nn.Module):
         if cfg.spec is None and spec.mlp not in cfg.mlp_shares:
             raise InputError(f"spec {spec.id}: mlp={spec.mlp} is not a width this draft was "
                              f"trained at {list(cfg.mlp_shares)}; pick one of those")
+        if cfg.spec is None and spec.draft_vocab not in cfg.vocab_shares:
+            raise InputError(f"spec {spec.id}: draft_vocab={spec.draft_vocab} is not a vocabulary "
+                             f"share this draft offers {list(cfg.vocab_shares)}; pick one of "
+                             "those (or train with `--draft-vocab`)")
         if not 1 <= spec.depth <= cfg.num_layers:
             raise InputError(f"spec {spec.id}: depth={spec.depth} is outside 1..{cfg.num_layers} "
                              "(this draft's layers on each side); pick a subnet of its space")
@@ -119,7 +138,7 @@ class DreamDraft(nn.Module):
         return SearchSpace(heads=tuple(heads), visual_keep=tuple(visual_keep),
                            inject_layer=self.config.inject_layers, draft_len=tuple(draft_len),
                            depth=tuple(range(1, self.config.num_layers + 1)),
-                           mlp=self.config.mlp_shares)
+                           mlp=self.config.mlp_shares, draft_vocab=self.config.vocab_shares)
 
     # --- shared target modules ------------------------------------------------------
     @property
@@ -141,10 +160,62 @@ class DreamDraft(nn.Module):
         return self.shared.embed_tokens(input_ids)
 
     def logits(self, feature: Tensor) -> Tensor:
-        """feature: (..., hidden) -> (..., vocab) through the target's LM head."""
+        """feature: (..., hidden) -> (..., vocab) through the target's LM head.
+
+        With a draft vocabulary (`SubnetSpec.draft_vocab` < 1) only the head's rows of the
+        `vocab_rows` most frequent tokens are computed (the cost that shrinks); they are written
+        back at their target ids and every other token gets -inf, so argmax, top-k and the
+        sampling rules see a distribution over target ids that is zero outside the draft's
+        vocabulary (the target verifies, so output is unchanged)."""
         head = self.shared.lm_head
         weight = getattr(head, "weight", None)
-        return head(feature if weight is None else feature.to(weight.dtype))
+        rows = self.vocab_rows_of(self._active)
+        if rows >= self.config.vocab_size:
+            return head(feature if weight is None else feature.to(weight.dtype))
+        ids = self.vocab_order[:rows].to(feature.device)
+        if weight is None:  # a head without a weight matrix: compute all, keep the vocabulary
+            full = head(feature)
+            return torch.full_like(full, float("-inf")).index_copy_(
+                -1, ids, full.index_select(-1, ids))
+        w, b = self._head_slice(head, ids)
+        sub = torch.nn.functional.linear(feature.to(w.dtype), w, b)
+        out = sub.new_full((*sub.shape[:-1], int(weight.shape[0])), float("-inf"))
+        return out.index_copy_(-1, ids, sub)
+
+    def vocab_rows_of(self, spec: SubnetSpec) -> int:
+        """Tokens `spec` predicts over (the whole vocabulary at draft_vocab 1)."""
+        if self.config.spec is not None and self.config.has_vocab_order:
+            return int(self.vocab_order.shape[0])
+        return vocab_rows(self.config.vocab_size, spec.draft_vocab)
+
+    def _head_slice(self, head: nn.Module, ids: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The LM head's rows `ids` (and bias), cut once per vocabulary and kept while the
+        head's weight stays the same tensor, unchanged (FR-Spec's reduced head)."""
+        weight, bias = head.weight, getattr(head, "bias", None)
+        key = (int(ids.shape[0]), weight.data_ptr(), weight.device, weight.dtype,
+               _version(weight), self.vocab_order.data_ptr(), _version(self.vocab_order))
+        cached = self._head_rows.get(key)
+        if cached is None:
+            with torch.no_grad():
+                cached = (weight.index_select(0, ids).contiguous(),
+                          None if bias is None else bias.index_select(0, ids).contiguous())
+            self._head_rows = {key: cached, **{k: v for k, v in self._head_rows.items()
+                                               if k[0] != key[0]}}  # one slice per size
+        return cached
+
+    def set_vocab_order(self, order: Tensor) -> None:
+        """Rank the target's tokens for the draft vocabularies: `order` holds every token id
+        once, most frequent first (`supernet.training.vocab.frequency_order`)."""
+        if not self.config.has_vocab_order or self.config.spec is not None:
+            raise InputError("this draft offers no draft vocabulary below the whole one "
+                             "(DraftConfig.vocab_shares); train it with `--draft-vocab`")
+        order = torch.as_tensor(order, dtype=torch.long, device="cpu").flatten()
+        size = self.config.vocab_size
+        if (order.numel() != size or not torch.equal(
+                torch.sort(order).values, torch.arange(size, device="cpu"))):
+            raise InputError(f"a vocabulary order must hold each of the {size} token ids once; "
+                             f"got {order.numel()} ids")
+        self.vocab_order.copy_(order.to(self.vocab_order.device))
 
     # --- forward --------------------------------------------------------------------
     def memory(self, layer_hidden: Tensor, visual_mask: Tensor, visual_scores: Tensor,

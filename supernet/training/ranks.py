@@ -61,18 +61,19 @@ def path_ranks(model: DreamDraft, batch: Batch, spec: SubnetSpec, widths: Sequen
         start = batch.first_counted  # the prompt's last position: y_0's cycle starts after
         outs = unrolled_forward(model, batch.text_ids, batch.prev_hidden, batch.text_pos,
                                 memory, batch.keys(model), depth - 1, start=start)
-    for j, out in enumerate(outs):  # pass j: depth j + 1, read at s + j, ranking s + j + 1
-        width = n - 1 - j
-        if width <= 0:
-            break
-        rank = caps[j].repeat(b, width)
-        for c in range(min(start, width), width, chunk):  # starts before `start`: not ranked
-            stop = min(width, c + chunk)
-            feature = out.feature[:, j + c: j + stop]
-            rank[:, c:stop] = token_ranks(model.logits(feature),
-                                          batch.text_ids[:, j + 1 + c: j + 1 + stop])
-        valid = batch.text_mask[:, j + 1:]
-        ranks[:, :width, j] = torch.where(valid, rank.clamp(max=widths[j]), caps[j])
+        for j, out in enumerate(outs):  # pass j: depth j + 1, read at s + j, ranking s + j + 1
+            width = n - 1 - j
+            if width <= 0:
+                break
+            rank = caps[j].repeat(b, width)
+            for c in range(min(start, width), width, chunk):  # starts before `start`: not ranked
+                stop = min(width, c + chunk)
+                feature = out.feature[:, j + c: j + stop]
+                # inside `using`: the subnet's logits (its draft vocabulary)
+                rank[:, c:stop] = token_ranks(model.logits(feature),
+                                              batch.text_ids[:, j + 1 + c: j + 1 + stop])
+            valid = batch.text_mask[:, j + 1:]
+            ranks[:, :width, j] = torch.where(valid, rank.clamp(max=widths[j]), caps[j])
     ranks[:, :start] = caps  # starts before the first counted position are not ranked
     inside = ranks < caps
     # a depth counts only when every depth before it kept the path

@@ -24,7 +24,7 @@ import torch
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.space import SearchSpace, default_draft_vocab, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
@@ -45,6 +45,7 @@ from dreams_nas.supernet.training.store import (
     store_key,
 )
 from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_supernet
+from dreams_nas.supernet.training.vocab import coverage, frequency_order
 from torch import Tensor
 
 log = logging.getLogger("dreams_nas")
@@ -70,6 +71,7 @@ class PreparedData:
     aifd: AifdResult
     space: SearchSpace
     num_target_layers: int
+    answers: tuple[Tensor, ...] = ()  # the self-distilled answers (the draft vocabulary's order)
 
 
 class PromptInputs(Sequence[dict[str, Tensor]]):
@@ -167,7 +169,7 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
         samples = build_store(feature_store, target, prompts, answers, space.inject_layer, kept,
                               key, samples_per_shard=samples_per_shard,
                               show_progress=show_progress)
-    return PreparedData(samples, aifd, space, layers)
+    return PreparedData(samples, aifd, space, layers, tuple(answers))
 
 
 def default_holdout(n_samples: int) -> int:
@@ -209,12 +211,34 @@ def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]
 def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, seed: int,
                 cross_attention: bool = True, visual_in_self: bool = True,
                 num_layers: int = 1, mlp_shares: Sequence[float] = (1.0,),
+                vocab_shares: Sequence[float] = (1.0,),
                 device: str | torch.device = "cpu") -> DreamDraft:
     cfg = DraftConfig.for_target(target.text_config, data.space.inject_layer, num_heads=num_heads,
                                  cross_attention=cross_attention, visual_in_self=visual_in_self,
-                                 num_layers=num_layers, mlp_shares=tuple(mlp_shares))
+                                 num_layers=num_layers, mlp_shares=tuple(mlp_shares),
+                                 vocab_shares=tuple(vocab_shares))
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
     return DreamDraft.initialised(cfg, shared, seed).to(device)
+
+
+def draft_vocabulary(draft: DreamDraft, data: PreparedData) -> dict[str, Any] | None:
+    """Rank the target's tokens by the answers' frequency for a draft offering vocabulary
+    shares below 1 (`supernet.training.vocab`); what run.json records of it (None: the whole
+    vocabulary only)."""
+    cfg = draft.config
+    if not cfg.has_vocab_order:
+        return None
+    if not data.answers:
+        raise InputError("a draft vocabulary is ranked by the self-distilled answers; these "
+                         "prepared data hold none (prepare them with `prepare_data`)")
+    order = frequency_order(data.answers, cfg.vocab_size)
+    draft.set_vocab_order(order)
+    rows = {f"{s:g}": vocab_rows(cfg.vocab_size, s) for s in cfg.vocab_shares}
+    cover = {k: round(coverage(data.answers, order, n), 4) for k, n in rows.items()}
+    log.info("draft vocabulary: shares %s = %s tokens cover %s of the answers' tokens",
+             list(rows), list(rows.values()), list(cover.values()))
+    return {"shares": list(cfg.vocab_shares), "tokens": rows, "answer_coverage": cover,
+            "answer_tokens": int(sum(int(a.numel()) for a in data.answers))}
 
 
 def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], config: TrainConfig,
@@ -223,7 +247,8 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
               holdout: int | None = None, show_progress: bool | None = None,
               data: PreparedData | None = None, cross_attention: bool = True,
               visual_in_self: bool = True, depth: int = 1,
-              mlp: Sequence[float] = (1.0,)) -> dict[str, Any]:
+              mlp: Sequence[float] = (1.0,),
+              draft_vocab: Sequence[float] | None = None) -> dict[str, Any]:
     """Train the supernet of `target` on `examples` into `run`; returns the command's summary.
 
     data: the prompts' target side when already prepared (`prepare_data` over `examples`
@@ -232,7 +257,9 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     the draft's own sequence (`DraftConfig.visual_in_self`; with neither: text only);
     depth, mlp: the supernet's decoder layers on each side of the cross-attention and the MLP
     widths it trains (the search space's `depth` = 1..depth and `mlp`; the defaults train the
-    paper's single-size draft).
+    paper's single-size draft); draft_vocab: the vocabulary shares the search may give the
+    draft (None: `default_draft_vocab` of the target's vocabulary), ranked by the answers'
+    token frequency (`supernet.training.vocab`; training itself uses the whole vocabulary).
 
     Without `data` the target's features go to the run's feature store `supernet/features/`
     (`store`), which the run keeps: a resumed or repeated training over the same prompts,
@@ -250,15 +277,19 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
              [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
     layers = distill_layers_for(distill, data)
+    vocab_size = int(target.text_config.vocab_size)
+    shares = default_draft_vocab(vocab_size) if draft_vocab is None else tuple(draft_vocab)
     data = replace(data, space=replace(data.space, depth=tuple(range(1, int(depth) + 1)),
-                                       mlp=tuple(mlp)))
+                                       mlp=tuple(mlp), draft_vocab=tuple(shares)))
     if distill == "none":
         config = replace(config, weights=replace(config.weights, distill=0.0))
     if config.unroll is None:  # the training-time test runs as deep as the space drafts
         config = replace(config, unroll=data.space.max_depth - 1)
     draft = build_draft(target, data, num_heads=heads, seed=config.seed,
                         cross_attention=cross_attention, visual_in_self=visual_in_self,
-                        num_layers=depth, mlp_shares=data.space.mlp, device=device)
+                        num_layers=depth, mlp_shares=data.space.mlp,
+                        vocab_shares=data.space.draft_vocab, device=device)
+    vocab = draft_vocabulary(draft, data)
     # fp32 master weights; the forward runs in the target's dtype under autocast
     dtype = str(target.dtype).removeprefix("torch.")
     train_samples, held = split_heldout(data.samples, holdout)
@@ -282,6 +313,7 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
         "num_params": sum(p.numel() for p in draft.parameters()),  # every candidate's adapter
         "num_params_largest_subnet": draft.num_params(draft.config.largest()),
         "distill_layers": list(layers),
+        "draft_vocab": vocab,
         "train": {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
                   "batch_size": config.batch_size, "lr": config.lr,
                   "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,

@@ -12,13 +12,18 @@ SMALL_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=
 # A space over draft sizes too: two depths and two MLP widths (SMALL_SPACE x 4).
 SIZED_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                           draft_len=(1, 2, 3, 5), depth=(1, 2), mlp=(0.5, 1.0))
+# A space over draft vocabularies too: a quarter of the target's and the whole (SMALL_SPACE x 2).
+VOCAB_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                          draft_len=(1, 2, 3, 5), draft_vocab=(0.25, 1.0))
 
 
 def accept_prob(spec: SubnetSpec) -> float:
     """Per-position acceptance: more heads, visual tokens and deeper features help, and so do
-    more layers and a wider MLP (nothing changes at the paper's size, depth 1, mlp 1.0)."""
+    more layers, a wider MLP and a larger draft vocabulary (nothing changes at the paper's size
+    over the whole vocabulary, depth 1, mlp 1.0, draft_vocab 1.0)."""
     return min(0.95, 0.35 + 0.08 * spec.heads + 0.15 * spec.visual_keep
-               + 0.03 * spec.inject_layer + 0.06 * (spec.depth - 1) - 0.1 * (1.0 - spec.mlp))
+               + 0.03 * spec.inject_layer + 0.06 * (spec.depth - 1) - 0.1 * (1.0 - spec.mlp)
+               - 0.04 * (1.0 - spec.draft_vocab))
 
 
 def tau_of(spec: SubnetSpec) -> float:
@@ -59,7 +64,8 @@ class FakeScorer:
 
 
 class FakeLatency:
-    """draft step grows with heads and visual tokens; verify grows slowly with k."""
+    """draft step grows with heads, visual tokens, depth, MLP width and draft vocabulary;
+    verify grows slowly with k."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -69,7 +75,8 @@ class FakeLatency:
         if kind in ("draft", "draft_first"):  # first step as hot as the rest: old formula
             assert spec is not None  # k > 1: a token tree's level of k nodes
             one = (0.4 + 0.35 * spec.heads + 0.6 * spec.visual_keep + 0.05 * spec.inject_layer
-                   + 0.5 * (spec.depth - 1) - 0.3 * (1.0 - spec.mlp))  # as before at 1, 1.0
+                   + 0.5 * (spec.depth - 1) - 0.3 * (1.0 - spec.mlp)
+                   - 0.4 * (1.0 - spec.draft_vocab))  # as before at 1, 1.0, 1.0
             return one * (1 + 0.25 * (k - 1))
         if kind == "verify":
             return 10.0 + 0.9 * k
@@ -92,7 +99,8 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
     """A latency predictor fitted on synthetic timings, saved as `dreams-nas profile` would, so a
     real run folder can be searched without timing anything (the plumbing is what is tested).
     `contexts`: the context lengths "profiled"; the default spans the tiny targets' prompts and
-    answers (a search outside them is refused). `cycle`: with the speculative cycle's own
+    answers (a search outside them is refused). A space with draft vocabularies gets draft rows
+    for each (a smaller vocabulary a faster step). `cycle`: with the speculative cycle's own
     work (kinds ``cycle``, ``cycle_tree``); without, the profile is one made before them."""
     import json
 
@@ -100,13 +108,18 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
     from dreams_nas.latency.predictor import LatencyPredictor
 
     rows = []
+    vocabs = space.draft_vocab if space.draft_vocab != (1.0,) else ()  # () as before it
     for ctx in contexts:
         for h in space.heads:
             for v in space.visual_keep:
-                rows.append({"kind": "draft", "spec_id": f"h{h}-v{v:.2f}-l1-g1", "heads": h,
-                             "visual_keep": v, "inject_layer": 1, "draft_len": 1,
-                             "context_len": ctx, "k": 1,
-                             "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx})
+                for n in vocabs or (1.0,):  # a smaller LM head drafts faster
+                    rows.append({"kind": "draft",
+                                 "spec_id": SubnetSpec(h, v, 1, 1, draft_vocab=n).id,
+                                 "heads": h, "visual_keep": v, "inject_layer": 1, "draft_len": 1,
+                                 "context_len": ctx, "k": 1,
+                                 "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx
+                                 - 0.2 * (1.0 - n),
+                                 **({"draft_vocab": n} if vocabs else {})})
         for k in range(1, 8):
             rows.append({"kind": "decode" if k == 1 else "verify", "spec_id": "",
                          "heads": float("nan"), "visual_keep": float("nan"),

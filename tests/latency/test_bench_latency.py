@@ -20,7 +20,7 @@ def _plan_points(fraction: float, seed: int) -> set[tuple]:
     space = SearchSpace(heads=HEADS, visual_keep=KEEPS, inject_layer=(1, 2),
                         draft_len=(1, 2, 3), depth=DEPTHS)
     return {(k.spec.heads, round(k.spec.visual_keep, 6), k.spec.depth, round(k.spec.mlp, 6),
-             k.context_len)
+             round(k.spec.draft_vocab, 6), k.context_len)
             for k in build_plan(space, CONTEXTS, budget=fraction, seed=seed)
             if k.kind == "draft" and k.k == 1}
 

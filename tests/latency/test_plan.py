@@ -204,3 +204,48 @@ def test_tree_levels_are_timed_for_the_largest_and_smallest_architecture() -> No
             for k in keys if k.kind == "draft" and k.k > 1}
     assert wide == {(4, 1.0, 3, 1.0, c, 2) for c in SIZED_CONTEXTS} | {
         (1, 0.5, 1, 0.25, c, 2) for c in SIZED_CONTEXTS}
+
+
+# --- the draft vocabulary ---------------------------------------------------------------------
+VOCAB = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(2, 4), draft_len=(1, 3),
+                    depth=(1, 2), draft_vocab=(0.25, 1.0))
+
+
+def test_the_draft_grid_covers_the_draft_vocabulary() -> None:
+    keys = build_plan(VOCAB, SIZED_CONTEXTS)
+    grid = set(itertools.product(VOCAB.heads, VOCAB.visual_keep, VOCAB.depth, VOCAB.mlp,
+                                 VOCAB.draft_vocab, SIZED_CONTEXTS))
+    for kind in ("draft", "draft_first"):  # both shares measured, as both kinds
+        points = {(k.spec.heads, k.spec.visual_keep, k.spec.depth, k.spec.mlp,
+                   k.spec.draft_vocab, k.context_len) for k in keys if k.kind == kind}
+        assert points == grid
+    specs = {k.spec for k in keys if k.kind == "draft"}
+    assert {s.draft_vocab for s in specs} == {0.25, 1.0}
+    assert {(s.inject_layer, s.draft_len) for s in specs} == {(4, 3)}  # one canonical spec each
+    assert canonical_spec(VOCAB, 2, 0.5, 2, 1.0, 0.25).id == "h2-v0.50-l4-d2-n0.25-g3"
+    assert canonical_spec(VOCAB, 2, 0.5) == canonical_spec(VOCAB, 2, 0.5, 1, 1.0, 1.0)
+    assert len({k.ident for k in keys}) == len(keys)
+
+
+def test_a_budget_keeps_both_vocabularies_and_the_extremes() -> None:
+    import dataclasses
+
+    space = dataclasses.replace(VOCAB, heads=(1, 2, 3, 4), visual_keep=(0.25, 0.5, 0.75, 1.0))
+    keys = build_plan(space, SIZED_CONTEXTS, budget=24, seed=0)
+    points = {(k.spec.heads, k.spec.visual_keep, k.spec.depth, k.spec.draft_vocab, k.context_len)
+              for k in keys if k.kind == "draft" and k.k == 1}
+    assert len(points) == 24
+    for c in SIZED_CONTEXTS:  # the smallest subnet has the quarter vocabulary, the largest all
+        assert (1, 0.25, 1, 0.25, c) in points and (4, 1.0, 2, 1.0, c) in points
+    counts = [sum(p[3] == n for p in points) for n in space.draft_vocab]
+    assert min(counts) >= 1 and max(counts) - min(counts) <= 2  # each share about as often
+
+
+def test_tree_levels_are_timed_at_the_smallest_and_largest_vocabulary() -> None:
+    import dataclasses
+
+    keys = build_plan(dataclasses.replace(VOCAB, trees=((2, 1),)), SIZED_CONTEXTS)
+    wide = {(k.spec.heads, k.spec.visual_keep, k.spec.depth, k.spec.draft_vocab, k.context_len)
+            for k in keys if k.kind == "draft" and k.k > 1}
+    assert wide == {(2, 1.0, 2, 1.0, c) for c in SIZED_CONTEXTS} | {
+        (1, 0.5, 1, 0.25, c) for c in SIZED_CONTEXTS}

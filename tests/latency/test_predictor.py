@@ -404,7 +404,7 @@ def test_a_crafted_pickle_with_a_matching_hash_is_never_unpickled(tmp_path, capl
     assert not (tmp_path / "predictor.joblib").exists()
     assert (tmp_path / "predictor.skops").is_file()
     fresh = json.loads((tmp_path / "predictor.json").read_text())
-    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 6
+    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION == 7
     assert "joblib_sha256" not in fresh and len(fresh["skops_sha256"]) == 64
 
 
@@ -510,7 +510,7 @@ def test_features_carry_depth_and_mlp() -> None:
     assert not np.array_equal(a[0], a[1])  # depth and width are seen
     # rows without the columns (written before them) are the paper's draft: depth 1, mlp 1
     np.testing.assert_array_equal(feats.transform(rows.drop(columns=["depth", "mlp"]))[0], a[0])
-    with pytest.raises(ValueError, match="draft rows need numeric depth and mlp"):
+    with pytest.raises(ValueError, match="draft rows need numeric depth, mlp and draft_vocab"):
         feats.transform(rows.assign(depth=[np.nan, 3, 3, 1]))
 
 
@@ -544,7 +544,8 @@ def test_an_unprofiled_depth_and_width_is_predicted_from_the_profiled_ones() -> 
 def test_a_predictor_refuses_a_depth_or_width_it_never_timed() -> None:
     pred = LatencyPredictor.fit(sized_rows()[lambda f: (f.depth != 3) & (f.mlp != 0.25)],
                                 "cpu-test-1t", visual_tokens=32, holdout=0.0)
-    assert pred.size_range() == {"depth": (1.0, 2.0), "mlp": (0.5, 1.0)}
+    assert pred.size_range() == {"depth": (1.0, 2.0), "mlp": (0.5, 1.0),
+                                 "draft_vocab": (1.0, 1.0)}
     assert pred.draft_ms([SubnetSpec(2, 1.0, 4, 3, depth=2, mlp=0.75)], 144)[0] > 0  # inside
     with pytest.raises(InputError, match=r"profiled at depth 1\.\.2, not at depth 3; rerun "
                                          r"`dreams-nas profile`"):
@@ -562,16 +563,18 @@ def test_a_predictor_saved_before_depth_and_mlp_is_refitted_from_its_rows(tmp_pa
     rows = synthetic_rows(noise=0.01)
     LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
     train = pd.read_csv(tmp_path / "predictor_train.csv")
-    assert {"depth", "mlp"} <= set(train.columns)
-    train.drop(columns=["depth", "mlp"]).to_csv(tmp_path / "predictor_train.csv", index=False)
+    assert {"depth", "mlp", "draft_vocab"} <= set(train.columns)
+    train.drop(columns=["depth", "mlp", "draft_vocab"]).to_csv(tmp_path / "predictor_train.csv",
+                                                               index=False)
     doc = json.loads((tmp_path / "predictor.json").read_text())
     doc["schema_version"] = 4
     (tmp_path / "predictor.json").write_text(json.dumps(doc))
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         loaded = LatencyPredictor.load(tmp_path)
     (record,) = caplog.records
-    assert "has schema 4, this is 6; refitting from its 120 saved rows" in record.getMessage()
-    assert loaded.size_range() == {"depth": (1.0, 1.0), "mlp": (1.0, 1.0)}
+    assert "has schema 4, this is 7; refitting from its 120 saved rows" in record.getMessage()
+    assert loaded.size_range() == {"depth": (1.0, 1.0), "mlp": (1.0, 1.0),
+                                   "draft_vocab": (1.0, 1.0)}
     paper = SubnetSpec(4, 1.0, 2, 3)
     assert loaded.draft_ms([paper], 144)[0] == pytest.approx(
         0.4 + 0.05 * 4 + 0.0004 * 4 * 144, rel=0.05)
@@ -631,7 +634,7 @@ def test_a_profile_at_one_context_answers_for_that_context_only() -> None:
 def test_a_schema_5_folder_is_refitted_per_kind_and_evaluated_again(tmp_path, caplog) -> None:
     """A folder of one pooled regressor (schema 5): its held-out metrics were another model's.
     Loading refits it per kind from its rows, evaluates that model on a hold-out of the share
-    it held out, and saves it (schema 6), once."""
+    it held out, and saves it (the current schema), once."""
     rows = synthetic_rows(noise=0.01)
     LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.25).save(tmp_path)
     doc = json.loads((tmp_path / "predictor.json").read_text())
@@ -646,13 +649,13 @@ def test_a_schema_5_folder_is_refitted_per_kind_and_evaluated_again(tmp_path, ca
     with caplog.at_level("WARNING", logger="dreams_nas.latency"):
         loaded = LatencyPredictor.load(tmp_path)
     (record,) = caplog.records
-    assert "has schema 5, this is 6; refitting from its 120 saved rows" in record.getMessage()
+    assert "has schema 5, this is 7; refitting from its 120 saved rows" in record.getMessage()
     assert loaded.metrics["mape"] < 0.05  # its own evaluation, not the old model's 7 %
     assert set(loaded.metrics_by_kind) == {"draft", "decode", "verify"}
     # about the share it held out (a file of schema 5 records no hold-out fraction)
     assert abs(loaded.n_holdout - n_holdout) <= 4
     fresh = json.loads((tmp_path / "predictor.json").read_text())
-    assert fresh["schema_version"] == 6
+    assert fresh["schema_version"] == fitting.PREDICTOR_SCHEMA_VERSION
     assert {k: m["mape"] for k, m in fresh["metrics_by_kind"].items()} == {
         k: m["mape"] for k, m in loaded.metrics_by_kind.items()}
     assert fresh["regressors"]["verify"] == "interpolated"
@@ -663,3 +666,124 @@ def test_a_schema_5_folder_is_refitted_per_kind_and_evaluated_again(tmp_path, ca
     assert caplog.text == ""
     assert {k: m["n"] for k, m in again.metrics_by_kind.items()} == {
         k: m["n"] for k, m in loaded.metrics_by_kind.items()}
+
+
+# --- the draft vocabulary ---------------------------------------------------------------------
+def test_features_carry_the_draft_vocabulary_times_the_positions() -> None:
+    rows = pd.DataFrame({"kind": ["draft", "draft", "draft_first", "draft"],
+                         "heads": 2, "visual_keep": 1.0, "depth": 1, "mlp": 1.0,
+                         "draft_vocab": [1.0, 0.25, 0.25, 0.25],
+                         "context_len": 64, "k": [1, 1, 1, 4]})
+    feats = DraftFeatures(visual_tokens=32).fit(rows)
+    a = feats.transform(rows)
+    col = {name: a[:, i] for i, name in enumerate(FEATURE_NAMES)}
+    # the LM head: its rows (the share) for each position it computes (1 + extra nodes)
+    assert list(col["draft_vocab"]) == [1.0, 0.25, 0.25, 0.25]
+    assert list(col["extra_x_draft_vocab"]) == [0, 0, 0, 3 * 0.25]
+    assert list(col["heads_x_draft_vocab"]) == [2.0, 0.5, 0.5, 0.5]
+    assert not np.array_equal(a[0], a[1])  # the share is seen
+    # rows without the column (written before it) are at the whole vocabulary
+    np.testing.assert_array_equal(feats.transform(rows.drop(columns="draft_vocab"))[0], a[0])
+    with pytest.raises(ValueError, match="draft rows need numeric depth, mlp and draft_vocab"):
+        feats.transform(rows.assign(draft_vocab=[np.nan, 1.0, 1.0, 1.0]))
+
+
+def vocab_cost(heads: int, keep: float, depth: int, vocab: float, ctx: int, k: int = 1,
+               visual_tokens: int = 32) -> float:
+    """A draft step whose LM head costs 0.8 ms per position at the whole vocabulary, linear in
+    its share; the blocks as real ones (per-block work, heads over the attended keys)."""
+    attended = ctx - visual_tokens * (1 - keep)
+    blocks = 2 * depth + 1
+    return (0.3 + blocks * (0.05 + 0.02 * heads + 0.00005 * heads * attended)
+            + 0.8 * vocab * k + (k - 1) * blocks * 0.03)
+
+
+def vocab_rows(noise: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """Draft steps of every (heads, visual_keep, depth, draft_vocab) at three contexts, tree
+    levels of the smallest and the largest subnet (as the plan times them), target steps."""
+    rng = np.random.default_rng(seed)
+    rows = []
+
+    def draft(kind, h, v, d, n, ctx, k=1, scale=1.0):
+        rows.append({"kind": kind, "heads": h, "visual_keep": v, "depth": d, "mlp": 1.0,
+                     "draft_vocab": n, "context_len": ctx, "k": k,
+                     "median_ms": scale * vocab_cost(h, v, d, n, ctx, k)})
+
+    for ctx in (48, 144, 240):
+        for h, v, d, n in itertools.product((1, 2, 4), (0.5, 1.0), (1, 2), (0.25, 1.0)):
+            draft("draft", h, v, d, n, ctx)
+            draft("draft_first", h, v, d, n, ctx, scale=1.3)
+        for (h, v, d, n), k in itertools.product(((1, 0.5, 1, 0.25), (4, 1.0, 2, 1.0)), (2, 4)):
+            draft("draft", h, v, d, n, ctx, k)
+        for k in range(1, 9):
+            rows.append({"kind": "decode" if k == 1 else "verify", "heads": np.nan,
+                         "visual_keep": np.nan, "depth": np.nan, "mlp": np.nan,
+                         "draft_vocab": np.nan, "context_len": ctx, "k": k,
+                         "median_ms": 3.0 + 0.3 * k + 0.002 * ctx})
+    frame = pd.DataFrame(rows)
+    frame["median_ms"] *= np.exp(rng.normal(0, noise, len(frame)))
+    frame["spec_id"] = ""
+    return frame
+
+
+def test_a_predictor_fitted_at_both_vocabularies_predicts_each() -> None:
+    rows = vocab_rows(noise=0.005)
+    # one combination never timed: two heads, two layers a side, a quarter of the vocabulary
+    unprofiled = ((rows.heads == 2) & (rows.depth == 2) & (rows.draft_vocab == 0.25)).to_numpy()
+    pred = LatencyPredictor.fit(rows[~unprofiled], "cpu-test-1t", visual_tokens=32,
+                                holdout=0.0)
+    assert pred.size_range()["draft_vocab"] == (0.25, 1.0)
+    exact = vocab_rows()
+    rel = np.abs(pred.predict_rows(exact) / exact.median_ms.to_numpy() - 1)
+    assert rel.max() < 0.03  # the rows fitted on and the unprofiled ones
+    specs = [SubnetSpec(2, 1.0, 4, 3, depth=2, draft_vocab=n) for n in (0.25, 1.0)]
+    draft = pred.draft_ms(specs, 144)
+    np.testing.assert_allclose(draft, [vocab_cost(2, 1.0, 2, n, 144) for n in (0.25, 1.0)],
+                               rtol=0.03)
+    assert draft[0] < draft[1]  # the smaller head is cheaper
+    assert pred.predict_ms("draft_first", specs[0], 144, 1) == pytest.approx(1.3 * draft[0],
+                                                                           rel=0.03)
+    # a tree level: the head once per node. Timed for the smallest and the largest subnet
+    # only (the plan's tree keys), whose every size differs: predicted there, and ranked by
+    # the share between them (how the per-node cost splits among the sizes is not identified)
+    ends = [SubnetSpec(1, 0.5, 4, 3, draft_vocab=0.25), SubnetSpec(4, 1.0, 4, 3, depth=2)]
+    np.testing.assert_allclose(pred.draft_ms(ends, 144, k=4),
+                               [vocab_cost(1, 0.5, 1, 0.25, 144, k=4),
+                                vocab_cost(4, 1.0, 2, 1.0, 144, k=4)], rtol=0.03)
+    level = pred.draft_ms(specs, 144, k=4)
+    assert level[0] < level[1] and (level > draft).all()
+    # a share between the profiled ones is interpolated; one below them is refused
+    assert pred.draft_ms([specs[0].replace(draft_vocab=0.5)], 144)[0] == pytest.approx(
+        vocab_cost(2, 1.0, 2, 0.5, 144), rel=0.03)
+    with pytest.raises(InputError, match=r"profiled at draft_vocab 0\.25\.\.1, not at "
+                                         r"draft_vocab 0\.125; rerun `dreams-nas profile`"):
+        pred.draft_ms([specs[0].replace(draft_vocab=0.125)], 144)
+
+
+@pytest.mark.usefixtures("quick_fits")
+def test_a_schema_6_folder_is_refitted_at_the_whole_vocabulary(tmp_path, caplog) -> None:
+    """A folder saved before the draft vocabulary: its rows lack draft_vocab (every draft row
+    the whole vocabulary) and its model the LM head's features. Loading refits it (one log line)
+    and answers for the whole vocabulary only; a smaller one is one line telling to profile."""
+    rows = sized_rows(noise=0.01)
+    LatencyPredictor.fit(rows, "cpu-test-1t", visual_tokens=32, holdout=0.0).save(tmp_path)
+    train = pd.read_csv(tmp_path / "predictor_train.csv")
+    assert list(train.columns) == list(fitting.TRAIN_COLUMNS[:2]) + [
+        c for c in fitting.TRAIN_COLUMNS[2:] if c not in ("inject_layer", "draft_len")]
+    train.drop(columns="draft_vocab").to_csv(tmp_path / "predictor_train.csv", index=False)
+    doc = json.loads((tmp_path / "predictor.json").read_text())
+    doc["schema_version"] = 6
+    (tmp_path / "predictor.json").write_text(json.dumps(doc))
+    with caplog.at_level("WARNING", logger="dreams_nas.latency"):
+        loaded = LatencyPredictor.load(tmp_path)
+    (record,) = caplog.records
+    assert "has schema 6, this is 7; refitting from its" in record.getMessage()
+    assert loaded.size_range()["draft_vocab"] == (1.0, 1.0)
+    assert loaded.size_range()["depth"] == (1.0, 3.0)  # its own sizes are kept
+    whole = SubnetSpec(2, 1.0, 4, 3, depth=2, mlp=0.5)
+    assert loaded.draft_ms([whole], 144)[0] == pytest.approx(0.3 + 0.2 * 5, rel=0.05)
+    with pytest.raises(InputError, match=r"profiled at draft_vocab 1, not at draft_vocab 0\.25"):
+        loaded.draft_ms([whole.replace(draft_vocab=0.25)], 144)
+    saved = pd.read_csv(tmp_path / "predictor_train.csv")  # rewritten with the column
+    assert set(saved[saved.kind == "draft"].draft_vocab) == {1.0}
+    assert saved[saved.kind == "verify"].draft_vocab.isna().all()

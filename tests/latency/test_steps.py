@@ -117,3 +117,159 @@ def test_a_supernet_config_must_cover_the_spaces_depths_and_widths(tiny_llava) -
     with pytest.raises(InputError, match=r"MLP widths \[0.25\] are not ones the supernet was "
                                          r"trained at \[1.0\]"):
         build_supernet(adapter.model, space, narrow)
+
+
+# --- the draft vocabulary ---------------------------------------------------------------------
+VOCAB_SPACE = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
+                          draft_len=(1, 3), draft_vocab=(0.25, 1.0), trees=((2, 1),))
+
+
+def _vocab_steps(folder: str, precede=None):
+    """ModelSteps over the large-vocabulary target, and a recorder of its LM head's calls as a
+    module (the full head: what a draft vocabulary below 1 must not run)."""
+    from dreams_nas.nas.stages.profile import load_target
+
+    adapter = load_target(folder, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    supernet = build_supernet(adapter.model, VOCAB_SPACE)
+    calls: list[tuple[int, ...]] = []
+    head = adapter.model.get_output_embeddings()
+    head.register_forward_hook(lambda module, args, out: calls.append(tuple(out.shape)))
+    steps = ModelSteps(adapter, supernet, visual_tokens=4, precede=precede,
+                       trees=VOCAB_SPACE.trees)
+    return steps, calls
+
+
+def test_a_draft_step_at_a_quarter_vocabulary_computes_only_its_head_rows(
+        large_vocab_llava, monkeypatch) -> None:
+    import math
+
+    import torch
+    from dreams_nas.supernet.core.space import SubnetSpec, vocab_rows
+
+    steps, calls = _vocab_steps(large_vocab_llava)
+    LARGE_VOCAB = steps.vocab
+    assert LARGE_VOCAB == 16_001
+    supernet = steps.supernet
+    assert supernet.config.vocab_shares == (0.25, 1.0)  # the untrained supernet offers both
+    assert supernet.vocab_order.shape == (LARGE_VOCAB,)
+    rows = math.ceil(0.25 * LARGE_VOCAB)
+    assert rows == vocab_rows(LARGE_VOCAB, 0.25) == 4_001
+    shapes: list[tuple[int, ...]] = []
+    linear = torch.nn.functional.linear
+
+    def recording(x, weight, bias=None):
+        shapes.append(tuple(weight.shape))
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    quarter = SubnetSpec(4, 1.0, 2, 3, draft_vocab=0.25)
+    step = steps.build(StepKey("draft", 20, 1, quarter))
+    compact = steps._compact[1]
+    assert steps._compact[0] == quarter.arch
+    assert compact.vocab_order.shape == (rows,)  # the extracted subnet keeps its prefix
+    calls.clear(), shapes.clear()
+    token = step.run()
+    assert calls == []  # the target's full LM head never ran ...
+    assert (rows, 32) in shapes and (LARGE_VOCAB, 32) not in shapes  # ... only its rows did
+    assert int(token) in set(compact.vocab_order.tolist())  # argmax within the vocabulary
+    level = steps.build(StepKey("draft", 20, 2, quarter))  # a tree level of 2 nodes
+    calls.clear()
+    children = level.run()
+    assert calls == [] and children.shape == (2, 4)
+    assert set(children.flatten().tolist()) <= set(compact.vocab_order.tolist())
+    whole = steps.build(StepKey("draft", 20, 1, quarter.replace(draft_vocab=1.0)))
+    assert not hasattr(steps._compact[1], "vocab_order")  # re-extracted, whole vocabulary
+    calls.clear()
+    whole.run()
+    assert calls == [(1, LARGE_VOCAB)]  # the whole head, once, on the last position
+
+
+def test_a_cycle_drafts_with_the_subnets_vocabulary(large_vocab_llava) -> None:
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    quarter = SubnetSpec(4, 1.0, 2, 3, draft_vocab=0.25)
+    for spec, draft_heads in ((quarter, 0), (quarter.replace(draft_vocab=1.0), 3)):
+        steps, calls = _vocab_steps(large_vocab_llava, precede=spec)
+        step = steps.build(StepKey("cycle", 20, 4))
+        step.prepare()
+        calls.clear()
+        step.run()
+        # the target's verify over 4 positions; the draft's 3 steps run the full head only at
+        # the whole vocabulary
+        full = [c for c in calls if c[-1] == steps.vocab and c[1] == 1]
+        assert len(full) == draft_heads, calls
+        verify = steps.build(StepKey("verify", 20, 4))  # prepared by the subnet's 3 steps
+        calls.clear()
+        verify.prepare()
+        assert len(calls) == draft_heads
+
+
+def test_a_supernet_config_must_offer_the_spaces_draft_vocabularies(tiny_llava) -> None:
+    import pytest
+    from dreams_nas.latency.steps import text_config
+    from dreams_nas.nas.stages.profile import load_target
+    from dreams_nas.supernet.core.errors import InputError
+    from dreams_nas.supernet.draft.config import DraftConfig
+
+    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    space = SearchSpace(heads=(1, 4), visual_keep=(1.0,), inject_layer=(1, 2), draft_len=(1,),
+                        draft_vocab=(0.25, 1.0))
+    whole = DraftConfig.for_target(text_config(adapter.model.config), inject_layers=(1, 2),
+                                   num_heads=4)
+    with pytest.raises(InputError, match=r"draft vocabularies \[0.25\] are not shares the "
+                                         r"supernet offers \[1.0\]; .*`--draft-vocab`"):
+        build_supernet(adapter.model, space, whole)
+    offered = DraftConfig.for_target(text_config(adapter.model.config), inject_layers=(1, 2),
+                                     num_heads=4, vocab_shares=(0.25, 0.5, 1.0))
+    assert build_supernet(adapter.model, space, offered).config.vocab_shares == (0.25, 0.5, 1.0)
+
+
+def test_a_profile_of_a_space_with_draft_vocabularies_records_both(large_vocab_llava,
+                                                                    tmp_path) -> None:
+    from dreams_nas.latency.hardware import detect_hardware
+    from dreams_nas.latency.plan import build_plan
+    from dreams_nas.latency.profiler import TimingSettings, run_profile
+    from dreams_nas.latency.store import ProfileStore
+
+    steps, _ = _vocab_steps(large_vocab_llava)
+    keys = [k for k in build_plan(VOCAB_SPACE, [20]) if k.kind == "draft" and k.k == 1
+            and (k.spec.heads, k.spec.visual_keep) == (4, 1.0)]
+    assert sorted(k.spec.draft_vocab for k in keys) == [0.25, 1.0]
+    settings = TimingSettings(warmup=1, min_repeats=2, repeats=2, budget_s=1.0, threads=1)
+    store = ProfileStore(tmp_path / "profile.csv")
+    result = run_profile(steps, keys, store, detect_hardware("cpu", threads=1), settings,
+                         show_progress=False)
+    assert (result.measured, result.failed) == (2, 0)
+    rows = store.ok_rows()
+    assert sorted(rows.draft_vocab) == [0.25, 1.0]
+    assert {s for s in rows.spec_id if "-n0.25-" in s} == {"h4-v1.00-l2-n0.25-g3"}
+
+
+def test_the_target_is_prefilled_once_per_context_and_steps_share_it(tiny_llava) -> None:
+    """A prefill's cost is not a step's: the cache a step rolls back to is reused by the next
+    step at that context (target steps, a cycle, a first draft step), refilled when another
+    context or another cache came in between."""
+    steps = _steps(tiny_llava, precede=True)
+    adapter = steps.adapter
+    lengths = []
+    original = adapter.prefill
+
+    def counting(inputs, *args, **kwargs):
+        lengths.append(int(inputs["input_ids"].shape[1]))
+        return original(inputs, *args, **kwargs)
+
+    adapter.prefill = counting
+    keys = [StepKey("decode", 20, 1), StepKey("verify", 20, 4), StepKey("cycle", 20, 4),
+            StepKey("draft_first", 20, 1, steps.precede), StepKey("decode", 24, 1),
+            StepKey("verify", 20, 3)]
+    for key in keys:
+        step = steps.build(key)
+        for _ in range(2):
+            if step.prepare is not None:
+                step.prepare()
+            step.run()
+    assert lengths == [20, 24, 20]
+    adapter.prefill(dict(input_ids=adapter.model.get_input_embeddings().weight.new_zeros(
+        (1, 20), dtype=__import__("torch").long)))  # someone else's cache of the same length
+    steps.build(StepKey("decode", 20, 1)).run()
+    assert lengths == [20, 24, 20, 20, 20]  # ours is gone: refilled

@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 from dreams_nas.latency.hardware import detect_hardware
 from dreams_nas.latency.plan import StepKey, canonical_spec
-from dreams_nas.latency.store import PRE_SIZE_COLUMNS, PROFILE_COLUMNS, ProfileStore, make_row
+from dreams_nas.latency.store import (
+    PRE_SIZE_COLUMNS,
+    PRE_VOCAB_COLUMNS,
+    PROFILE_COLUMNS,
+    ProfileStore,
+    make_row,
+    old_header_sizes,
+)
 from dreams_nas.latency.timing import Timing
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
@@ -74,7 +81,7 @@ def _set(cells: list[str], column: str, value: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("damage", "message"), [
-    (lambda cells: cells[:5], r"line 3: has 5 fields where the header has 26"),
+    (lambda cells: cells[:5], r"line 3: has 5 fields where the header has 27"),
     (lambda cells: _set(cells, "median_ms", "fast"), r"line 3: median_ms='fast' is not a number"),
     (lambda cells: _set(cells, "kind", "prefill"), r"line 3: kind 'prefill' is not one of"),
     (lambda cells: _set(cells, "context_len", "x"),
@@ -122,7 +129,7 @@ def test_a_draft_rows_depth_and_mlp_round_trip(tmp_path, hw) -> None:
     spec = SubnetSpec(2, 0.5, 2, 3, depth=2, mlp=0.5)
     key = StepKey("draft_first", 64, 1, spec)
     assert store.append([_row(hw, key, 3.0)]) == 1
-    assert "h2-v0.50-l2-d2-m0.50-g3,2,0.5,2,3,2,0.5,64,1," in store.path.read_text()
+    assert "h2-v0.50-l2-d2-m0.50-g3,2,0.5,2,3,2,0.5,1,64,1," in store.path.read_text()
     row = store.read().iloc[0]
     assert (row.spec_id, row.depth, row.mlp) == ("h2-v0.50-l2-d2-m0.50-g3", 2, 0.5)
     assert SubnetSpec.from_id(row.spec_id) == spec
@@ -154,9 +161,10 @@ def test_a_file_from_before_depth_and_mlp_reads_and_is_migrated_on_append(tmp_pa
     assert store.append([_row(hw, old_draft), _row(hw, new, 4.0)]) == 1
     lines = store.path.read_text().splitlines()
     assert lines[0] == ",".join(PROFILE_COLUMNS) and len(lines) == 4  # the torn line dropped
-    assert ",2,0.5,2,3,1,1,64,1," in lines[1] and ",,,,,,,64,4," in lines[2]
+    assert ",2,0.5,2,3,1,1,1,64,1," in lines[1] and ",,,,,,,,64,4," in lines[2]
     frame = store.read()
     assert list(frame.depth) == [1, "", 2] and list(frame.mlp) == [1.0, "", 0.5]
+    assert list(frame.draft_vocab) == [1.0, "", 1.0]  # every size column filled in at once
     assert list(frame.median_ms) == pytest.approx([1.0, 1.0, 4.0])
     assert store.append([_row(hw, StepKey("decode", 64))]) == 1  # migrated once: plain append
     assert len(store.read()) == 4
@@ -183,4 +191,77 @@ def test_a_bad_draft_size_names_the_line(tmp_path, hw, cell, value, message) -> 
     lines[2] = ",".join(_set(lines[2].split(","), cell, value))
     store.path.write_text("\n".join(lines) + "\n")
     with pytest.raises(InputError, match=rf"line 3: {message}; the profile is corrupt"):
+        store.read()
+
+
+# --- the draft vocabulary ---------------------------------------------------------------------
+def test_a_draft_rows_vocabulary_share_round_trips(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    spec = SubnetSpec(2, 0.5, 2, 3, depth=2, mlp=0.5, draft_vocab=0.25)
+    key = StepKey("draft", 64, 1, spec)
+    assert store.append([_row(hw, key, 3.0), _row(hw, StepKey("decode", 64))]) == 2
+    assert "h2-v0.50-l2-d2-m0.50-n0.25-g3,2,0.5,2,3,2,0.5,0.25,64,1," in store.path.read_text()
+    draft, decode = store.read().iloc[0], store.read().iloc[1]
+    assert (draft.spec_id, draft.draft_vocab) == ("h2-v0.50-l2-d2-m0.50-n0.25-g3", 0.25)
+    assert decode.draft_vocab == ""  # a target row has no draft size
+    assert SubnetSpec.from_id(draft.spec_id) == spec
+
+
+def _pre_vocab_file(store, hw, keys) -> None:
+    """`store`'s file as the version with depth and mlp but before draft_vocab wrote it."""
+    lines = [",".join(PRE_VOCAB_COLUMNS)]
+    for key in keys:
+        row = _row(hw, key)
+        lines.append(",".join(str(row[c]) for c in PRE_VOCAB_COLUMNS))
+    store.path.write_text("\r\n".join(lines) + "\r\n", newline="")
+
+
+def test_a_file_from_before_the_draft_vocabulary_reads_and_is_migrated_on_append(tmp_path,
+                                                                                 hw) -> None:
+    assert [c for c in PROFILE_COLUMNS if c not in PRE_VOCAB_COLUMNS] == ["draft_vocab"]
+    assert old_header_sizes(PRE_VOCAB_COLUMNS) == ("draft_vocab",)
+    assert old_header_sizes(PRE_SIZE_COLUMNS) == ("depth", "mlp", "draft_vocab")
+    assert old_header_sizes(PROFILE_COLUMNS) == ()
+    store = ProfileStore(tmp_path / "profile.csv")
+    sized = StepKey("draft_first", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5))
+    _pre_vocab_file(store, hw, [sized, StepKey("verify", 64, 4)])
+    frame = store.read()  # read as is: the draft row at the whole vocabulary
+    assert list(frame.columns) == list(PROFILE_COLUMNS)
+    assert list(frame.depth) == [2, ""] and list(frame.mlp) == [0.5, ""]
+    assert list(frame.draft_vocab) == [1.0, ""]
+    assert store.done_keys() == {sized.ident, ("verify", "", 64, 4)}
+    assert store.path.read_text().startswith(",".join(PRE_VOCAB_COLUMNS))  # untouched
+    quarter = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5, 0.25))
+    # the old key is the whole vocabulary's canonical spec: resumed, not timed again
+    assert store.append([_row(hw, sized), _row(hw, quarter, 4.0)]) == 1
+    lines = store.path.read_text().splitlines()
+    assert lines[0] == ",".join(PROFILE_COLUMNS) and len(lines) == 4
+    assert ",2,0.5,2,3,2,0.5,1,64,1," in lines[1] and ",,,,,,,,64,4," in lines[2]
+    assert ",2,0.5,2,3,2,0.5,0.25,64,1," in lines[3]
+    frame = store.read()
+    assert list(frame.draft_vocab) == [1.0, "", 0.25]
+    assert list(frame.median_ms) == pytest.approx([1.0, 1.0, 4.0])
+    assert store.append([_row(hw, StepKey("decode", 64))]) == 1  # migrated once: plain append
+    assert len(store.read()) == 4
+
+
+def test_a_header_missing_a_size_column_out_of_order_is_refused_on_append(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    moved = [c for c in PRE_VOCAB_COLUMNS if c != "mlp"] + ["mlp"]
+    assert old_header_sizes(moved) == ()
+    store.path.write_text(",".join(moved) + "\n")
+    with pytest.raises(InputError, match="written by another version: move it aside"):
+        store.append([_row(hw, StepKey("decode", 64))])
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "all"])
+def test_a_bad_draft_vocabulary_names_the_line(tmp_path, hw, value) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, draft_vocab=0.25))
+    store.append([_row(hw, StepKey("decode", 64)), _row(hw, key)])
+    lines = store.path.read_text().splitlines()
+    lines[2] = ",".join(_set(lines[2].split(","), "draft_vocab", value))
+    store.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"line 3: draft_vocab={value!r} of a draft row is not "
+                                         r"a share in \(0, 1\]; the profile is corrupt"):
         store.read()

@@ -26,13 +26,13 @@ def test_a_grid_point_is_an_architecture_at_one_context() -> None:
     point = rows[drafts].groupby(["heads", "visual_keep", "depth", "mlp", "context_len"])
     assert all(len(set(groups[drafts][idx])) == 1 for idx in point.indices.values())
     assert len(set(groups[drafts])) == point.ngroups
-    assert groups[0] == "arch h1 v0.25 d1 m1 @ 100"
+    assert groups[0] == "arch h1 v0.25 d1 m1 n1 @ 100"
     target = groups[~drafts]
     assert len(set(target)) == len(target)  # each target step is its own point
     assert "verify k5 @ 200" in set(target)
     # rows without depth and mlp (profiled before them) are depth 1, mlp 1
     old = rows[drafts].drop(columns=["depth", "mlp"]).head(1)
-    assert grid_groups(old)[0] == "arch h1 v0.25 d1 m1 @ 100"
+    assert grid_groups(old)[0] == "arch h1 v0.25 d1 m1 n1 @ 100"
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 import pytest
-from _support.search import SIZED_SPACE, SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from _support.search import (
+    SIZED_SPACE,
+    SMALL_SPACE,
+    VOCAB_SPACE,
+    FakeLatency,
+    FakeScorer,
+    fake_params,
+)
 from dreams_nas.latency.predictor import LatencyPredictor
 from dreams_nas.nas.search.candidate import (
     BatchLatencyModel,
@@ -162,15 +169,16 @@ def test_fields_of_different_lengths_are_refused() -> None:
 
 
 class _RecordingBatch:
-    """A batched model whose draft step reads heads, visual_keep, depth and mlp; it records the
-    specs each call asks for."""
+    """A batched model whose draft step reads heads, visual_keep, depth, mlp and draft_vocab; it
+    records the specs each call asks for."""
 
     def __init__(self) -> None:
         self.asked: list[list[SubnetSpec]] = []
 
     @staticmethod
     def _ms(spec: SubnetSpec) -> float:
-        return 0.3 * spec.heads + 0.2 * spec.visual_keep + 0.5 * spec.depth + 0.4 * spec.mlp
+        return (0.3 * spec.heads + 0.2 * spec.visual_keep + 0.5 * spec.depth + 0.4 * spec.mlp
+                + 0.25 * spec.draft_vocab)
 
     def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
         return 9.0 + k if spec is None else self._ms(spec)
@@ -244,3 +252,32 @@ def test_the_cycle_overhead_is_priced_per_gamma_and_lowers_the_speedup(predictor
         assert c.to_row()["cycle_overhead_ms"] == c.cycle_overhead_ms
         assert Candidate.from_attrs(c.spec, c.to_attrs(), 0).cycle_overhead_ms == \
             c.cycle_overhead_ms
+
+
+def test_batched_keys_carry_the_draft_vocab() -> None:
+    model = _RecordingBatch()
+    cache = LatencyCache(model, CONTEXT)
+    candidates = evaluate(FakeScorer().score(list(VOCAB_SPACE.enumerate())), cache, fake_params)
+    sizes = {(s.heads, s.visual_keep, s.draft_vocab) for s in VOCAB_SPACE.enumerate()}
+    assert len(model.asked) == 2 and len(sizes) == 12  # one spec per draft step, per kind
+    for asked in model.asked:
+        assert {(s.heads, s.visual_keep, s.draft_vocab) for s in asked} == sizes
+    for c in candidates:  # each vocabulary's own step
+        assert c.draft_ms == pytest.approx(model._ms(c.spec))
+    a = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=1)
+    assert cache.draft(a.replace(draft_vocab=0.25)) < cache.draft(a)
+    unbatched = LatencyCache(FakeLatency(), CONTEXT)  # keyed by the whole architecture
+    assert unbatched.draft(a.replace(draft_vocab=0.25)) < unbatched.draft(a)
+
+
+def test_subnet_fields_carry_the_draft_vocab() -> None:
+    fields = SubnetFields(heads=[1, 2], visual_keep=[0.5, 1.0], inject_layer=[1, 1],
+                          draft_len=[1, 3])
+    assert fields.draft_vocab.tolist() == [1.0, 1.0]  # the whole vocabulary by default
+    specs = [SubnetSpec(1, 0.5, 1, 1, draft_vocab=0.25), SubnetSpec(2, 1.0, 1, 3)]
+    of = SubnetFields.of(specs)
+    assert of.draft_vocab.tolist() == [0.25, 1.0]
+    assert of.rows(np.array([True, False])).draft_vocab.tolist() == [0.25]
+    with pytest.raises(InputError, match="1-d and of one length"):
+        SubnetFields(heads=[1], visual_keep=[0.5], inject_layer=[1], draft_len=[1],
+                     draft_vocab=[1.0, 0.5])

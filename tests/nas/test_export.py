@@ -4,7 +4,14 @@ import csv
 import json
 
 import pytest
-from _support.search import SIZED_SPACE, SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from _support.search import (
+    SIZED_SPACE,
+    SMALL_SPACE,
+    VOCAB_SPACE,
+    FakeLatency,
+    FakeScorer,
+    fake_params,
+)
 from dreams_nas.nas.search.strategies import search
 from dreams_nas.nas.stages.export import TRIAL_COLUMNS, export_result
 from dreams_nas.supernet.core.space import SubnetSpec
@@ -43,8 +50,10 @@ def test_trials_and_pareto_follow_the_schema(exported) -> None:
     row = trials[0]
     assert SubnetSpec.from_id(row["spec_id"]) == SubnetSpec(
         int(row["heads"]), float(row["visual_keep"]), int(row["inject_layer"]),
-        int(row["draft_len"]), depth=int(row["depth"]), mlp=float(row["mlp"]))
+        int(row["draft_len"]), depth=int(row["depth"]), mlp=float(row["mlp"]),
+        draft_vocab=float(row["draft_vocab"]))
     assert {(r["depth"], r["mlp"]) for r in trials} == {("1", "1.0")}  # the paper's one size
+    assert {r["draft_vocab"] for r in trials} == {"1.0"}  # the whole vocabulary
     assert row["state"] == "complete" and row["method"] == result.method
     assert row["objective"] == "pareto" and row["feasible"] in ("0", "1")
     assert float(row["speedup"]) == pytest.approx(result.candidates[0].speedup, rel=1e-15)
@@ -121,5 +130,28 @@ def test_depth_and_mlp_reach_trials_pareto_and_the_spec_folders(run_dir) -> None
         assert {k: saved["spec"].get(k) for k in ("depth", "mlp")} == {
             "depth": c.spec.depth if c.spec.depth != 1 else None,
             "mlp": c.spec.mlp if c.spec.mlp != 1.0 else None}
+    best = json.loads(paths["best"].read_text())
+    assert SubnetSpec.from_dict(best["spec"]) == result.best.spec
+
+
+def test_the_draft_vocab_reaches_trials_pareto_and_the_spec_folders(run_dir) -> None:
+    result = search(VOCAB_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                    show_progress=False, objective="pareto")
+    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
+                          target=TARGET, supernet_hash="abc123", dtype="float32")
+    trials, front = _read(paths["trials"]), _read(paths["pareto"])
+    assert list(trials[0])[6:10] == ["tree", "depth", "mlp", "draft_vocab"]
+    assert {r["draft_vocab"] for r in trials} == {"0.25", "1.0"}
+    for row in trials + front:  # each row's fields are its id's
+        assert SubnetSpec.from_id(row["spec_id"]).draft_vocab == float(row["draft_vocab"])
+    small = [c for c in result.front if c.spec.draft_vocab != 1.0]
+    assert small  # the fake's trade-off (a faster step, a lower tau) puts both on the front
+    assert any(c.spec.draft_vocab == 1.0 for c in result.front)
+    for c in result.front:
+        saved = json.loads((run_dir.spec_dir(c.spec.id) / "spec.json").read_text())
+        assert SubnetSpec.from_dict(saved["spec"]) == c.spec and saved["spec_id"] == c.spec.id
+        assert saved["spec"].get("draft_vocab") == (
+            None if c.spec.draft_vocab == 1.0 else c.spec.draft_vocab)
+    assert "-n0.25-" in small[0].spec.id
     best = json.loads(paths["best"].read_text())
     assert SubnetSpec.from_dict(best["spec"]) == result.best.spec

@@ -161,3 +161,24 @@ def test_draft_params_and_memory_count_depth_and_mlp(run_dir) -> None:
     assert kv[one] == 4 * 2 * 16 * (2 * 80 + 80)
     assert kv[two] == 4 * 2 * 16 * (4 * 80 + 80)
     assert kv[half] == kv[one]  # a narrower MLP: fewer weights, the same cache
+
+
+def test_draft_memory_counts_the_draft_vocab_head(run_dir) -> None:
+    """A draft vocabulary below the whole copies the LM head's rows it predicts over (and holds
+    their ids); its parameters are those of the whole vocabulary's draft (the head is shared)."""
+    from dreams_nas.nas.stages.inputs import draft_memory_fn, draft_params_fn
+    from dreams_nas.supernet.core.space import vocab_rows
+    from dreams_nas.supernet.draft.config import DraftConfig
+
+    config = DraftConfig(hidden_size=32, num_heads=4, head_dim=8, intermediate_size=64,
+                         vocab_size=50, inject_layers=(1, 2), num_target_layers=2,
+                         vocab_shares=(0.25, 1.0))
+    run_dir.supernet_dir.mkdir(parents=True)
+    (run_dir.supernet_dir / "config.json").write_text(json.dumps(config.to_dict()))
+    params, memory = draft_params_fn(run_dir), draft_memory_fn(run_dir, 100, 40, "float16")
+    whole = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=3)
+    quarter = whole.replace(draft_vocab=0.25)
+    assert params(quarter) == params(whole)
+    rows = vocab_rows(50, 0.25)
+    assert rows == 13
+    assert memory(quarter) - memory(whole) == 2 * rows * 32 + 8 * rows  # fp16 rows, int64 ids

@@ -7,6 +7,7 @@ import pytest
 from _support.search import (
     SIZED_SPACE,
     SMALL_SPACE,
+    VOCAB_SPACE,
     FakeLatency,
     FakeScorer,
     fake_params,
@@ -288,3 +289,93 @@ def test_recorded_latency_keys_name_the_draft_size() -> None:
         recorded.predict_ms("draft", spec.replace(depth=2), 32, 1)
     with pytest.raises(InputError, match=r"key \(2, 0.5, 1, 2\) must be"):
         RecordedLatency({(2, 0.5, 1, 2): 1.0}, {}, decode=1.0)
+
+
+# --- the draft vocabulary --------------------------------------------------------------------
+def _vocab(**kwargs):
+    scorer = kwargs.pop("scorer", FakeScorer())
+    return search(VOCAB_SPACE, kwargs.pop("acceptance", scorer), FakeLatency(), fake_params,
+                  context_len=32, show_progress=False, **kwargs), scorer
+
+
+def test_exhaustive_scores_each_draft_vocab_as_its_own_architecture(tmp_path) -> None:
+    import csv
+
+    table = AcceptanceTable(tmp_path / "acc.csv", "abc123", "builtin")
+    scorer = FakeScorer()
+    result, _ = _vocab(acceptance=CachedAcceptance(scorer, table))
+    assert result.space_size == VOCAB_SPACE.size == 2 * SMALL_SPACE.size
+    assert sorted(c.spec for c in result.candidates) == sorted(VOCAB_SPACE.enumerate())
+    assert sorted(scorer.calls) == sorted(VOCAB_SPACE.enumerate())  # each scored once
+    quarter = {c.spec.replace(draft_vocab=1.0): c for c in result.candidates
+               if c.spec.draft_vocab == 0.25}
+    assert len(quarter) == SMALL_SPACE.size
+    for c in result.candidates:  # the two vocabularies of one architecture differ
+        if c.spec.draft_vocab == 1.0:
+            assert quarter[c.spec].tau < c.tau and quarter[c.spec].draft_ms < c.draft_ms
+            assert quarter[c.spec].draft_params == c.draft_params  # the LM head is the target's
+    lat = FakeLatency()
+
+    def speedup(spec):
+        draft = lat.predict_ms("draft", spec, 32, 1)
+        return float(expected_speedup(tau_of(spec), spec.draft_len, draft,
+                                      lat.predict_ms("verify", None, 32, spec.draft_len + 1),
+                                      9.5))
+
+    best = max(VOCAB_SPACE.enumerate(), key=speedup)
+    assert result.best.spec == best and result.best.speedup == pytest.approx(speedup(best))
+    with (tmp_path / "acc.csv").open(newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert {r["draft_vocab"] for r in written} == {"0.25", "1.0"}
+    assert len(written) == VOCAB_SPACE.size and len(table.load()) == VOCAB_SPACE.size
+
+
+def test_optuna_samples_the_draft_vocab_when_the_space_has_it() -> None:
+    from dreams_nas.nas.search.study import params_of, search_distributions, spec_of
+
+    assert "draft_vocab" not in search_distributions(SIZED_SPACE)  # the whole one: as before
+    dists = search_distributions(VOCAB_SPACE)
+    assert set(dists) == {"heads", "visual_keep", "inject_layer", "draft_vocab", "draft_len"}
+    assert sorted(dists["draft_vocab"].choices) == [0.25, 1.0]
+    for spec in VOCAB_SPACE.enumerate():
+        assert spec_of(params_of(spec, dists)) == spec
+    result, scorer = _vocab(method="optuna", n_trials=16, seed=5)
+    assert len(result.candidates) == 16
+    assert result.candidates[0].spec == VOCAB_SPACE.largest()  # the whole vocabulary
+    assert result.candidates[1].spec == VOCAB_SPACE.smallest()  # a quarter of it
+    assert VOCAB_SPACE.smallest().draft_vocab == 0.25
+    assert {c.spec.draft_vocab for c in result.candidates} == {0.25, 1.0}
+    assert all(c.spec in VOCAB_SPACE for c in result.candidates)
+    archs = {c.spec.arch for c in result.candidates}  # the vocabulary kept in each
+    assert sorted(scorer.calls) == sorted(
+        a.replace(draft_len=g) for a in archs for g in VOCAB_SPACE.draft_len)
+
+
+def test_the_shared_sweep_grids_every_draft_vocab(tmp_path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    result, scorer = _vocab(storage=url, study_name="sweep")
+    assert sorted(c.spec for c in result.candidates) == sorted(VOCAB_SPACE.enumerate())
+    assert sorted(scorer.calls) == sorted(VOCAB_SPACE.enumerate())
+    study = optuna.load_study(study_name="sweep", storage=url)
+    grid = {t.user_attrs["triple"] for t in study.get_trials(deepcopy=False)}
+    assert grid == {"triple:" + a.id for a in VOCAB_SPACE.architectures}
+    assert len(grid) == VOCAB_SPACE.n_architectures == 24
+    assert "triple:h4-v1.00-l2-n0.25-g1" in grid and "triple:h4-v1.00-l2-g1" in grid
+
+
+def test_recorded_latency_keys_name_the_draft_vocab() -> None:
+    from dreams_nas.nas.search.replay import RecordedLatency
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    spec = SubnetSpec(2, 0.5, 1, 3)
+    recorded = RecordedLatency({(2, 0.5, 1, 1, 1.0): 1.0, (2, 0.5, 1, 2, 0.5, 0.25): 2.5},
+                               {4: 10.0}, decode=9.5)
+    assert recorded.predict_ms("draft", spec, 32, 1) == 1.0  # a key of five: the whole one
+    assert recorded.predict_ms("draft", spec.replace(depth=2, mlp=0.5, draft_vocab=0.25),
+                               32, 1) == 2.5
+    with pytest.raises(InputError, match="no recorded draft latency for h2-v0.50-l1-n0.25-g3"):
+        recorded.predict_ms("draft", spec.replace(draft_vocab=0.25), 32, 1)
+    with pytest.raises(InputError, match=r"key \(2, 0.5, 1, 2, 0.5, 0.25, 1\) must be"):
+        RecordedLatency({(2, 0.5, 1, 2, 0.5, 0.25, 1): 1.0}, {}, decode=1.0)

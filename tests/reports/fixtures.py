@@ -17,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
@@ -426,5 +427,38 @@ def make_sized(run: Path) -> Path:
         best = json.loads(path.read_text(encoding="utf-8"))
         if new in best["spec_id"]:
             best["spec"].update(depth=2, mlp=0.5)
+        _write_json(path, best)
+    return run
+
+
+VOCAB_HEADS = 4  # make_vocab: subnets of this many heads draft over a quarter of the vocabulary
+
+
+def make_vocab(run: Path) -> Path:
+    """`run` (a `make_run` or `make_sized` folder) as a search over draft vocabularies would have
+    written it: trials.csv and pareto.csv gain `draft_vocab` after `mlp` (after `tree` or
+    `draft_len` without one), the subnets of VOCAB_HEADS heads draft over a quarter of the
+    vocabulary (their ids gain ``-n0.25`` before the shape, in every file that names them and in
+    their spec folders), every other subnet over the whole one."""
+    pattern = re.compile(rf"\b(h{VOCAB_HEADS}-v[0-9.]+-l\d+(?:-d\d+)?(?:-m[0-9.]+)?)-([gt])")
+    tagged = lambda text: pattern.sub(r"\1-n0.25-\2", text)  # noqa: E731
+    for path in [*run.glob("search/*/*.csv"), *run.glob("search/*/best.json"),
+                 *run.glob("acceptance/*.csv")]:
+        path.write_text(tagged(path.read_text(encoding="utf-8")), encoding="utf-8")
+    for folder in list(run.glob("specs/*")):
+        if tagged(folder.name) != folder.name:
+            folder.rename(folder.with_name(tagged(folder.name)))
+    for path in [*run.glob("search/*/trials.csv"), *run.glob("search/*/pareto.csv")]:
+        rows = read_rows(path)
+        names = list(rows[0])
+        after = next(n for n in ("mlp", "tree", "draft_len") if n in names)
+        names.insert(names.index(after) + 1, "draft_vocab")
+        for row in rows:
+            row["draft_vocab"] = 0.25 if "-n0.25-" in row["spec_id"] else 1.0
+        _write_csv(path, names, rows)
+    for path in run.glob("search/*/best.json"):
+        best = json.loads(path.read_text(encoding="utf-8"))
+        if "-n0.25-" in best["spec_id"]:
+            best["spec"].update(draft_vocab=0.25)
         _write_json(path, best)
     return run

@@ -19,11 +19,13 @@ from .fixtures import (
     CPU,
     H100,
     SIZED_LAYER,
+    VOCAB_HEADS,
     Space,
     front_ids,
     make_run,
     make_single_subnet_run,
     make_sized,
+    make_vocab,
     read_rows,
 )
 
@@ -290,9 +292,9 @@ def test_trials_written_before_depth_and_mlp_read_as_the_papers_size(cpu_run) ->
     trials = cpu_run / "search" / CPU.hardware_id / "trials.csv"
     assert "depth" not in read_rows(trials)[0]  # the fixture writes the old header
     data = build_report_data(cpu_run)
-    assert {(s.depth, s.mlp) for s in data.subnets} == {(1, 1.0)}
-    assert (data.best.depth, data.best.mlp) == (1, 1.0)
-    assert not data.columns.is_elastic_size
+    assert {(s.depth, s.mlp, s.draft_vocab) for s in data.subnets} == {(1, 1.0, 1.0)}
+    assert (data.best.depth, data.best.mlp, data.best.draft_vocab) == (1, 1.0, 1.0)
+    assert not data.columns.is_elastic_size and not data.columns.is_draft_vocab
 
 
 def test_depth_and_mlp_are_read_from_trials_and_best_json(cpu_run) -> None:
@@ -321,3 +323,36 @@ def test_depth_and_mlp_are_read_from_trials_and_best_json(cpu_run) -> None:
         writer.writeheader()
         writer.writerows(rows)
     assert {(s.depth, s.mlp) for s in build_report_data(run).subnets} == {(1, 1.0), (2, 0.5)}
+
+
+def test_the_draft_vocab_is_read_from_trials_and_best_json(cpu_run) -> None:
+    run = make_vocab(make_sized(cpu_run))
+    search = run / "search" / CPU.hardware_id
+    rows = read_rows(search / "trials.csv")
+    assert list(rows[0])[5:9] == ["draft_len", "depth", "mlp", "draft_vocab"]
+    data = build_report_data(run)
+    by_id = {s.spec_id: s for s in data.subnets}
+    assert len(by_id) == len({r["spec_id"] for r in rows})
+    for row in rows:
+        sub = by_id[row["spec_id"]]
+        assert sub.draft_vocab == float(row["draft_vocab"])
+        assert sub.draft_vocab == (0.25 if sub.heads == VOCAB_HEADS else 1.0)
+        assert (sub.depth, sub.mlp) == ((2, 0.5) if sub.inject_layer == SIZED_LAYER else (1, 1.0))
+    assert data.columns.is_draft_vocab and data.columns.is_elastic_size
+    assert data.columns.draft_vocab.dtype.kind == "f"
+    best = json.loads((search / "best.json").read_text())
+    assert data.best.draft_vocab == best["spec"].get("draft_vocab", 1.0)
+    assert data.best_subnet is not None
+    assert data.best_subnet.draft_vocab == data.best.draft_vocab
+    # an empty cell reads as the whole vocabulary; so does a file without the column
+    for row in rows:
+        if row["draft_vocab"] == "1.0":
+            row["draft_vocab"] = ""
+    with (search / "trials.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    assert {s.draft_vocab for s in build_report_data(run).subnets} == {0.25, 1.0}
+    sized = make_sized(make_run(run.parent / "sized", hardware=(CPU,)))
+    assert "draft_vocab" not in read_rows(sized / "search" / CPU.hardware_id / "trials.csv")[0]
+    assert {s.draft_vocab for s in build_report_data(sized).subnets} == {1.0}

@@ -268,3 +268,29 @@ def test_depth_and_mlp_are_shown_where_the_search_has_them(rendered, tmp_path) -
         assert f'<td data-v="{s.depth}">{s.depth}</td><td data-v="{s.mlp}">{s.mlp:.2f}</td>' in row
     card = page[page.index('id="best"'):page.index("</pre>", page.index('id="best"'))]
     assert f"depth {data.best.depth} · mlp {data.best.mlp:.2f} · " in card
+
+
+def test_the_draft_vocab_is_shown_where_the_search_has_it(rendered, tmp_path) -> None:
+    from .fixtures import make_vocab
+
+    def front_headers(page: str) -> list[str]:
+        start = page.index('id="front-table"')
+        return re.findall(r"<th[^>]*>([^<]*)</th>", page[start:page.index("</thead>", start)])
+
+    _, page, _ = rendered["exhaustive"]  # the whole vocabulary: the field is not shown
+    assert "draft_vocab" not in front_headers(page)
+    card = page[page.index('id="best"'):page.index("</pre>", page.index('id="best"'))]
+    assert "vocab " not in card
+    run = make_vocab(make_run(tmp_path / "run"))
+    data = build_report_data(run)
+    page = write_report(run).read_text(encoding="utf-8")
+    headers = front_headers(page)
+    assert "depth" not in headers  # the one draft size: only the vocabulary varies
+    assert headers[headers.index("inject_layer") + 1] == "draft_vocab"
+    start = page.index('id="front-table"')
+    table = page[start:page.index("</table>", start)]
+    for s in data.front:
+        row = table.split(f'data-spec="{s.spec_id}"', 1)[1].split("</tr>", 1)[0]
+        assert f'<td data-v="{s.draft_vocab}">{s.draft_vocab:.2f}</td>' in row
+    card = page[page.index('id="best"'):page.index("</pre>", page.index('id="best"'))]
+    assert f"vocab {data.best.draft_vocab:.2f} · " in card and "depth " not in card

@@ -276,7 +276,7 @@ def test_a_row_round_trips_depth_and_mlp(tmp_path) -> None:
         AcceptanceTable,
     )
 
-    assert ACCEPTANCE_COLUMNS[7:10] == ("tree", "depth", "mlp")
+    assert ACCEPTANCE_COLUMNS[7:11] == ("tree", "depth", "mlp", "draft_vocab")
     sized = SubnetSpec(4, 0.5, 2, 1, depth=2, mlp=0.5)
     paper = SubnetSpec(4, 0.5, 2, 1)  # the same fields at depth 1 and the whole MLP
     rows = [_size_row(sized, 1.8), _size_row(paper, 1.6)]
@@ -304,7 +304,8 @@ def test_an_acceptance_file_written_before_sizes_reads_as_depth_1_and_the_whole_
         AcceptanceTable,
     )
 
-    assert [c for c in ACCEPTANCE_COLUMNS if c not in PRE_SIZE_COLUMNS] == ["depth", "mlp"]
+    assert [c for c in ACCEPTANCE_COLUMNS if c not in PRE_SIZE_COLUMNS] == ["depth", "mlp",
+                                                                           "draft_vocab"]
     path = tmp_path / "a.csv"
     old = [_size_row(SubnetSpec(1, 1.0, 1, 1), 1.1), _size_row(SubnetSpec(2, 0.5, 1, 1), 1.9)]
     with path.open("w", newline="", encoding="utf-8") as handle:
@@ -312,7 +313,7 @@ def test_an_acceptance_file_written_before_sizes_reads_as_depth_1_and_the_whole_
         writer.writeheader()
         for row in old:
             cells = row.to_csv_row()
-            del cells["depth"], cells["mlp"]
+            del cells["depth"], cells["mlp"], cells["draft_vocab"]
             writer.writerow(cells)
     old_cells = {c: str(v) for c, v in old[0].to_csv_row().items() if c in PRE_SIZE_COLUMNS}
     assert AcceptanceRow.from_csv_row(old_cells) == old[0]  # a shared row of before, too
@@ -325,3 +326,70 @@ def test_an_acceptance_file_written_before_sizes_reads_as_depth_1_and_the_whole_
     new = _size_row(SubnetSpec(1, 1.0, 1, 1, depth=2), 1.7)
     table.append([new])
     assert table.load() == {**{r.spec: r for r in old}, new.spec: new}
+
+
+def test_a_row_round_trips_draft_vocab(tmp_path) -> None:
+    import csv
+
+    from dreams_nas.supernet.acceptance.table import (
+        ACCEPTANCE_COLUMNS,
+        AcceptanceRow,
+        AcceptanceTable,
+    )
+
+    assert ACCEPTANCE_COLUMNS.index("draft_vocab") == ACCEPTANCE_COLUMNS.index("mlp") + 1
+    small = SubnetSpec(4, 0.5, 2, 1, mlp=0.5, draft_vocab=0.25)
+    whole = SubnetSpec(4, 0.5, 2, 1, mlp=0.5)  # the same architecture over the whole vocabulary
+    rows = [_size_row(small, 1.4), _size_row(whole, 1.6)]
+    cells = rows[0].to_csv_row()
+    assert (cells["spec_id"], cells["draft_vocab"]) == ("h4-v0.50-l2-m0.50-n0.25-g1", 0.25)
+    assert AcceptanceRow.from_csv_row({k: str(v) for k, v in cells.items()}) == rows[0]
+    table = AcceptanceTable(tmp_path / "a.csv", "abc", "builtin")
+    table.append(rows)
+    loaded = AcceptanceTable(tmp_path / "a.csv", "abc", "builtin").load()
+    assert loaded == {r.spec: r for r in rows}  # two rows: the vocabulary is part of the key
+    assert loaded[small].spec.draft_vocab == 0.25 and loaded[small].tau == 1.4
+    with (tmp_path / "a.csv").open(newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert [r["draft_vocab"] for r in written] == ["0.25", "1.0"]
+
+
+def test_an_acceptance_file_written_before_the_draft_vocab_reads_as_the_whole_vocabulary(
+        tmp_path) -> None:
+    import csv
+
+    from dreams_nas.supernet.acceptance.table import (
+        ACCEPTANCE_COLUMNS,
+        OLD_HEADERS,
+        PRE_VOCAB_COLUMNS,
+        AcceptanceRow,
+        AcceptanceTable,
+    )
+
+    assert [c for c in ACCEPTANCE_COLUMNS if c not in PRE_VOCAB_COLUMNS] == ["draft_vocab"]
+    assert PRE_VOCAB_COLUMNS in OLD_HEADERS and "mlp" in PRE_VOCAB_COLUMNS
+    path = tmp_path / "a.csv"
+    old = [_size_row(SubnetSpec(1, 1.0, 1, 1, depth=2), 1.1),
+           _size_row(SubnetSpec(2, 0.5, 1, 1, mlp=0.5), 1.9)]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(PRE_VOCAB_COLUMNS))
+        writer.writeheader()
+        for row in old:
+            cells = row.to_csv_row()
+            del cells["draft_vocab"]
+            writer.writerow(cells)
+    old_cells = {c: str(v) for c, v in old[1].to_csv_row().items() if c in PRE_VOCAB_COLUMNS}
+    assert AcceptanceRow.from_csv_row(old_cells) == old[1]  # a shared row of before, too
+    table = AcceptanceTable(path, "abc", "builtin")
+    new = _size_row(SubnetSpec(1, 1.0, 1, 1, depth=2, draft_vocab=0.25), 1.3)
+    assert table.append([new]) == 1  # migrates the old header first
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        assert reader.fieldnames == list(ACCEPTANCE_COLUMNS)
+        cells = [(r["spec_id"], r["depth"], r["mlp"], r["draft_vocab"]) for r in reader]
+    assert cells == [("h1-v1.00-l1-d2-g1", "2", "1.0", ""),
+                     ("h2-v0.50-l1-m0.50-g1", "1", "0.5", ""),
+                     ("h1-v1.00-l1-d2-n0.25-g1", "2", "1.0", "0.25")]
+    loaded = table.load()  # the old rows still valid (the whole vocabulary): not scored again
+    assert loaded == {**{r.spec: r for r in old}, new.spec: new}
+    assert loaded[old[0].spec].spec.draft_vocab == 1.0

@@ -124,7 +124,7 @@ def _write_legacy(path, rows) -> None:
         for row in rows:
             fields = row.to_csv_row()
             del fields["dtype"], fields["max_new_tokens"], fields["tree"]
-            del fields["depth"], fields["mlp"]
+            del fields["depth"], fields["mlp"], fields["draft_vocab"]
             writer.writerow(fields)
         handle.write("abc,builtin,h1-v1.00-l1-g3,1,1.0")  # a kill mid-row
 
@@ -157,7 +157,7 @@ def test_a_file_written_before_trees_keeps_its_rows_as_chains(tmp_path) -> None:
         writer.writeheader()
         for row in old:
             fields = row.to_csv_row()
-            del fields["tree"], fields["depth"], fields["mlp"]
+            del fields["tree"], fields["depth"], fields["mlp"], fields["draft_vocab"]
             writer.writerow(fields)
     table = AcceptanceTable(path, "abc", "builtin")
     assert table.load() == {r.spec: r for r in old}  # chains, still valid: not scored again
@@ -265,7 +265,7 @@ def test_a_damaged_line_is_refused_but_a_torn_last_line_is_skipped(tmp_path) -> 
     assert AcceptanceTable(path, "abc", "builtin").load() == {first.spec: first}
     with path.open("a", newline="") as handle:  # a line cut short in the middle: damage
         handle.write("0\r\nabc,builtin,h2-v1.00-l1-g2,2\r\n" + line + "\r\n")
-    with pytest.raises(InputError, match=r"a\.csv line 4 has 4 cells, not the header's 27: the "
+    with pytest.raises(InputError, match=r"a\.csv line 4 has 4 cells, not the header's 28: the "
                                          r"file is damaged; move it aside"):
         AcceptanceTable(path, "abc", "builtin").load()
 

@@ -26,14 +26,18 @@ class Ex:
     answer: str = ""
 
 
-def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
+def _target_and_examples(tmp_path: Path, n: int) -> tuple[TargetAdapter, list[Ex]]:
     model, processor = build_tiny_vlm("llava")
-    target = TargetAdapter.from_model(model, processor)
     examples = []
-    for i in range(6):
+    for i in range(n):
         path = tmp_path / f"{i}.png"
         tiny_image(i).save(path)
         examples.append(Ex(str(i), path, "what color is the car ?"))
+    return TargetAdapter.from_model(model, processor), examples
+
+
+def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
+    target, examples = _target_and_examples(tmp_path, 6)
     config = TrainConfig(warmup_steps=3, multires_steps=3, batch_size=3, checkpoint_every=2)
     summary = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)
     weights = run_dir.supernet_dir / "model.safetensors"
@@ -58,6 +62,26 @@ def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
     assert draft.config.inject_layers == (1, 2)
     again = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)
     assert again["resumed_from"] == 6 and again["hash"] == summary["hash"]
+
+
+def test_a_draft_vocabulary_is_ranked_by_the_answers_and_saved(tmp_path, run_dir):
+    import torch
+    from dreams_nas.supernet.core.io import read_json
+    from dreams_nas.supernet.training.vocab import frequency_order
+
+    target, examples = _target_and_examples(tmp_path, 4)
+    config = TrainConfig(warmup_steps=2, multires_steps=2, batch_size=2, checkpoint_every=10)
+    train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False,
+              holdout=0, draft_vocab=(0.5, 1.0))
+    data = run_dir.read_run()
+    assert SearchSpace.from_dict(data["space"]).draft_vocab == (0.5, 1.0)
+    vocab = data["supernet"]["draft_vocab"]
+    size = int(target.text_config.vocab_size)
+    assert vocab["shares"] == [0.5, 1.0] and vocab["tokens"]["0.5"] == -(-size // 2)
+    assert vocab["answer_coverage"]["1"] == 1.0 and 0 < vocab["answer_coverage"]["0.5"] <= 1
+    answers = read_json(run_dir.supernet_dir / "selfdistill.json")["answers"]
+    order = frequency_order([torch.tensor(a) for a in answers], size)
+    assert torch.equal(draft_for_run(target, run_dir).vocab_order, order)
 
 
 def test_device_errors_name_the_devices():
