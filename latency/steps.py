@@ -13,7 +13,7 @@
   and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
   already holding `context_len` positions, cropped back after each repeat (the cache is filled
-  once per context and shared by every step at that context: `ModelSteps._prefill`).
+  once per context and shared by every step at that context: `ModelSteps.prefilled`).
   ``decode`` is timed back to back, as plain decoding runs it. In speculative decoding every
   verify follows the cycle's draft steps, which push the target's weights out of the CPU
   caches; so when the builder is given a `precede` subnet, a ``verify`` repeat is prepared
@@ -138,7 +138,7 @@ class ModelSteps:
         # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
         self._compact: tuple[SubnetSpec, nn.Module] | None = None
         # ((the target cache object, its length), the prefill's output) of this builder's last
-        # prefill (`_prefill`)
+        # prefill (`prefilled`)
         self._prefilled: tuple[tuple[int, int], Any] | None = None
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
@@ -171,33 +171,28 @@ class ModelSteps:
         return ids.to(self.device)
 
     # --- target ------------------------------------------------------------------------
-    def _prefill(self, context_len: int) -> None:
-        """Leave the target's KV cache holding `context_len` positions. The cache's cost
-        depends on its length, not on which tokens (or image positions) it holds, and every
-        target step rolls back what it appends, so a cache this builder filled at the same
-        length is reused (rolled back to it): one prefill per context rather than one per step
-        and pass (at 600 positions of a 0.3B target in bfloat16 on a CPU a prefill takes tens
-        of seconds)."""
-        self.prefilled(context_len)
-
     def prefilled(self, context_len: int) -> Any:
-        """`_prefill`, returning the prefill's output (with the hidden states of every layer
-        the supernet reads, so that a cycle's drafter starts from it too)."""
+        """Leave the target's KV cache holding `context_len` positions; the prefill's output
+        (with the hidden states of every layer the supernet reads, so that a cycle's drafter
+        starts from it too). The cache's cost depends on its length, not on which tokens (or
+        image positions) it holds, and every target step rolls back what it appends, so a cache
+        this builder filled at the same length is reused (rolled back to it): one prefill per
+        context rather than one per step and pass (at 600 positions of a 0.3B target in
+        bfloat16 on a CPU a prefill takes tens of seconds)."""
         adapter = self.adapter
         if (self._prefilled is not None and self._prefilled[0] == (id(adapter.cache), context_len)
                 and adapter.cache_len >= context_len):
             if adapter.cache_len > context_len:  # a cycle leaves its accepted tokens
                 adapter.rollback(adapter.cache_len - context_len)
             return self._prefilled[1]
-        with torch.no_grad():
-            pre = adapter.prefill({"input_ids": self._ids(context_len)},
-                                  layers=tuple(self.supernet.config.inject_layers))
+        pre = adapter.prefill({"input_ids": self._ids(context_len)},
+                              layers=tuple(self.supernet.config.inject_layers))
         self._prefilled = ((id(adapter.cache), context_len), pre)
         return pre
 
     def _target_step(self, key: StepKey) -> Callable[[], object]:
         adapter, k = self.adapter, key.k
-        self._prefill(key.context_len)
+        self.prefilled(key.context_len)
         assert adapter.cache_len == key.context_len
         new = self._ids(k)
         layers = () if key.kind == "decode" else self.verify_layers
