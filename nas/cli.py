@@ -40,6 +40,9 @@ COMMANDS: dict[str, str] = {
     "demo": "dreams_nas.nas.commands.demo",
 }
 
+# The commands that split their work over the ranks of a torchrun launch.
+DISTRIBUTED = ("train", "score")
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2) instead of usage + message."""
@@ -52,8 +55,10 @@ class _Parser(argparse.ArgumentParser):
 def _common_options() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     group = common.add_argument_group("common options")
-    group.add_argument("--run", default=None, metavar="DIR",
-                       help=f"run folder holding every artefact (default: ./{DEFAULT_RUN_DIR})")
+    group.add_argument("--run", "--run-dir", dest="run", default=None, metavar="DIR",
+                       help=f"run folder holding every artefact (default: ./{DEFAULT_RUN_DIR}); "
+                            "under torchrun write --run-dir (torchrun reads --run as its own "
+                            "--run-path)")
     group.add_argument("--json", action="store_true",
                        help="print a one-line JSON summary on stdout (logs stay on stderr)")
     group.add_argument("-v", "--verbose", action="count", default=0,
@@ -145,8 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.run is None:
         args.run = DEFAULT_RUN_DIR
     _setup_logging(args.verbose, args.quiet)
+    main_rank = True
     try:
-        with _library_bars(not args.quiet):
+        with _ranks(args) as main_rank, _library_bars(not args.quiet):
             summary = _command_module(args.command).run(args)
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted; rerun the same command to resume\n")
@@ -159,8 +165,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _internal_error(args, exc)
     except Exception as exc:  # noqa: BLE001 - the top level reports every failure
         return _internal_error(args, exc)
-    _finish(summary or {}, args.json)
+    if main_rank:  # under torchrun, rank 0 reports for all
+        _finish(summary or {}, args.json)
     return 0
+
+
+@contextmanager
+def _ranks(args: argparse.Namespace) -> Iterator[bool]:
+    """Under torchrun (several processes): join the process group for the command (train and
+    score split their work by rank, `supernet.core.dist`); ranks other than 0 log warnings
+    only and print no summary. Yields whether this process reports."""
+    from dreams_nas.supernet.core import dist
+
+    if not dist.launched():
+        yield True
+        return
+    if args.command not in DISTRIBUTED:
+        raise InputError(f"`{PROG} {args.command}` runs in one process; launch it without "
+                         f"torchrun (only {' and '.join(DISTRIBUTED)} split their work by rank)")
+    from dreams_nas.supernet.core.device import resolve_device
+
+    with dist.process_group(resolve_device(getattr(args, "device", "auto"))) as world:
+        if not world.is_main:
+            args.quiet = True
+            log.setLevel(logging.WARNING)
+        yield world.is_main
 
 
 def _user_error(args: argparse.Namespace, exc: Exception) -> int:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dreams_nas.supernet.core.dist import World, current, local_device
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.space import SubnetSpec
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,7 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     check_run_folder(run)
     if options.temperature < 0:
         raise InputError(f"--temperature {options.temperature} must be >= 0 (0 means greedy)")
-    device = resolve_device(options.device)
+    device = local_device(resolve_device(options.device))  # several ranks: one GPU each
     dtype = run.dtype(options.dtype, device)
     digest = supernet_hash(run)  # a supernet run.json does not record is refused: write nothing
     space = run.space()
@@ -57,12 +60,32 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
                         draft_lens=space.draft_len, trees=space.trees,
                         show_progress=options.show_progress)
     cached = CachedAcceptance(scorer, table)
+    world = current()
     with torch_threads(options.threads):
+        if world.distributed:  # each rank scores its share of the architectures, then all read
+            cached.rows(ranks_share(specs, cached, world),
+                        show_progress=options.show_progress if world.is_main else False)
+            world.barrier()
+            cached.refresh()
         rows = cached.rows(specs, show_progress=options.show_progress)
     best = max(rows, key=lambda r: r.tau)
+    n_scored = int(world.sum([cached.n_scored])[0])  # by every rank
     return {"acceptance": str(table.path), "dataset_id": data_id, "supernet_hash": digest,
             "temperature": options.temperature, "dtype": dtype, "method": best.method,
             "n_specs": len(rows),
-            "n_scored": cached.n_scored, "n_cached": len(rows) - min(len(rows), cached.n_scored),
+            "n_scored": n_scored, "n_cached": len(rows) - min(len(rows), n_scored),
             "best_tau": round(best.tau, 4), "best_tau_spec": best.spec.id,
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(time.perf_counter() - start, 1),
+            **({"ranks": world.size} if world.distributed else {})}
+
+
+def ranks_share(specs: Sequence[SubnetSpec], cached: Any, world: World) -> list[SubnetSpec]:
+    """The specs this rank scores: those of every `size`-th architecture (`triple_of`, in the
+    order the specs first name them) among those the acceptance CSV lacks. A rerun after a
+    kill splits only what is still missing, so no row is scored twice."""
+    from dreams_nas.nas.search.shared import triple_of
+
+    missing = [s for s in specs if cached.cached(s) is None]
+    triples = list(dict.fromkeys(triple_of(s) for s in missing))
+    mine = set(world.mine(triples))
+    return [s for s in missing if triple_of(s) in mine]

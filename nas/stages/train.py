@@ -218,12 +218,13 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     `examples`: the training prompts when already loaded (else read from `options.data`)."""
     from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import resolve_device, torch_dtype
+    from dreams_nas.supernet.core.dist import local_device
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import train_run
 
     check_run_folder(run)
     config = options.config()  # bad settings fail here, before the (slow) target load
-    device = resolve_device(options.device)
+    device = local_device(resolve_device(options.device))  # several ranks: one GPU each
     dtype = run.dtype(options.dtype, device)
     if examples is None:
         examples = load_examples(options.data, options.n_train, options.seed)

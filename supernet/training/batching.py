@@ -121,15 +121,44 @@ def _rms(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
+def row_noise(batch: Batch, seeds: Sequence[int]) -> Tensor:
+    """Standard normal noise shaped as `batch.prev_hidden`, row i drawn from its own generator
+    seeded `seeds[i]` over that row's real positions only (zeros on padding): a row's noise
+    does not depend on the rows beside it or the padding, so a data-parallel rank's slice of a
+    batch gets the same noise as the whole batch in one process."""
+    b, t, h = batch.prev_hidden.shape
+    if len(seeds) != b:
+        raise ValueError(f"{len(seeds)} noise seeds for a batch of {b} rows")
+    out = torch.zeros(b, t, h, device="cpu")  # cpu: drawn there on every device, then moved
+    for i, (seed, n) in enumerate(zip(seeds, batch.text_mask.sum(1).tolist(), strict=True)):
+        gen = torch.Generator().manual_seed(int(seed))
+        out[i, :n] = torch.randn(n, h, generator=gen, device="cpu")  # cpu: a CPU generator
+    return out
+
+
+def counted_positions(batch: Batch, unroll: int) -> list[int]:
+    """Per pass k = 0..unroll, the positions whose loss pass k counts (`loss_terms`)."""
+    counts = []
+    for k in range(unroll + 1):
+        m = batch.loss_mask.clone()
+        if k:
+            m[:, k:] &= batch.loss_mask[:, :-k]
+            m[:, :k] = False
+        counts.append(int(m.sum()))
+    return counts
+
+
 def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers: Sequence[int],
                weights: LossWeights, noise: float = 0.0,
-               generator: torch.Generator | None = None, unroll: int = 0,
+               noise_seeds: Sequence[int] | None = None, unroll: int = 0,
                teacher: list[Tensor] | None = None, teacher_weight: float = 0.0,
-               keep_logp: bool = False) -> dict[str, Tensor]:
+               keep_logp: bool = False, counts: Sequence[float] | None = None,
+               replicas: int = 1) -> dict[str, Tensor]:
     """KL(target || draft), SmoothL1(cross block, AIFD feature), SmoothL1(feature, last hidden).
 
     noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
-            draft's own, imperfect features while drafting).
+            draft's own, imperfect features while drafting), drawn per row (`row_noise`) from
+            `noise_seeds` (None: a seed from torch's global generator per row).
     unroll: extra passes in which the draft reads its own features, as drafting steps 2..
             (`unroll.unrolled_forward`); pass k's terms weigh UNROLL_DECAY**k (EAGLE-3's
             training-time test), normalised over the passes used, so the first drafted
@@ -138,14 +167,20 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
             `keep_logp`, detached): the KL term becomes (1 - teacher_weight) KL(target || draft)
             + teacher_weight KL(teacher || draft) (in-place distillation).
     keep_logp: also return, under "logp", this subnet's detached log-probabilities per pass.
+    counts, replicas: data parallel: `batch` is one of `replicas` slices of a global batch
+            whose counted positions per pass are `counts` (`counted_positions` summed over the
+            slices); each term is then this slice's share of the global batch's mean, times
+            `replicas`, so that the mean over the slices (what DistributedDataParallel
+            averages) is the global batch's loss. None: `batch` is the whole batch.
     """
     with model.using(spec):
         memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
                               batch.visual_scores, batch.prompt_mask)
         prev = batch.prev_hidden
         if noise > 0:
-            eps = torch.randn(prev.shape, generator=generator, device="cpu").to(prev.device)
-            prev = prev + noise * eps
+            seeds = (noise_seeds if noise_seeds is not None else
+                     torch.randint(2**62, (prev.shape[0],), device="cpu").tolist())  # cpu: seeds
+            prev = prev + noise * row_noise(batch, seeds).to(prev.device, prev.dtype)
         keys = batch.keys(model)
         if unroll > 0:
             outs = unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory,
@@ -162,10 +197,15 @@ def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers
         if k:
             m[:, k:] &= batch.loss_mask[:, :-k]
             m[:, :k] = False
+        w = UNROLL_DECAY**k
+        if counts is not None and counts[k] > 0:
+            used += w  # the global batch counts this pass, whether this slice does or not
         if not bool(m.any()):
             continue
-        w = UNROLL_DECAY**k
-        used += w
+        if counts is None:
+            used += w
+        else:  # this slice's share of the global mean (times the replicas DDP averages over)
+            w = w * replicas * int(m.sum()) / float(counts[k])
         feature = out.feature[m]  # (n, hidden)
         target = batch.last_hidden[m]
         draft_logp = F.log_softmax(model.logits(feature).float(), -1)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 import torch
+from dreams_nas.supernet.core.dist import current
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
@@ -60,6 +61,7 @@ DistillMode = Literal["aifd", "middle", "last", "none"]
 # (BENCHMARKS.md, 'Elastic depth and MLP width'), so it is a choice, not the default.
 DEFAULT_DEPTH = 1
 DEFAULT_MLP_SHARES: tuple[float, ...] = (1.0,)
+ANSWER_BATCH = 8  # prompts the target answers in one left-padded batch
 
 
 @dataclass(frozen=True)
@@ -120,16 +122,54 @@ def _answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens:
 def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
                            key: str, cache_file: Any, max_new_tokens: int,
                            show_progress: bool | None) -> list[Tensor]:
-    """The target's own answers, cached in the run folder (a resumed run does not regenerate)."""
-    if cache_file is not None and cache_file.is_file():
-        data = read_json(cache_file)
-        if isinstance(data, dict) and data.get("key") == key:
-            return [torch.tensor(a, dtype=torch.long, device="cpu") for a in data["answers"]]
-    answers = regenerate_answers(target.model, prompts, max_new_tokens,
-                                 show_progress=show_progress)
-    if cache_file is not None:
+    """The target's own answers, cached in the run folder (a resumed run does not regenerate).
+
+    Several ranks (`dist.current()`) split the prompts by chunks of `ANSWER_BATCH` (the batches
+    one process generates, so each answer is generated in the same left-padded batch as it
+    would be alone); each rank caches its part beside `cache_file` until rank 0 has written
+    the merged file."""
+    world = current()
+    cached = _cached_answers(cache_file, key)
+    if cached is not None:
+        return cached
+    if not world.distributed:
+        answers = regenerate_answers(target.model, prompts, max_new_tokens,
+                                     batch_size=ANSWER_BATCH, show_progress=show_progress)
+    else:
+        chunks = [range(i, min(i + ANSWER_BATCH, len(prompts)))
+                  for i in range(0, len(prompts), ANSWER_BATCH)]
+        part = None if cache_file is None else Path(cache_file).with_name(
+            f"{Path(cache_file).stem}.rank{world.rank}of{world.size}.json")
+        mine = _cached_answers(part, key)
+        if mine is None:
+            rows = [i for c in world.mine(chunks) for i in c]
+            mine = regenerate_answers(target.model, [prompts[i] for i in rows], max_new_tokens,
+                                      batch_size=ANSWER_BATCH, show_progress=show_progress)
+            if part is not None:
+                atomic_write_json(part, {"key": key, "answers": [a.tolist() for a in mine]})
+        parts = world.gather([a.tolist() for a in mine])
+        by_chunk = [parts[j % world.size] for j in range(len(chunks))]
+        offsets = [0] * world.size
+        answers = []
+        for j, chunk in enumerate(chunks):
+            r = j % world.size
+            got = by_chunk[j][offsets[r]: offsets[r] + len(chunk)]
+            offsets[r] += len(chunk)
+            answers += [torch.tensor(a, dtype=torch.long, device="cpu") for a in got]
+    if cache_file is not None and world.is_main:
         atomic_write_json(cache_file, {"key": key, "answers": [a.tolist() for a in answers]})
+        for stale in Path(cache_file).parent.glob(f"{Path(cache_file).stem}.rank*of*.json"):
+            stale.unlink(missing_ok=True)
     return answers
+
+
+def _cached_answers(cache_file: Any, key: str) -> list[Tensor] | None:
+    if cache_file is None or not Path(cache_file).is_file():
+        return None
+    data = read_json(cache_file)
+    if isinstance(data, dict) and data.get("key") == key:
+        return [torch.tensor(a, dtype=torch.long, device="cpu") for a in data["answers"]]
+    return None
 
 
 def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_heads: int,
@@ -156,11 +196,16 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
     examples = [examples[i] for i in keep]
     prompts, answers = prompt_inputs(target, examples), [answers[i] for i in keep]
     n = max(1, min(aifd_prompts, len(prompts)))
-    aifd = measure_aifd(target.model, prompts[:n], answers[:n])
+    world = current()  # several ranks: rank 0 measures, the others take its result
+    aifd = world.broadcast(measure_aifd(target.model, prompts[:n], answers[:n])
+                           if world.is_main else None)
     layers = target.num_layers
     space = SearchSpace.default_for(layers, num_draft_heads)
     kept = sorted({i for mode in distill for i in mode_layers(mode, aifd, layers)})
     samples: Sequence[TargetSample]
+    if feature_store is None and world.distributed:
+        raise InputError("training with several ranks shares the target's features through "
+                         "the run's feature store; give prepare_data a feature_store folder")
     if feature_store is None:
         samples = collect_samples(target, prompts, answers, space.inject_layer, kept,
                                   show_progress=show_progress)
@@ -248,7 +293,8 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
               data: PreparedData | None = None, cross_attention: bool = True,
               visual_in_self: bool = True, depth: int = 1,
               mlp: Sequence[float] = (1.0,),
-              draft_vocab: Sequence[float] | None = None) -> dict[str, Any]:
+              draft_vocab: Sequence[float] | None = None,
+              samples_per_shard: int = DEFAULT_SHARD_SAMPLES) -> dict[str, Any]:
     """Train the supernet of `target` on `examples` into `run`; returns the command's summary.
 
     data: the prompts' target side when already prepared (`prepare_data` over `examples`
@@ -273,7 +319,7 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                             max_new_tokens=max_new_tokens, aifd_prompts=aifd_prompts,
                             answers_cache=run.supernet_dir / "selfdistill.json",
                             distill=(distill,), feature_store=run.supernet_dir / "features",
-                            show_progress=show_progress)
+                            samples_per_shard=samples_per_shard, show_progress=show_progress)
     log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
              [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
     layers = distill_layers_for(distill, data)
@@ -301,12 +347,17 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                                            compute_dtype=target.dtype, heldout=heldout)
     if isinstance(data.samples, FeatureStore):
         data.samples.close()  # unmap its shards (a later read would map them again)
-    write_curve(run.supernet_dir / "curve.csv", outcome)
+    world = current()
     best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
-    if outcome.stopped:
+    if outcome.stopped and world.is_main:
         log.info("training stopped at step %d of %d (%s); keeping step %s (held-out tau %s)",
                  outcome.steps, config.total_steps, outcome.stopped, outcome.best_step,
                  best and best.get("score"))
+    if not world.is_main:  # rank 0 writes the run's files; every rank returns its summary
+        world.barrier()
+        return _summary(run, read_json(run.run_json)["supernet"], outcome, config, data,
+                        layers, start)
+    write_curve(run.supernet_dir / "curve.csv", outcome)
     digest = save_supernet(draft, run.supernet_dir, extra={"distill_layers": list(layers)})
     supernet = {
         "hash": digest, "config": draft.config.to_dict(),
@@ -334,8 +385,17 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     }
     run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
                    aifd=data.aifd.to_dict(), dtype=dtype)
+    world.barrier()
+    return _summary(run, supernet, outcome, config, data, layers, start)
+
+
+def _summary(run: RunFolder, supernet: Mapping[str, Any], outcome: TrainOutcome,
+             config: TrainConfig, data: PreparedData, layers: Sequence[int], start: float
+             ) -> dict[str, Any]:
+    """`dreams-nas train`'s summary."""
+    best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
     last = outcome.loss_curve[-1] if outcome.loss_curve else {}
-    return {"supernet": str(run.supernet_dir), "hash": digest,
+    return {"supernet": str(run.supernet_dir), "hash": supernet["hash"],
             "num_params": supernet["num_params"], "aifd_chosen": list(data.aifd.chosen),
             "distill_layers": list(layers), "steps": outcome.steps,
             "max_steps": config.total_steps, "stopped": outcome.stopped,

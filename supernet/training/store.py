@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, overload
 
 import torch
+from dreams_nas.supernet.core.dist import World, current
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, locked, read_json
 from dreams_nas.supernet.core.progress import progress
@@ -217,12 +218,20 @@ def build_store(directory: str | Path, target: TargetAdapter,
                 prompts: Sequence[Mapping[str, Tensor]], answers: Sequence[Tensor],
                 memory_layers: Sequence[int], distill_layers: Sequence[int], key: str, *,
                 samples_per_shard: int = DEFAULT_SHARD_SAMPLES,
-                show_progress: bool | None = None) -> FeatureStore:
+                show_progress: bool | None = None, world: World | None = None) -> FeatureStore:
     """The feature store of `prompts` + `answers` in `directory`: reused when its index has
     `key` and is complete, completed when its index has `key` (the shards it lists are kept),
     else built afresh. `prompts` are read one at a time (a lazy sequence builds each on
-    access); each shard's samples are held until the shard is written."""
+    access); each shard's samples are held until the shard is written.
+
+    world: the processes building it together (default `dist.current()`): rank r computes the
+    shards k with k % size == r and lists each in the index (under its lock) as it is written;
+    rank 0 starts the index and marks it complete once every rank is done. The shards are those
+    one process writes, whatever the number of ranks (and a store built by N ranks resumes
+    under any other number). One process holds the index's lock throughout: a second build of
+    the same folder waits, then reuses it."""
     directory = Path(directory)
+    world = world or current()
     n = len(prompts)
     if len(answers) != n:
         raise ValueError(f"{n} prompts but {len(answers)} answers")
@@ -230,42 +239,80 @@ def build_store(directory: str | Path, target: TargetAdapter,
     if per_shard < 1:
         raise InputError(f"samples_per_shard={per_shard} must be at least 1")
     directory.mkdir(parents=True, exist_ok=True)
-    with locked(directory / INDEX, timeout=-1):  # one writer at a time; a second waits, reuses
-        index = _read_index(directory)
-        if index is None or index.get("key") != key:
-            if any(directory.glob("shard-*.safetensors")):
-                log.info("feature store in %s: built from other inputs (or unreadable); "
-                         "rebuilding it", directory)
-            _clear(directory)
-            index = {"schema_version": STORE_SCHEMA_VERSION, "key": key,
-                     "dtype": str(target.dtype).removeprefix("torch."), "n_samples": n,
-                     "samples_per_shard": per_shard,
-                     "memory_layers": [int(i) for i in memory_layers],
-                     "distill_layers": [int(i) for i in distill_layers],
-                     "complete": False, "shards": []}
-        count = -(-n // per_shard)
-        done = {entry["file"]: entry for entry in index["shards"]
-                if (directory / entry["file"]).is_file()}
-        todo = [k for k in range(count) if shard_name(k) not in done]
-        if todo or not index["complete"]:
-            _complete(directory, index, done, todo, target, prompts, answers, show_progress)
-    return _opened(FeatureStore(directory, index))
+    fresh = {"schema_version": STORE_SCHEMA_VERSION, "key": key,
+             "dtype": str(target.dtype).removeprefix("torch."), "n_samples": n,
+             "samples_per_shard": per_shard,
+             "memory_layers": [int(i) for i in memory_layers],
+             "distill_layers": [int(i) for i in distill_layers],
+             "complete": False, "shards": []}
+    count = -(-n // per_shard)
+    if not world.distributed:
+        with locked(directory / INDEX, timeout=-1):  # one writer; a second waits, reuses
+            index = _started(directory, fresh)
+            done = _listed(directory, index)
+            todo = [k for k in range(count) if k not in done]
+            if todo or not index["complete"]:
+                if done:
+                    log.info("feature store in %s: %d of %d shards already computed",
+                             directory, len(done), count)
+                _write_shards(directory, index, todo, target, prompts, answers, show_progress,
+                              lock=False)
+                _mark_complete(directory, count)
+            index = _read_index(directory) or index
+        return _opened(FeatureStore(directory, index))
+    if world.is_main:
+        with locked(directory / INDEX, timeout=-1):
+            _started(directory, fresh)
+    world.barrier()
+    with locked(directory / INDEX, timeout=-1):
+        index = _read_index(directory) or fresh
+    done = _listed(directory, index)
+    mine = [k for k in range(count) if world.owns(k) and k not in done]
+    if len(done) < count or not index["complete"]:
+        if world.is_main and done:
+            log.info("feature store in %s: %d of %d shards already computed", directory,
+                     len(done), count)
+        _write_shards(directory, index, mine, target, prompts, answers, show_progress,
+                      lock=True)
+    world.barrier()
+    if world.is_main:
+        with locked(directory / INDEX, timeout=-1):
+            _mark_complete(directory, count)
+    world.barrier()
+    return _opened(FeatureStore(directory, _read_index(directory) or index))
 
 
-def _complete(directory: Path, index: dict[str, Any], done: dict[str, Any], todo: Sequence[int],
-              target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
-              answers: Sequence[Tensor], show_progress: bool | None) -> None:
-    """Compute and write the shards `todo` (the index lists `done`), then mark it complete."""
+def _started(directory: Path, fresh: dict[str, Any]) -> dict[str, Any]:
+    """The index of `directory` when it has `fresh`'s key; else the store is cleared and
+    `fresh` written as its index. Call under the index's lock."""
+    index = _read_index(directory)
+    if index is not None and index.get("key") == fresh["key"]:
+        return index
+    if any(directory.glob("shard-*.safetensors")):
+        log.info("feature store in %s: built from other inputs (or unreadable); rebuilding it",
+                 directory)
+    _clear(directory)
+    atomic_write_json(directory / INDEX, fresh)
+    return dict(fresh)
+
+
+def _listed(directory: Path, index: Mapping[str, Any]) -> set[int]:
+    """The shards the index lists whose files exist."""
+    return {int(entry["file"][len("shard-"):-len(".safetensors")]) for entry in index["shards"]
+            if (directory / entry["file"]).is_file()}
+
+
+def _write_shards(directory: Path, index: Mapping[str, Any], todo: Sequence[int],
+                  target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
+                  answers: Sequence[Tensor], show_progress: bool | None, lock: bool) -> None:
+    """Compute and write the shards `todo`, each listed in the index as soon as it is on disk
+    (`lock`: take the index's lock for it; False: the caller holds it)."""
     from dreams_nas.supernet.draft.store import save_tensors
 
-    for path in directory.glob(".*.tmp"):  # a killed writer's: never listed, never read
-        path.unlink(missing_ok=True)
+    for k in todo:  # a killed writer's temporary file: never listed, never read
+        (directory / f".{shard_name(k)}.tmp").unlink(missing_ok=True)
     n, per_shard = int(index["n_samples"]), int(index["samples_per_shard"])
-    count = -(-n // per_shard)
     memory, distill = index["memory_layers"], index["distill_layers"]
-    if done:
-        log.info("feature store in %s: %d of %d shards already computed", directory, len(done),
-                 count)
     bar = progress(total=sum(min(n, (k + 1) * per_shard) - k * per_shard for k in todo),
                    desc="target features", unit="prompt", disable=show_progress is False or None)
     for k in todo:
@@ -280,11 +327,37 @@ def _complete(directory: Path, index: dict[str, Any], done: dict[str, Any], todo
         save_tensors(tensors, tmp, final)
         tmp.replace(final)
         del tensors
-        done[final.name] = {"file": final.name, "start": rows.start, "stop": rows.stop,
-                            "bytes": final.stat().st_size}
-        index["shards"] = [done[shard_name(j)] for j in range(count) if shard_name(j) in done]
-        atomic_write_json(directory / INDEX, index)  # the shard counts from here on
+        entry = {"file": final.name, "start": rows.start, "stop": rows.stop,
+                 "bytes": final.stat().st_size}
+        _list_shard(directory, entry, lock)  # the shard counts from here on
     bar.close()
+
+
+def _list_shard(directory: Path, entry: dict[str, Any], lock: bool) -> None:
+    """Add `entry` to the index (re-read: other ranks list theirs too), shards in order."""
+    def add() -> None:
+        index = _read_index(directory)
+        assert index is not None, "the index is written before any shard"
+        shards = {e["file"]: e for e in index["shards"]}
+        shards[entry["file"]] = entry
+        index["shards"] = [shards[name] for name in sorted(shards)]
+        atomic_write_json(directory / INDEX, index)
+
+    if lock:
+        with locked(directory / INDEX, timeout=-1):
+            add()
+    else:
+        add()
+
+
+def _mark_complete(directory: Path, count: int) -> None:
+    """Mark the index complete, once it lists all `count` shards."""
+    index = _read_index(directory)
+    assert index is not None
+    missing = sorted(set(range(count)) - _listed(directory, index))
+    if missing:
+        raise InputError(f"the feature store in {directory} lacks shards {missing} after "
+                         "every rank finished; rerun `dreams-nas train` to compute them")
     index["complete"] = True
     atomic_write_json(directory / INDEX, index)
 

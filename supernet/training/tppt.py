@@ -12,6 +12,21 @@ choice of step `s` (batch order, subnets, feature noise) comes from generators s
 (seed, s), so a run restored from a checkpoint continues exactly like an uninterrupted one.
 Checkpoints are safetensors (weights, AdamW state) + JSON (step, loss curve), written
 atomically.
+
+Data parallel (several ranks, `supernet.core.dist`): each rank holds the draft (the target's
+features come from the shared feature store, so the target is not replicated here), takes every
+size-th row of the step's global batch, runs the step's subnets forward and backward on it and
+then averages the summed gradients over the ranks in one bucketed all-reduce per step
+(`World.average`, as Horovod's DistributedOptimizer does for Once-for-All; PyTorch's
+DistributedDataParallel rejects several subnets' backward passes per step with parameters
+unused in some: "Encountered gradient which is undefined, but still allreduced by DDP
+reducer"). Every loss term is normalised by the global batch's counted positions
+(`batching.loss_terms`' `counts`) and each row's feature noise has its own seed
+(`noise_seed`), so the averaged gradients are the global batch's: the weights follow one
+process's with the same batch (to float rounding) under any number of ranks, and a checkpoint
+resumes under another. The subnets of a step are a function of (seed, step), the
+same on every rank; rank 0 evaluates the held-out prompts (every rank decides on its figures)
+and writes the checkpoints.
 """
 
 from __future__ import annotations
@@ -26,12 +41,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from dreams_nas.supernet.core.dist import World, current
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.draft.elastic import importance_order
 from dreams_nas.supernet.draft.model import DreamDraft
-from dreams_nas.supernet.training.batching import Batch, LossWeights, collate, loss_terms
+from dreams_nas.supernet.training.batching import (
+    Batch,
+    LossWeights,
+    collate,
+    counted_positions,
+    loss_terms,
+)
 from dreams_nas.supernet.training.checkpoint import (
     TrainState,
     fingerprint_of,
@@ -264,24 +286,42 @@ def _calibration(model: DreamDraft, samples: Sequence[TargetSample], config: Tra
             for j in range(config.calibration_batches)]
 
 
+def noise_seed(seed: int, step: int, subnet: int, sample: int) -> int:
+    """The seed of one sample's feature noise for one subnet of one step (`row_noise`)."""
+    return ((seed * 1_000_003 + step) * 1_000_033 + sample) * 64 + subnet + 11
+
+
 def _step_losses(model: DreamDraft, batch: Batch, specs: Sequence[SubnetSpec],
                  distill_layers: Sequence[int], config: TrainConfig, amp: MixedPrecision,
-                 noise_gen: torch.Generator, phase: int) -> dict[str, float]:
-    """Forward and backward of every subnet of one step (gradients summed, mean loss)."""
+                 step: int, rows: Sequence[int], phase: int, world: World) -> dict[str, float]:
+    """Forward and backward of every subnet of one step (gradients summed, mean loss).
+
+    rows: the samples of `batch` (this rank's slice of the step's global batch); with several
+    ranks every term is normalised by the global batch's counted positions and the gradients
+    are then averaged over the ranks (`World.average`), so they, and the losses returned, are
+    the global batch's."""
     sums = {"loss": 0.0, "kl": 0.0, "distill": 0.0, "feat": 0.0}
     teacher: list[torch.Tensor] | None = None
     inplace = config.inplace_distill if phase == 2 else 0.0
+    counts = (world.sum(counted_positions(batch, config.unroll_depth))
+              if world.distributed else None)
     for i, spec in enumerate(specs):
+        seeds = [noise_seed(config.seed, step, i, r) for r in rows]
         with amp.autocast():
             terms = loss_terms(model, batch, spec, distill_layers, config.weights,
-                               config.feature_noise, noise_gen, config.unroll_depth,
+                               config.feature_noise, seeds, config.unroll_depth,
                                teacher=teacher if i else None, teacher_weight=inplace,
-                               keep_logp=inplace > 0 and i == 0)
+                               keep_logp=inplace > 0 and i == 0, counts=counts,
+                               replicas=world.size)
         if i == 0 and inplace > 0:
             teacher = terms.pop("logp")  # the largest subnet's, detached
         amp.scaler.scale(terms["loss"] / len(specs)).backward()
         for key in sums:
             sums[key] += float(terms[key].detach()) / len(specs)
+    if world.distributed:
+        world.average([p for p in model.parameters() if p.requires_grad])
+        totals = world.sum([sums[key] for key in sums])  # the mean of the slices' terms
+        sums = {key: value / world.size for key, value in zip(sums, totals, strict=True)}
     return sums
 
 
@@ -309,6 +349,11 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     """
     if not samples:
         raise InputError("no training samples; give a dataset with at least one prompt")
+    world = current()
+    if config.batch_size < world.size:
+        raise InputError(f"--batch-size {config.batch_size} is below the {world.size} ranks "
+                         "training data parallel; give each rank at least one sample a step "
+                         f"(--batch-size {world.size} or more)")
     device = next(model.parameters()).device
     # The target's embedding and LM head are shared and frozen: no gradients accumulate on them.
     for module in (model.shared.embed_tokens, model.shared.lm_head):
@@ -326,7 +371,7 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     resumed_from = state.step
     orders: list[list[int]] | None = None
     bar = progress(total=config.total_steps, desc="train supernet", unit="step",
-                   disable=show_progress is False or None)
+                   disable=show_progress is False or None or not world.is_main)
     bar.update(state.step)
     model.train()
     steps_run = 0
@@ -339,13 +384,12 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
                 orders = sort_heads(model, _calibration(model, samples, config, device),
                                     distill_layers, config, optimizer, amp)
             state.heads_sorted = True
-        batch = collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
-                                                           config.seed, step)],
-                        model.config.visual_in_self).to(device)
+        rows = world.mine(batch_indices(len(samples), config.batch_size, config.seed, step))
+        batch = collate([samples[i] for i in rows], model.config.visual_in_self).to(device)
         optimizer.zero_grad(set_to_none=True)
-        sums = _step_losses(model, batch, step_specs(model, space, step, config),
-                            distill_layers, config, amp,
-                            _step_generator(config.seed, step, salt=3), phase)
+        # every rank draws the same subnets: they are a function of (seed, step) alone
+        sums = _step_losses(model, batch, step_specs(model, space, step, config), distill_layers,
+                            config, amp, step, rows, phase, world)
         amp.scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         for group in optimizer.param_groups:
@@ -357,15 +401,17 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         state.loss_curve.append({"step": state.step, **{k: round(v, 6) for k, v in sums.items()},
                                  "phase": phase})
         tracker.seconds = spent + time.perf_counter() - clock
-        over = config.max_seconds is not None and tracker.seconds >= config.max_seconds
+        over = world.any(config.max_seconds is not None and tracker.seconds >= config.max_seconds)
         evaluated = False
         if heldout is not None and (state.step % config.eval_every == 0 or over
                                     or state.step in (config.warmup_steps, config.total_steps)):
             evaluated = True
-            if tracker.record(state.step, phase, heldout.evaluate(model, phase),
-                              config.tolerance):
+            # rank 0 evaluates (the ranks' weights are equal); all decide on its figures
+            values = world.broadcast(heldout.evaluate(model, phase) if world.is_main else None)
+            if tracker.record(state.step, phase, values, config.tolerance):
                 best = weights_of(model)
-                save_best(ckpt, best)
+                if world.is_main:
+                    save_best(ckpt, best)
             if phase == 2 and tracker.stale >= config.patience:
                 tracker.stopped = "plateau"
             model.train()
@@ -375,8 +421,9 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         last = tracker.evals[-1] if tracker.evals else {}
         bar.set_postfix(loss=f"{sums['loss']:.4f}", kl=f"{sums['kl']:.3f}",
                         tau=last.get("score", last.get("tau_full", "-")))
-        if ckpt is not None and (evaluated or tracker.stopped or state.step == config.total_steps
-                                 or state.step % config.checkpoint_every == 0):
+        if ckpt is not None and world.is_main and (
+                evaluated or tracker.stopped or state.step == config.total_steps
+                or state.step % config.checkpoint_every == 0):
             save_checkpoint(ckpt, model, optimizer, state, fingerprint)
         if on_step is not None:
             on_step(state.step, sums)
