@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from dreams_nas.supernet.draft.linear import linear
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import rotate_half
 
@@ -70,13 +71,13 @@ class ElasticAttention(nn.Module):
     def project_q(self, x: Tensor, heads: int) -> Tensor:
         """x: (batch, seq, hidden) -> (batch, heads, seq, head_dim), first `heads` heads only."""
         inner = self._check(heads)
-        return self._split(F.linear(x, self.q_proj.weight[:inner]), heads)
+        return self._split(linear(x, self.q_proj.weight[:inner]), heads)
 
     def project_kv(self, x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
         """x: (batch, seq, hidden) -> keys, values: (batch, heads, seq, head_dim)."""
         inner = self._check(heads)
-        k = F.linear(x, self.k_proj.weight[:inner])
-        v = F.linear(x, self.v_proj.weight[:inner])
+        k = linear(x, self.k_proj.weight[:inner])
+        v = linear(x, self.v_proj.weight[:inner])
         return self._split(k, heads), self._split(v, heads)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -87,13 +88,13 @@ class ElasticAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, inner)
-        return F.linear(out, self.o_proj.weight[:, :inner])
+        return linear(out, self.o_proj.weight[:, :inner])
 
     def output(self, heads_out: Tensor) -> Tensor:
         """(batch, heads, seq, head_dim) per-head outputs -> (batch, seq, hidden) via o_proj."""
         b, heads, t, _ = heads_out.shape
         inner = self._check(heads)
-        return F.linear(heads_out.transpose(1, 2).reshape(b, t, inner),
+        return linear(heads_out.transpose(1, 2).reshape(b, t, inner),
                         self.o_proj.weight[:, :inner])
 
     # --- importance sorting ---------------------------------------------------------

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, apply_rotary
+from dreams_nas.supernet.draft.linear import linear
 from dreams_nas.supernet.draft.state import DraftCache, Memory
 from torch import Tensor, nn
 
@@ -24,13 +25,14 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: Tensor, channels: int | None = None) -> Tensor:
         if channels is None or channels == self.inner:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return linear(F.silu(linear(x, self.gate_proj.weight)) * linear(x, self.up_proj.weight),
+                          self.down_proj.weight)
         if not 1 <= channels <= self.inner:
             raise ValueError(f"channels={channels} is outside this MLP's 1..{self.inner}; "
                              "pick a subnet from the supernet's search space")
-        inner = F.silu(F.linear(x, self.gate_proj.weight[:channels])) * F.linear(
+        inner = F.silu(linear(x, self.gate_proj.weight[:channels])) * linear(
             x, self.up_proj.weight[:channels])
-        return F.linear(inner, self.down_proj.weight[:, :channels])
+        return linear(inner, self.down_proj.weight[:, :channels])
 
     # --- importance sorting (as `ElasticAttention`'s heads) --------------------------
     def channel_importance(self) -> Tensor:
@@ -123,4 +125,4 @@ class LayerInput(nn.Module):
         nn.init.eye_(self.proj.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(self.norm(x))
+        return linear(self.norm(x), self.proj.weight)

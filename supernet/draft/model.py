@@ -41,6 +41,7 @@ from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput, SwiGLU
+from dreams_nas.supernet.draft.linear import linear
 from dreams_nas.supernet.draft.state import (
     DraftCache,
     DraftOutput,
@@ -171,14 +172,16 @@ class DreamDraft(nn.Module):
         weight = getattr(head, "weight", None)
         rows = self.vocab_rows_of(self._active)
         if rows >= self.config.vocab_size:
-            return head(feature if weight is None else feature.to(weight.dtype))
+            if weight is None:
+                return head(feature)
+            return linear(feature.to(weight.dtype), weight, getattr(head, "bias", None))
         ids = self.vocab_order[:rows].to(feature.device)
         if weight is None:  # a head without a weight matrix: compute all, keep the vocabulary
             full = head(feature)
             return torch.full_like(full, float("-inf")).index_copy_(
                 -1, ids, full.index_select(-1, ids))
         w, b = self._head_slice(head, ids)
-        sub = torch.nn.functional.linear(feature.to(w.dtype), w, b)
+        sub = linear(feature.to(w.dtype), w, b)
         out = sub.new_full((*sub.shape[:-1], int(weight.shape[0])), float("-inf"))
         return out.index_copy_(-1, ids, sub)
 
@@ -292,7 +295,7 @@ class DreamDraft(nn.Module):
         """
         heads = self._active.heads
         x = self.embed(input_ids).to(prev_hidden.dtype)
-        h = self.fuse(torch.cat((x, prev_hidden), dim=-1))
+        h = linear(torch.cat((x, prev_hidden), dim=-1), self.fuse.weight)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         mask = self._self_mask(input_ids.shape[1], cache, attention_mask, h.device)
         if tree_mask is not None:

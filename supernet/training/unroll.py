@@ -20,6 +20,7 @@ import math
 import torch
 from dreams_nas.supernet.draft.elastic import apply_rotary, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import DecoderLayer
+from dreams_nas.supernet.draft.linear import linear
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import DraftOutput, Memory
 from torch import Tensor
@@ -105,7 +106,7 @@ def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
             outputs += [DraftOutput(zeros, zeros if model.cross is not None else None)
                         for _ in range(k, depth + 1)]
             break
-        h = model.fuse(torch.cat((x[:, lo:], prev[:, lo:]), dim=-1))
+        h = linear(torch.cat((x[:, lo:], prev[:, lo:]), dim=-1), model.fuse.weight)
         c, s_ = cos[:, :, lo:], sin[:, :, lo:]
         kvs = []
         for i, layer in enumerate(before):
