@@ -39,15 +39,19 @@ def _compute_dtype(x: Tensor, w: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, w.dtype)
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear(x, w, b), with the fast 16-bit backward on CPUs without native bfloat16."""
+def slow_backward(x: Tensor, w: Tensor) -> bool:
+    """Whether autograd's backward of F.linear(x, w) would take the slow 16-bit CPU kernel."""
     if (x.device.type != "cpu" or not torch.is_grad_enabled()
             or not (x.requires_grad or w.requires_grad) or _native_bf16()):
+        return False
+    return _compute_dtype(x, w) in _HALF
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """F.linear(x, w, b), with the fast 16-bit backward on CPUs without native bfloat16."""
+    if not slow_backward(x, w):
         return F.linear(x, w, b)
-    dtype = _compute_dtype(x, w)
-    if dtype not in _HALF:
-        return F.linear(x, w, b)
-    return _Linear16.apply(x, w, b, dtype)
+    return _Linear16.apply(x, w, b, _compute_dtype(x, w))
 
 
 class _Linear16(torch.autograd.Function):

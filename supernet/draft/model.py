@@ -41,7 +41,7 @@ from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput, SwiGLU
-from dreams_nas.supernet.draft.linear import linear
+from dreams_nas.supernet.draft.linear import linear, slow_backward
 from dreams_nas.supernet.draft.state import (
     DraftCache,
     DraftOutput,
@@ -174,7 +174,10 @@ class DreamDraft(nn.Module):
         if rows >= self.config.vocab_size:
             if weight is None:
                 return head(feature)
-            return linear(feature.to(weight.dtype), weight, getattr(head, "bias", None))
+            feature = feature.to(weight.dtype)
+            if not slow_backward(feature, weight):  # the module itself: its hooks see the call
+                return head(feature)
+            return linear(feature, weight, getattr(head, "bias", None))
         ids = self.vocab_order[:rows].to(feature.device)
         if weight is None:  # a head without a weight matrix: compute all, keep the vocabulary
             full = head(feature)
