@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.linear import linear, slow_backward
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput, SwiGLU
-from dreams_nas.supernet.draft.linear import linear, slow_backward
 from dreams_nas.supernet.draft.state import (
     DraftCache,
     DraftOutput,

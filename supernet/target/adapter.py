@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.linear import use_fast_linears
 from dreams_nas.supernet.core.targets import BUILTIN, is_named_target
 from dreams_nas.supernet.target.families import (
     FamilyInfo,
@@ -77,6 +78,7 @@ class TargetAdapter:
                  *, target_id: str | None = None, path: str | None = None,
                  processor_error: str | None = None) -> None:
         self.model = model.eval()
+        use_fast_linears(model)  # a CPU without native 16-bit products: no slow kernels
         self.processor_error = processor_error  # why the processor could not be loaded
         self.processor = processor
         self.tokenizer = (tokenizer if tokenizer is not None

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.linear import use_fast_linears
 from dreams_nas.supernet.target.families import SUPPORTED_FAMILIES
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -118,6 +119,7 @@ def load_model_and_processor(target: str | Path, *, device: str | torch.device =
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"cannot load a VLM from {source!r}: {type(exc).__name__}: {exc}") from exc
     model = model.to(device).eval()
+    use_fast_linears(model)  # a CPU without native 16-bit products: no slow kernels
     processor = tokenizer = processor_error = None
     try:
         processor = AutoProcessor.from_pretrained(source)

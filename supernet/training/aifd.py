@@ -29,9 +29,11 @@ specific step) on query chunks of at most `chunk_elements` (batch × heads × ch
 (keyed by the module's ``layer_idx``) and returns the concatenated output, so the model computes
 what eager computes and no map outlives its chunk. Softmax is per query row, so chunking over
 queries changes nothing; the masks are eager's too (eager's mask function is registered under
-the same name). Forward hooks were the alternative: an eager attention module returns its
-weights to its layer, so a hook could reduce them, but only after the full (batch, heads, S, S)
-map of that layer exists, unchunked.
+the same name). On a CPU without native 16-bit products eager gets float32 copies of the
+16-bit queries, keys and values (`supernet.core.linear`: torch's 16-bit kernel is ~7x slower
+there) and its output is rounded back. Forward hooks were the alternative: an eager attention
+module returns its weights to its layer, so a hook could reduce them, but only after the full
+(batch, heads, S, S) map of that layer exists, unchunked.
 
 Only the text config (``config.get_text_config()``, the object the decoder's attention modules
 read) is switched; the vision tower keeps its own implementation, and every config of the text
@@ -47,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from dreams_nas.supernet.core.linear import emulated_dtype
 from torch import Tensor
 
 # Scores per attention block (batch x heads x query chunk x keys): 32M, i.e. 128 MiB per float32
@@ -209,6 +212,9 @@ class _LayerEntropy:
             raise RuntimeError(f"{type(module).__name__} has layer_idx {layer!r}, outside the "
                                f"{len(self.meter.sums)} text layers of the config")
         eager = self._eager_for(module)
+        dtype = query.dtype
+        if emulated_dtype(query, key) is not None:  # no native 16-bit products: eager in float32
+            query, key, value = query.float(), key.float(), value.float()
         batch, heads, queries = query.shape[:3]
         mask = self._mask_on(query.device, batch, queries)  # (batch, queries) 0/1 or None
         step = max(1, self.chunk_elements // max(1, batch * heads * key.shape[-2]))
@@ -227,7 +233,7 @@ class _LayerEntropy:
             outputs.append(out)  # (batch, chunk, heads, head_dim)
         self._pending[layer] = self._pending.get(layer, 0) + total
         self.meter.counts[layer] += heads * (batch * queries if mask is None else self._real_rows)
-        return torch.cat(outputs, dim=1), None
+        return torch.cat(outputs, dim=1).to(dtype), None
 
 
 def _config_tree(config: Any) -> list[Any]:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
+from dreams_nas.supernet.core.linear import linear, matmul
 from dreams_nas.supernet.draft.elastic import apply_rotary, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import DecoderLayer
-from dreams_nas.supernet.draft.linear import linear
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import DraftOutput, Memory
 from torch import Tensor
@@ -43,7 +43,7 @@ def chain_attention(q: Tensor, kv: list[tuple[Tensor, Tensor]], key_mask: Tensor
     rows = q.shape[2]
     scale = 1.0 / math.sqrt(q.shape[-1])
     k0, v0 = kv[0]
-    logits0 = (q @ k0.transpose(-1, -2)) * scale  # (batch, heads, rows, seq)
+    logits0 = matmul(q, k0.transpose(-1, -2)) * scale  # (batch, heads, rows, seq)
     keys = torch.arange(k0.shape[2], device=q.device)
     local = torch.arange(rows, device=q.device)
     allowed = (keys[None, :] <= local[:, None] + start)[None, None] & key_mask[:, None, None, :]
@@ -54,7 +54,7 @@ def chain_attention(q: Tensor, kv: list[tuple[Tensor, Tensor]], key_mask: Tensor
         chain_logits.append((q * ki).sum(-1) * scale)  # (batch, heads, rows)
         chain_values.append(vi)
     probs = torch.cat((logits0, torch.stack(chain_logits, -1)), dim=-1).softmax(-1)
-    out = probs[..., :k0.shape[2]] @ v0
+    out = matmul(probs[..., :k0.shape[2]], v0)
     for i, vi in enumerate(chain_values):
         out = out + probs[..., k0.shape[2] + i, None] * vi
     return out

@@ -271,3 +271,28 @@ def test_measure_aifd_moves_one_batch_at_a_time(monkeypatch, tiny_models):
     result = selfdistill.measure_aifd(model, prompts, answers)
     assert extended == [3, 2, 1] and prepared_when_run == [1, 2, 3]
     assert len(result.ae) == 3 and len(result.chosen) == 1
+
+
+def test_aifd_in_bfloat16_without_native_instructions_matches_eager(tiny_models, monkeypatch):
+    """On a CPU without native 16-bit products eager runs on float32 copies of the 16-bit
+    queries, keys and values: the entropies and the model's logits stay eager's own (bfloat16
+    kernels) to bfloat16 precision."""
+    import copy
+
+    from dreams_nas.supernet.core import linear as fast
+
+    model = copy.deepcopy(tiny_models.build_tiny_llava(seed=1, layers=4)).to(torch.bfloat16)
+    batches = [{k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
+                for k, v in b.items()} for b in _llava_batches(tiny_models)]
+    monkeypatch.setattr(fast, "_native_bf16", lambda: True)  # torch's own 16-bit kernels
+    expected_ae, expected_logits = _reference(model, batches)
+    monkeypatch.setattr(fast, "_native_bf16", lambda: False)
+    seen, handle = _captured_logits(model)
+    try:
+        ae = measure_target_entropy(model, batches)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(torch.tensor(ae), torch.tensor(expected_ae), rtol=2e-2, atol=2e-2)
+    assert all(got.dtype == torch.bfloat16 for got in seen)
+    for got, want in zip(seen, expected_logits, strict=True):
+        torch.testing.assert_close(got.float(), want.float(), rtol=5e-2, atol=5e-2)
