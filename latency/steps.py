@@ -13,7 +13,8 @@
   and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
   already holding `context_len` positions, cropped back after each repeat (the cache is filled
-  once per context and shared by every step at that context: `ModelSteps.prefilled`).
+  once, at the grid's longest context, and rolled back or extended to each context:
+  `ModelSteps.prefilled`).
   ``decode`` is timed back to back, as plain decoding runs it. In speculative decoding every
   verify follows the cycle's draft steps, which push the target's weights out of the CPU
   caches; so when the builder is given a `precede` subnet, a ``verify`` repeat is prepared
@@ -27,6 +28,7 @@ target's config times the same as the trained one.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -125,8 +127,8 @@ class ModelSteps:
     """
 
     def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0,
-                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = ()
-                 ) -> None:
+                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = (),
+                 longest: int = 0) -> None:
         self.adapter, self.supernet = adapter, supernet.eval()
         self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
@@ -137,9 +139,13 @@ class ModelSteps:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
         self._compact: tuple[SubnetSpec, nn.Module] | None = None
-        # ((the target cache object, its length), the prefill's output) of this builder's last
-        # prefill (`prefilled`)
-        self._prefilled: tuple[tuple[int, int], Any] | None = None
+        # (the target cache object, the prefill's output) of this builder's one prefill, over
+        # the longest context asked for so far (at least `longest`: the grid's longest), and
+        # how many leading cache positions still hold it (`prefilled`)
+        self.longest = int(longest)
+        self._prefilled: tuple[int, Any] | None = None
+        self._valid = 0
+        self._views: dict[int, Any] = {}
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
         # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
@@ -173,22 +179,45 @@ class ModelSteps:
     # --- target ------------------------------------------------------------------------
     def prefilled(self, context_len: int) -> Any:
         """Leave the target's KV cache holding `context_len` positions; the prefill's output
-        (with the hidden states of every layer the supernet reads, so that a cycle's drafter
-        starts from it too). The cache's cost depends on its length, not on which tokens (or
-        image positions) it holds, and every target step rolls back what it appends, so a cache
-        this builder filled at the same length is reused (rolled back to it): one prefill per
-        context rather than one per step and pass (at 600 positions of a 0.3B target in
-        bfloat16 on a CPU a prefill takes tens of seconds)."""
+        over them (with the hidden states of every layer the supernet reads, so that a cycle's
+        drafter starts from it too). The cache's cost depends on its length, not on which
+        tokens it holds, so the builder prefills once, at the longest context (the grid's, or
+        the longest asked for), and serves a shorter context by rolling the cache back to it and
+        a longer one (after a roll-back) by appending the prompt's next tokens in one forward:
+        causal attention makes that cache the prefix's own prefill. Steps append and roll back
+        after the context only. One prefill per run rather than one per context and step (at
+        600 positions of a 0.3B target in bfloat16 on a CPU a prefill takes seconds)."""
         adapter = self.adapter
-        if (self._prefilled is not None and self._prefilled[0] == (id(adapter.cache), context_len)
-                and adapter.cache_len >= context_len):
-            if adapter.cache_len > context_len:  # a cycle leaves its accepted tokens
-                adapter.rollback(adapter.cache_len - context_len)
-            return self._prefilled[1]
-        pre = adapter.prefill({"input_ids": self._ids(context_len)},
-                              layers=tuple(self.supernet.config.inject_layers))
-        self._prefilled = ((id(adapter.cache), context_len), pre)
-        return pre
+        full = self._prefilled
+        if (full is None or full[0] != id(adapter.cache)
+                or full[1].input_ids.shape[1] < context_len):
+            length = max(int(context_len), self.longest,
+                         0 if full is None else int(full[1].input_ids.shape[1]))
+            pre = adapter.prefill({"input_ids": self._ids(length)},
+                                  layers=tuple(self.supernet.config.inject_layers))
+            self._prefilled, self._valid, self._views = (id(adapter.cache), pre), length, {}
+        pre = self._prefilled[1]
+        valid = min(self._valid, adapter.cache_len)
+        if valid >= context_len:
+            adapter.rollback(adapter.cache_len - context_len)
+        else:
+            adapter.rollback(adapter.cache_len - valid)
+            adapter.verify(pre.input_ids[:, valid:context_len])
+        self._valid = context_len
+        return self._view(pre, context_len)
+
+    def _view(self, pre: Any, n: int) -> Any:
+        """The prefill output `pre` cut to its first n positions (logits of position n - 1)."""
+        if n == pre.input_ids.shape[1]:
+            return pre
+        if n not in self._views:
+            with torch.inference_mode():
+                logits = self.adapter.lm_head(pre.last_hidden[:, n - 1]).float()
+            self._views[n] = dataclasses.replace(
+                pre, input_ids=pre.input_ids[:, :n], logits=logits,
+                last_hidden=pre.last_hidden[:, :n],
+                layer_hidden={i: h[:, :n] for i, h in pre.layer_hidden.items()})
+        return self._views[n]
 
     def _target_step(self, key: StepKey) -> Callable[[], object]:
         adapter, k = self.adapter, key.k
