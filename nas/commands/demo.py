@@ -42,6 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft measurements of the profile (default: the whole grid)")
     small.add_argument("--repeats", type=whole(1), default=40, metavar="N",
                        help="timed repeats per profiled step, in 4 passes (default 40)")
+    small.add_argument("--warmup", type=whole(0), default=3, metavar="N",
+                       help="untimed runs of a profiled step before each pass (default 3)")
     small.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
                        help="profiled prompt lengths (default: five from the shortest "
                             "evaluation prompt to the longest plus --max-new-tokens)")
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = DemoOptions(
         device=args.device, dtype=args.dtype, seed=args.seed, target=args.target, train=train,
         profile_budget=args.profile_budget,
-        profile_repeats=args.repeats,
+        profile_repeats=args.repeats, profile_warmup=args.warmup,
         context_lengths=tuple(args.context_lengths) if args.context_lengths else None,
         threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
         verify_prompts=args.verify_prompts,

@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer length the context grid allows for (default: 64)")
     parser.add_argument("--repeats", type=whole(1), default=100,
                         help="timed repeats per step, at most (default: 100; fewer past 2 s)")
+    parser.add_argument("--warmup", type=whole(0), default=3, metavar="N",
+                        help="untimed runs of a step before each pass's timed repeats "
+                             "(default: 3)")
     add_threads(parser, "fixed while timing", default="physical cores")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                         help="CPU clock: wall (perf_counter) or cpu (thread CPU time, needs "
@@ -71,7 +74,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = ProfileOptions(
         target=args.target, device=args.device, dtype=args.dtype, budget=args.budget,
         context_lengths=args.context_lengths, data=args.data, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, repeats=args.repeats, threads=args.threads,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
+        threads=args.threads,
         clock=args.clock, passes=args.passes, chunk=args.chunk, holdout=args.holdout,
         stat=f"{args.stat}_ms", fit_only=args.fit_only,
         seed=args.seed,

@@ -39,6 +39,7 @@ class DemoOptions:
     # the demo's profile: 40 timed repeats per step in 4 interleaved passes (`dreams-nas
     # profile` defaults to 100 in 10); the demo's 20-minute bar pays for every pass's set-up
     profile_repeats: int = 40
+    profile_warmup: int = 3
     profile_passes: int = 4
     context_lengths: tuple[int, ...] | None = None
     threads: int | None = None  # CPU threads while profiling (default: physical cores)
@@ -167,6 +168,7 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
         budget=options.profile_budget,
         context_lengths=options.context_lengths, limit=options.limit,
         max_new_tokens=options.max_new_tokens, repeats=options.profile_repeats,
+        warmup=options.profile_warmup,
         passes=options.profile_passes,
         threads=options.threads, seed=options.seed, show_progress=options.show_progress,
         budget_option=PROFILE_BUDGET)

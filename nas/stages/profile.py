@@ -41,6 +41,7 @@ class ProfileOptions:
     limit: int | None = None
     max_new_tokens: int = 64
     repeats: int = 100
+    warmup: int = 3  # untimed runs of a step before each pass's repeats
     threads: int | None = None
     clock: str = "wall"
     # Each step's repeats are spread over `passes` visits, interleaved with the other steps of
@@ -161,6 +162,8 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     device = resolve_device(options.device)
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
+    if options.warmup < 0:
+        raise InputError(f"--warmup {options.warmup} must be 0 or more")
     if options.passes < 1:
         raise InputError(f"--passes {options.passes} must be at least 1")
     if options.chunk < 0:
@@ -226,13 +229,15 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         atomic_write_json(folder / "plan.json", {
             "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
             "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
-            "repeats": options.repeats, "clock": options.clock, "threads": hw.threads,
+            "repeats": options.repeats, "warmup": options.warmup, "clock": options.clock,
+            "threads": hw.threads,
             "passes": passes, "chunk": options.chunk,
             "verify_after": space.largest().id, "target": entry.get("id"),
             "architecture_hash": architecture,
             "data_contexts": None if data is None else data.to_dict(),
         })
-        settings = TimingSettings(repeats=options.repeats, min_repeats=min(5, options.repeats),
+        settings = TimingSettings(warmup=options.warmup, repeats=options.repeats,
+                                  min_repeats=min(5, options.repeats),
                                   threads=hw.threads, clock=options.clock, passes=passes,
                                   chunk=options.chunk)
         # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
@@ -400,6 +405,8 @@ def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore
         "passes": timing_passes(options.repeats, options.passes), "seed": options.seed}
     if options.context_lengths is not None:
         asked["context_lengths"] = list(options.context_lengths)
+    if "warmup" in plan:  # plans written before the option timed 3 warm-ups
+        asked["warmup"] = options.warmup
     changes = [f"{key} {_show(plan.get(key))} -> {_show(value)}"
                for key, value in asked.items() if plan.get(key) != value]
     if run.read_run().get("space") not in (None, plan.get("space")):

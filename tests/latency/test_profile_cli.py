@@ -144,7 +144,8 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     folder, store = _profile_dir(small_run)
     rows = store.read()
     assert set(rows["n_samples"]) == {2}
-    assert json.loads((folder / "plan.json").read_text())["passes"] == 2
+    plan = json.loads((folder / "plan.json").read_text())
+    assert plan["passes"] == 2 and plan["warmup"] == 3
 
     # the demo's reuse check says which setting differs
     logged.listen()
@@ -157,6 +158,13 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     assert logged[-1] == "profile: redone (seed 0 -> 1; context_lengths [12] -> [12 20])"
     assert completed_profile(small_run, replace(same, stat="median_ms")) is None
     assert logged[-1] == "profile: redone (stat p10_ms -> median_ms)"
+    assert completed_profile(small_run, replace(same, warmup=1)) is None
+    assert logged[-1] == "profile: redone (warmup 3 -> 1)"
+    # a plan written before --warmup (3 warm-ups) is not redone for it
+    (folder / "plan.json").write_text(json.dumps({k: v for k, v in plan.items()
+                                                  if k != "warmup"}))
+    assert completed_profile(small_run, same) is not None
+    (folder / "plan.json").write_text(json.dumps(plan))
 
     # a kill tore the last row: --fit-only fits the others and says so
     raw = store.path.read_bytes()
