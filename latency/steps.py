@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +41,11 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from torch import nn
+
+# Extracted subnets and draft prompt states kept between builds (`ModelSteps`): a profile
+# visits the same few subnets and contexts over and over, in shuffled order and several passes.
+KEPT_SUBNETS = 3
+KEPT_STATES = 16
 
 
 def first_positions(gamma: int) -> int:
@@ -137,8 +143,13 @@ class ModelSteps:
         self.avoid = {adapter.info.image_token_id}
         self.verify_layers = (max(supernet.config.inject_layers),)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
+        # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`), and the few
+        # before it (`_extracted`); the draft's state over the prompt per (subnet, context)
+        # (`_prompt_state`): a step crops the draft's cache back to the prompt after every call,
+        # so the state serves every step, pass and build of that subnet at that context.
         self._compact: tuple[SubnetSpec, nn.Module] | None = None
+        self._compacts: OrderedDict[Any, nn.Module] = OrderedDict()
+        self._states: OrderedDict[tuple[int, int], Any] = OrderedDict()
         # (the target cache object, the prefill's output) of this builder's one prefill, over
         # the longest context asked for so far (at least `longest`: the grid's longest), and
         # how many leading cache positions still hold it (`prefilled`)
@@ -280,14 +291,56 @@ class ModelSteps:
         from dreams_nas.supernet.draft.extract import extract
 
         ident = spec.arch  # heads, visual_keep, inject_layer, the sizes: what extract cuts
-        if self._compact is None or self._compact[0] != ident:
-            self._compact = None  # free the previous subnet first
+        if ident not in self._compacts:
+            while len(self._compacts) >= KEPT_SUBNETS:  # free the oldest (and its states) first
+                _, old = self._compacts.popitem(last=False)
+                for state in [s for s in self._states if s[0] == id(old)]:
+                    del self._states[state]
             # built as the engine builds a draft, outside inference mode (the timed steps run
             # inside it): its buffers, e.g. the `vocab_order` its sliced LM head is cached by,
             # stay ordinary tensors with a version counter
             with torch.inference_mode(False):
-                self._compact = (ident, extract(self.supernet, spec))
+                self._compacts[ident] = extract(self.supernet, spec)
+        self._compacts.move_to_end(ident)
+        self._compact = (ident, self._compacts[ident])
         return self._compact[1]
+
+    @torch.inference_mode()
+    def _prompt_state(self, draft: nn.Module, spec: SubnetSpec, ctx: int) -> Any:
+        """The draft's state after a prompt of `ctx` positions (BOS, the image's visual tokens,
+        then text): its cross-attention memory, its own cache over the prompt positions its
+        sequence holds, their count and the last position's feature; built once per (subnet,
+        context) and kept for the few last (`KEPT_STATES`)."""
+        from dreams_nas.supernet.draft.state import DraftCache
+
+        slot = (id(draft), ctx)
+        if slot in self._states:
+            self._states.move_to_end(slot)
+            state = self._states[slot]
+            state[1].crop(state[2])  # back to the prompt, also after a step that raised
+            return state
+        n_vis, dev = self.visual_tokens, self.device
+        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
+        visual_mask[0, 1:1 + n_vis] = True
+        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
+        layer_hidden = torch.randn(1, ctx, self.hidden,
+                                   generator=self.generator).to(dev, self.dtype)
+        memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
+        expected = ctx - n_vis + (math.ceil(spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
+        assert memory is None or abs(memory.length - expected) <= 1
+        # The draft's own cache over the prompt positions its sequence holds (the text, and
+        # the kept visual tokens in a draft that keeps them there).
+        own = draft.draft_positions(visual_mask, scores)[0]
+        text = int(own.sum())
+        cache = DraftCache()
+        positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
+        prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
+        out = draft(self._ids(text), prev, positions, memory, cache=cache)
+        state = (memory, cache, text, out.feature[:, -1:])
+        self._states[slot] = state
+        while len(self._states) > KEPT_STATES:
+            self._states.popitem(last=False)
+        return state
 
     @torch.inference_mode()
     def _draft_step(self, key: StepKey, width: int = 1, level: bool = False
@@ -298,32 +351,13 @@ class ModelSteps:
         depth, each seeing the cache and itself (its ancestors sit in the cache), the logits of
         every node and each node's children ranked, as `DreamDrafter.propose_tree` drafts a
         level."""
-        from dreams_nas.supernet.draft.state import DraftCache
-
         assert key.spec is not None
         draft = self._extracted(key.spec)
-        n_vis, ctx = self.visual_tokens, key.context_len
-        dev = self.device
-        # The prompt: BOS, the image's visual tokens, then text.
-        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
-        visual_mask[0, 1:1 + n_vis] = True
-        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
-        layer_hidden = torch.randn(1, ctx, self.hidden,
-                                   generator=self.generator).to(dev, self.dtype)
-        memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
-        expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
-        assert memory is None or abs(memory.length - expected) <= 1
-        # The draft's own cache over the prompt positions its sequence holds (the text, and
-        # the kept visual tokens in a draft that keeps them there).
-        own = draft.draft_positions(visual_mask, scores)[0]
-        text = int(own.sum())
-        cache = DraftCache()
-        positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
-        prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
-        out = draft(self._ids(text), prev, positions, memory, cache=cache)
+        ctx, dev = key.context_len, self.device
+        memory, cache, text, last = self._prompt_state(draft, key.spec, ctx)
         token = self._ids(width)
         if width == 1:
-            feature = out.feature[:, -1:]  # (1, 1, hidden)
+            feature = last  # (1, 1, hidden)
         else:  # the accepted tokens' target features, as the loop feeds them
             feature = torch.randn(1, width, self.hidden, generator=self.generator).to(
                 dev, self.dtype)

@@ -299,3 +299,39 @@ def test_a_context_served_from_the_longest_prefill_is_its_own_prefill(tiny_llava
     for (keys, values), layer in zip(kept, adapter.cache.layers, strict=True):
         torch.testing.assert_close(layer.keys, keys, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(layer.values, values, rtol=1e-4, atol=1e-4)
+
+
+def test_a_subnets_prompt_state_serves_every_build_at_its_context(tiny_llava) -> None:
+    """The draft's pass over the prompt runs once per (subnet, context): later builds of the
+    subnet's steps at that context (another width, another pass, the draft steps that prepare a
+    verify) start from it."""
+    import torch
+    from dreams_nas.latency import steps as module
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    steps = _steps(tiny_llava, precede=True)
+    prompt_passes = []
+    original = steps._prompt_state.__func__
+
+    def counting(self, draft, spec, ctx):
+        before = len(self._states)
+        state = original(self, draft, spec, ctx)
+        prompt_passes.append(len(self._states) > before)
+        return state
+
+    steps._prompt_state = counting.__get__(steps)
+    spec = SubnetSpec(4, 1.0, 1, 1)
+    first = steps.build(StepKey("draft", 20, 1, spec))
+    token = first.run()
+    again = steps.build(StepKey("draft", 20, 1, spec))
+    assert again.run().shape == token.shape
+    assert torch.equal(first.run(), token)  # the shared cache is cropped back after each call
+    steps.build(StepKey("draft", 20, 4, spec)).run()  # a tree level: the same prompt state
+    steps.build(StepKey("draft", 24, 1, spec)).run()  # another context: its own
+    assert prompt_passes == [True, False, False, True]
+    others = [SubnetSpec(1, 1.0, 1, 1), SubnetSpec(1, 0.5, 2, 1), SubnetSpec(4, 0.5, 2, 1)]
+    for other in others:  # more subnets than are kept: the oldest goes, with its states
+        steps.build(StepKey("draft", 20, 1, other)).run()
+    assert len(steps._compacts) == module.KEPT_SUBNETS and spec.arch not in steps._compacts
+    kept = {id(m) for m in steps._compacts.values()}
+    assert {slot[0] for slot in steps._states} <= kept
