@@ -88,8 +88,11 @@ def test_the_wide_backward_equals_float32_autograd(monkeypatch):
     x, w = torch.randn(2, 40, 24, generator=gen), torch.randn(16, 24, generator=gen)
     b = torch.randn(16, generator=gen)
     ours = _grads(linear, x, w, b)
-    rounded = (lambda x, w, b: F.linear(x.bfloat16().float(), w.bfloat16().float(),
-                                        b.bfloat16().float()).bfloat16())
+
+    def rounded(x, w, b):
+        return F.linear(x.bfloat16().float(), w.bfloat16().float(),
+                        b.bfloat16().float()).bfloat16()
+
     theirs = _grads(rounded, x, w, b)
     assert torch.equal(ours[0], theirs[0])
     for got, want in zip(ours[1:], theirs[1:], strict=True):
