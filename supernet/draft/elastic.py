@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from dreams_nas.supernet.core.linear import linear
+from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import rotate_half
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from dreams_nas.supernet.core.linear import linear
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, apply_rotary
 from dreams_nas.supernet.draft.state import DraftCache, Memory
+from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
 
 

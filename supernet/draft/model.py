@@ -37,7 +37,6 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.linear import linear, slow_backward
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
@@ -50,6 +49,7 @@ from dreams_nas.supernet.draft.state import (
     gather_rows,
     select_memory_positions,
 )
+from dreams_nas.supernet.ops.linear import linear, slow_backward
 from torch import Tensor, nn
 
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.linear import use_fast_linears
 from dreams_nas.supernet.core.targets import BUILTIN, is_named_target
+from dreams_nas.supernet.ops.linear import use_fast_linears
 from dreams_nas.supernet.target.families import (
     FamilyInfo,
     architecture_hash,

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.linear import use_fast_linears
+from dreams_nas.supernet.ops.linear import use_fast_linears
 from dreams_nas.supernet.target.families import SUPPORTED_FAMILIES
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

@@ -18,11 +18,11 @@ from __future__ import annotations
 import math
 
 import torch
-from dreams_nas.supernet.core.linear import linear, matmul
 from dreams_nas.supernet.draft.elastic import apply_rotary, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import DecoderLayer
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import DraftOutput, Memory
+from dreams_nas.supernet.ops.linear import linear, matmul
 from torch import Tensor
 
 

@@ -1,4 +1,4 @@
-"""`supernet.core.linear`: F.linear and matmul without the slow 16-bit CPU kernels; their values
+"""`supernet.ops.linear`: F.linear and matmul without the slow 16-bit CPU kernels; their values
 and gradients are F.linear's (narrow products) or the float32 product of the 16-bit operands
 rounded to 16 bits (wide ones)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from dreams_nas.supernet.core import linear as module
-from dreams_nas.supernet.core.linear import (
+from dreams_nas.supernet.ops import linear as module
+from dreams_nas.supernet.ops.linear import (
     WIDE_ROWS,
     _Linear16,
     linear,

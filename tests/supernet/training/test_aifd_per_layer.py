@@ -279,7 +279,7 @@ def test_aifd_in_bfloat16_without_native_instructions_matches_eager(tiny_models,
     kernels) to bfloat16 precision."""
     import copy
 
-    from dreams_nas.supernet.core import linear as fast
+    from dreams_nas.supernet.ops import linear as fast
 
     model = copy.deepcopy(tiny_models.build_tiny_llava(seed=1, layers=4)).to(torch.bfloat16)
     batches = [{k: (v.to(torch.bfloat16) if v.is_floating_point() else v)
