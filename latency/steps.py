@@ -13,8 +13,7 @@
   and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
   already holding `context_len` positions, cropped back after each repeat (the cache is filled
-  once, at the grid's longest context, and rolled back or extended to each context:
-  `ModelSteps.prefilled`).
+  once per context and shared by every step at that context: `ModelSteps.prefilled`).
   ``decode`` is timed back to back, as plain decoding runs it. In speculative decoding every
   verify follows the cycle's draft steps, which push the target's weights out of the CPU
   caches; so when the builder is given a `precede` subnet, a ``verify`` repeat is prepared
@@ -28,9 +27,7 @@ target's config times the same as the trained one.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,11 +38,6 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from torch import nn
-
-# Extracted subnets and draft prompt states kept between builds (`ModelSteps`): a profile
-# visits the same few subnets and contexts over and over, in shuffled order and several passes.
-KEPT_SUBNETS = 3
-KEPT_STATES = 16
 
 
 def first_positions(gamma: int) -> int:
@@ -133,8 +125,8 @@ class ModelSteps:
     """
 
     def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0,
-                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = (),
-                 longest: int = 0) -> None:
+                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = ()
+                 ) -> None:
         self.adapter, self.supernet = adapter, supernet.eval()
         self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
@@ -143,20 +135,11 @@ class ModelSteps:
         self.avoid = {adapter.info.image_token_id}
         self.verify_layers = (max(supernet.config.inject_layers),)
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
-        # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`), and the few
-        # before it (`_extracted`); the draft's state over the prompt per (subnet, context)
-        # (`_prompt_state`): a step crops the draft's cache back to the prompt after every call,
-        # so the state serves every step, pass and build of that subnet at that context.
+        # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
         self._compact: tuple[SubnetSpec, nn.Module] | None = None
-        self._compacts: OrderedDict[Any, nn.Module] = OrderedDict()
-        self._states: OrderedDict[tuple[int, int], Any] = OrderedDict()
-        # (the target cache object, the prefill's output) of this builder's one prefill, over
-        # the longest context asked for so far (at least `longest`: the grid's longest), and
-        # how many leading cache positions still hold it (`prefilled`)
-        self.longest = int(longest)
-        self._prefilled: tuple[int, Any] | None = None
-        self._valid = 0
-        self._views: dict[int, Any] = {}
+        # ((the target cache object, its length), the prefill's output) of this builder's last
+        # prefill (`prefilled`)
+        self._prefilled: tuple[tuple[int, int], Any] | None = None
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
         # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
@@ -190,45 +173,22 @@ class ModelSteps:
     # --- target ------------------------------------------------------------------------
     def prefilled(self, context_len: int) -> Any:
         """Leave the target's KV cache holding `context_len` positions; the prefill's output
-        over them (with the hidden states of every layer the supernet reads, so that a cycle's
-        drafter starts from it too). The cache's cost depends on its length, not on which
-        tokens it holds, so the builder prefills once, at the longest context (the grid's, or
-        the longest asked for), and serves a shorter context by rolling the cache back to it and
-        a longer one (after a roll-back) by appending the prompt's next tokens in one forward:
-        causal attention makes that cache the prefix's own prefill. Steps append and roll back
-        after the context only. One prefill per run rather than one per context and step (at
-        600 positions of a 0.3B target in bfloat16 on a CPU a prefill takes seconds)."""
+        (with the hidden states of every layer the supernet reads, so that a cycle's drafter
+        starts from it too). The cache's cost depends on its length, not on which tokens (or
+        image positions) it holds, and every target step rolls back what it appends, so a cache
+        this builder filled at the same length is reused (rolled back to it): one prefill per
+        context rather than one per step and pass (at 600 positions of a 0.3B target in
+        bfloat16 on a CPU a prefill takes tens of seconds)."""
         adapter = self.adapter
-        full = self._prefilled
-        if (full is None or full[0] != id(adapter.cache)
-                or full[1].input_ids.shape[1] < context_len):
-            length = max(int(context_len), self.longest,
-                         0 if full is None else int(full[1].input_ids.shape[1]))
-            pre = adapter.prefill({"input_ids": self._ids(length)},
-                                  layers=tuple(self.supernet.config.inject_layers))
-            self._prefilled, self._valid, self._views = (id(adapter.cache), pre), length, {}
-        pre = self._prefilled[1]
-        valid = min(self._valid, adapter.cache_len)
-        if valid >= context_len:
-            adapter.rollback(adapter.cache_len - context_len)
-        else:
-            adapter.rollback(adapter.cache_len - valid)
-            adapter.verify(pre.input_ids[:, valid:context_len])
-        self._valid = context_len
-        return self._view(pre, context_len)
-
-    def _view(self, pre: Any, n: int) -> Any:
-        """The prefill output `pre` cut to its first n positions (logits of position n - 1)."""
-        if n == pre.input_ids.shape[1]:
-            return pre
-        if n not in self._views:
-            with torch.inference_mode():
-                logits = self.adapter.lm_head(pre.last_hidden[:, n - 1]).float()
-            self._views[n] = dataclasses.replace(
-                pre, input_ids=pre.input_ids[:, :n], logits=logits,
-                last_hidden=pre.last_hidden[:, :n],
-                layer_hidden={i: h[:, :n] for i, h in pre.layer_hidden.items()})
-        return self._views[n]
+        if (self._prefilled is not None and self._prefilled[0] == (id(adapter.cache), context_len)
+                and adapter.cache_len >= context_len):
+            if adapter.cache_len > context_len:  # a cycle leaves its accepted tokens
+                adapter.rollback(adapter.cache_len - context_len)
+            return self._prefilled[1]
+        pre = adapter.prefill({"input_ids": self._ids(context_len)},
+                              layers=tuple(self.supernet.config.inject_layers))
+        self._prefilled = ((id(adapter.cache), context_len), pre)
+        return pre
 
     def _target_step(self, key: StepKey) -> Callable[[], object]:
         adapter, k = self.adapter, key.k
@@ -291,56 +251,14 @@ class ModelSteps:
         from dreams_nas.supernet.draft.extract import extract
 
         ident = spec.arch  # heads, visual_keep, inject_layer, the sizes: what extract cuts
-        if ident not in self._compacts:
-            while len(self._compacts) >= KEPT_SUBNETS:  # free the oldest (and its states) first
-                _, old = self._compacts.popitem(last=False)
-                for state in [s for s in self._states if s[0] == id(old)]:
-                    del self._states[state]
+        if self._compact is None or self._compact[0] != ident:
+            self._compact = None  # free the previous subnet first
             # built as the engine builds a draft, outside inference mode (the timed steps run
             # inside it): its buffers, e.g. the `vocab_order` its sliced LM head is cached by,
             # stay ordinary tensors with a version counter
             with torch.inference_mode(False):
-                self._compacts[ident] = extract(self.supernet, spec)
-        self._compacts.move_to_end(ident)
-        self._compact = (ident, self._compacts[ident])
+                self._compact = (ident, extract(self.supernet, spec))
         return self._compact[1]
-
-    @torch.inference_mode()
-    def _prompt_state(self, draft: nn.Module, spec: SubnetSpec, ctx: int) -> Any:
-        """The draft's state after a prompt of `ctx` positions (BOS, the image's visual tokens,
-        then text): its cross-attention memory, its own cache over the prompt positions its
-        sequence holds, their count and the last position's feature; built once per (subnet,
-        context) and kept for the few last (`KEPT_STATES`)."""
-        from dreams_nas.supernet.draft.state import DraftCache
-
-        slot = (id(draft), ctx)
-        if slot in self._states:
-            self._states.move_to_end(slot)
-            state = self._states[slot]
-            state[1].crop(state[2])  # back to the prompt, also after a step that raised
-            return state
-        n_vis, dev = self.visual_tokens, self.device
-        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
-        visual_mask[0, 1:1 + n_vis] = True
-        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
-        layer_hidden = torch.randn(1, ctx, self.hidden,
-                                   generator=self.generator).to(dev, self.dtype)
-        memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
-        expected = ctx - n_vis + (math.ceil(spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
-        assert memory is None or abs(memory.length - expected) <= 1
-        # The draft's own cache over the prompt positions its sequence holds (the text, and
-        # the kept visual tokens in a draft that keeps them there).
-        own = draft.draft_positions(visual_mask, scores)[0]
-        text = int(own.sum())
-        cache = DraftCache()
-        positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
-        prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
-        out = draft(self._ids(text), prev, positions, memory, cache=cache)
-        state = (memory, cache, text, out.feature[:, -1:])
-        self._states[slot] = state
-        while len(self._states) > KEPT_STATES:
-            self._states.popitem(last=False)
-        return state
 
     @torch.inference_mode()
     def _draft_step(self, key: StepKey, width: int = 1, level: bool = False
@@ -351,13 +269,32 @@ class ModelSteps:
         depth, each seeing the cache and itself (its ancestors sit in the cache), the logits of
         every node and each node's children ranked, as `DreamDrafter.propose_tree` drafts a
         level."""
+        from dreams_nas.supernet.draft.state import DraftCache
+
         assert key.spec is not None
         draft = self._extracted(key.spec)
-        ctx, dev = key.context_len, self.device
-        memory, cache, text, last = self._prompt_state(draft, key.spec, ctx)
+        n_vis, ctx = self.visual_tokens, key.context_len
+        dev = self.device
+        # The prompt: BOS, the image's visual tokens, then text.
+        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
+        visual_mask[0, 1:1 + n_vis] = True
+        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
+        layer_hidden = torch.randn(1, ctx, self.hidden,
+                                   generator=self.generator).to(dev, self.dtype)
+        memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
+        expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
+        assert memory is None or abs(memory.length - expected) <= 1
+        # The draft's own cache over the prompt positions its sequence holds (the text, and
+        # the kept visual tokens in a draft that keeps them there).
+        own = draft.draft_positions(visual_mask, scores)[0]
+        text = int(own.sum())
+        cache = DraftCache()
+        positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
+        prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
+        out = draft(self._ids(text), prev, positions, memory, cache=cache)
         token = self._ids(width)
         if width == 1:
-            feature = last  # (1, 1, hidden)
+            feature = out.feature[:, -1:]  # (1, 1, hidden)
         else:  # the accepted tokens' target features, as the loop feeds them
             feature = torch.randn(1, width, self.hidden, generator=self.generator).to(
                 dev, self.dtype)

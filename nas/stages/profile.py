@@ -242,8 +242,7 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
                                   chunk=options.chunk)
         # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
         steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
-                           precede=space.largest(), trees=space.trees,
-                           longest=max((k.context_len for k in keys), default=0))
+                           precede=space.largest(), trees=space.trees)
         log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id,
                  folder)
         result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)

@@ -245,10 +245,10 @@ def test_a_profile_of_a_space_with_draft_vocabularies_records_both(large_vocab_l
     assert {s for s in rows.spec_id if "-n0.25-" in s} == {"h4-v1.00-l2-n0.25-g3"}
 
 
-def test_the_target_is_prefilled_once_and_every_context_shares_it(tiny_llava) -> None:
-    """A prefill's cost is not a step's: the builder prefills once, at the longest context,
-    and every step at any context rolls the cache back (or extends it) to its context;
-    refilled when a longer context or another cache came in between."""
+def test_the_target_is_prefilled_once_per_context_and_steps_share_it(tiny_llava) -> None:
+    """A prefill's cost is not a step's: the cache a step rolls back to is reused by the next
+    step at that context (target steps, a cycle, a first draft step), refilled when another
+    context or another cache came in between."""
     steps = _steps(tiny_llava, precede=True)
     adapter = steps.adapter
     lengths = []
@@ -261,77 +261,15 @@ def test_the_target_is_prefilled_once_and_every_context_shares_it(tiny_llava) ->
     adapter.prefill = counting
     keys = [StepKey("decode", 20, 1), StepKey("verify", 20, 4), StepKey("cycle", 20, 4),
             StepKey("draft_first", 20, 1, steps.precede), StepKey("decode", 24, 1),
-            StepKey("verify", 20, 3), StepKey("cycle", 22, 4), StepKey("decode", 24, 1)]
+            StepKey("verify", 20, 3)]
     for key in keys:
         step = steps.build(key)
         for _ in range(2):
             if step.prepare is not None:
                 step.prepare()
             step.run()
-    assert lengths == [20, 24]  # grown once to the longer context, then shared
+    assert lengths == [20, 24, 20]
     adapter.prefill(dict(input_ids=adapter.model.get_input_embeddings().weight.new_zeros(
-        (1, 20), dtype=__import__("torch").long)))  # someone else's cache
+        (1, 20), dtype=__import__("torch").long)))  # someone else's cache of the same length
     steps.build(StepKey("decode", 20, 1)).run()
-    assert lengths == [20, 24, 20, 24]  # ours is gone: refilled at the longest context
-
-
-def test_a_context_served_from_the_longest_prefill_is_its_own_prefill(tiny_llava) -> None:
-    """Rolled back to a shorter context and extended again, the cache holds what a prefill of
-    the same tokens holds; the output cut to a context is the prefill's at that length."""
-    import torch
-
-    steps = _steps(tiny_llava, precede=True)
-    steps.longest = 24
-    adapter = steps.adapter
-    full = steps.prefilled(24)
-    kept = [(layer.keys.clone(), layer.values.clone()) for layer in adapter.cache.layers]
-    short = steps.prefilled(20)
-    assert adapter.cache_len == 20 and short.input_ids.shape[1] == 20
-    assert short.layer_hidden.keys() == full.layer_hidden.keys()
-    fresh = adapter.prefill({"input_ids": full.input_ids[:, :20]},
-                            layers=tuple(steps.supernet.config.inject_layers))
-    torch.testing.assert_close(short.logits, fresh.logits, rtol=1e-4, atol=1e-4)
-    for i, h in fresh.layer_hidden.items():
-        torch.testing.assert_close(short.layer_hidden[i], h, rtol=1e-4, atol=1e-4)
-    steps._prefilled = (id(adapter.cache), full)  # the fresh prefill of the prefix is ours
-    steps._valid = 20
-    assert steps.prefilled(24) is full and adapter.cache_len == 24  # extended by 4 tokens
-    for (keys, values), layer in zip(kept, adapter.cache.layers, strict=True):
-        torch.testing.assert_close(layer.keys, keys, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(layer.values, values, rtol=1e-4, atol=1e-4)
-
-
-def test_a_subnets_prompt_state_serves_every_build_at_its_context(tiny_llava) -> None:
-    """The draft's pass over the prompt runs once per (subnet, context): later builds of the
-    subnet's steps at that context (another width, another pass, the draft steps that prepare a
-    verify) start from it."""
-    import torch
-    from dreams_nas.latency import steps as module
-    from dreams_nas.supernet.core.space import SubnetSpec
-
-    steps = _steps(tiny_llava, precede=True)
-    prompt_passes = []
-    original = steps._prompt_state.__func__
-
-    def counting(self, draft, spec, ctx):
-        before = len(self._states)
-        state = original(self, draft, spec, ctx)
-        prompt_passes.append(len(self._states) > before)
-        return state
-
-    steps._prompt_state = counting.__get__(steps)
-    spec = SubnetSpec(4, 1.0, 1, 1)
-    first = steps.build(StepKey("draft", 20, 1, spec))
-    token = first.run()
-    again = steps.build(StepKey("draft", 20, 1, spec))
-    assert again.run().shape == token.shape
-    assert torch.equal(first.run(), token)  # the shared cache is cropped back after each call
-    steps.build(StepKey("draft", 20, 4, spec)).run()  # a tree level: the same prompt state
-    steps.build(StepKey("draft", 24, 1, spec)).run()  # another context: its own
-    assert prompt_passes == [True, False, False, True]
-    others = [SubnetSpec(1, 1.0, 1, 1), SubnetSpec(1, 0.5, 2, 1), SubnetSpec(4, 0.5, 2, 1)]
-    for other in others:  # more subnets than are kept: the oldest goes, with its states
-        steps.build(StepKey("draft", 20, 1, other)).run()
-    assert len(steps._compacts) == module.KEPT_SUBNETS and spec.arch not in steps._compacts
-    kept = {id(m) for m in steps._compacts.values()}
-    assert {slot[0] for slot in steps._states} <= kept
+    assert lengths == [20, 24, 20, 20, 20]  # ours is gone: refilled
