@@ -13,7 +13,7 @@
   and rolls it back -- what precedes the first draft step of every cycle.
 * ``decode`` / ``verify``: the target's forward over k = 1 or k new positions on a KV cache
   already holding `context_len` positions, cropped back after each repeat (the cache is filled
-  once per context and shared by every step at that context: `ModelSteps.prefilled`).
+  once per context and kept for every step at that context: `ModelSteps.prefilled`).
   ``decode`` is timed back to back, as plain decoding runs it. In speculative decoding every
   verify follows the cycle's draft steps, which push the target's weights out of the CPU
   caches; so when the builder is given a `precede` subnet, a ``verify`` repeat is prepared
@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 from dreams_nas.latency.plan import StepKey
+from dreams_nas.latency.prefills import KeptPrefills
 from dreams_nas.latency.profiler import Step
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
@@ -137,9 +138,8 @@ class ModelSteps:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         # The last extracted subnet, keyed by its architecture (`SubnetSpec.arch`).
         self._compact: tuple[SubnetSpec, nn.Module] | None = None
-        # ((the target cache object, its length), the prefill's output) of this builder's last
-        # prefill (`prefilled`)
-        self._prefilled: tuple[tuple[int, int], Any] | None = None
+        # the target's prefilled caches, one per context length (`latency.prefills`)
+        self.prefills = KeptPrefills(adapter)
         # The subnet whose draft_len draft steps run (untimed) before every verify repeat.
         self.precede = precede
         # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
@@ -174,21 +174,16 @@ class ModelSteps:
     def prefilled(self, context_len: int) -> Any:
         """Leave the target's KV cache holding `context_len` positions; the prefill's output
         (with the hidden states of every layer the supernet reads, so that a cycle's drafter
-        starts from it too). The cache's cost depends on its length, not on which tokens (or
-        image positions) it holds, and every target step rolls back what it appends, so a cache
-        this builder filled at the same length is reused (rolled back to it): one prefill per
-        context rather than one per step and pass (at 600 positions of a 0.3B target in
-        bfloat16 on a CPU a prefill takes tens of seconds)."""
-        adapter = self.adapter
-        if (self._prefilled is not None and self._prefilled[0] == (id(adapter.cache), context_len)
-                and adapter.cache_len >= context_len):
-            if adapter.cache_len > context_len:  # a cycle leaves its accepted tokens
-                adapter.rollback(adapter.cache_len - context_len)
-            return self._prefilled[1]
-        pre = adapter.prefill({"input_ids": self._ids(context_len)},
-                              layers=tuple(self.supernet.config.inject_layers))
-        self._prefilled = ((id(adapter.cache), context_len), pre)
-        return pre
+        starts from it too). Every target step rolls back what it appends and a cache's cost
+        depends on its length, not on which tokens (or image positions) it holds, so the cache
+        of each context is filled once and kept (`KeptPrefills`): one prefill per context
+        rather than one per step and pass (at 600 positions of a 0.4B target in bfloat16 on a
+        CPU a prefill takes seconds)."""
+        return self.prefills.get(context_len, self._prefill)
+
+    def _prefill(self, context_len: int) -> Any:
+        return self.adapter.prefill({"input_ids": self._ids(context_len)},
+                                    layers=tuple(self.supernet.config.inject_layers))
 
     def _target_step(self, key: StepKey) -> Callable[[], object]:
         adapter, k = self.adapter, key.k

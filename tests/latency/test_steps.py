@@ -245,13 +245,8 @@ def test_a_profile_of_a_space_with_draft_vocabularies_records_both(large_vocab_l
     assert {s for s in rows.spec_id if "-n0.25-" in s} == {"h4-v1.00-l2-n0.25-g3"}
 
 
-def test_the_target_is_prefilled_once_per_context_and_steps_share_it(tiny_llava) -> None:
-    """A prefill's cost is not a step's: the cache a step rolls back to is reused by the next
-    step at that context (target steps, a cycle, a first draft step), refilled when another
-    context or another cache came in between."""
-    steps = _steps(tiny_llava, precede=True)
-    adapter = steps.adapter
-    lengths = []
+def _count_prefills(adapter) -> list[int]:
+    lengths: list[int] = []
     original = adapter.prefill
 
     def counting(inputs, *args, **kwargs):
@@ -259,17 +254,53 @@ def test_the_target_is_prefilled_once_per_context_and_steps_share_it(tiny_llava)
         return original(inputs, *args, **kwargs)
 
     adapter.prefill = counting
-    keys = [StepKey("decode", 20, 1), StepKey("verify", 20, 4), StepKey("cycle", 20, 4),
-            StepKey("draft_first", 20, 1, steps.precede), StepKey("decode", 24, 1),
-            StepKey("verify", 20, 3)]
+    return lengths
+
+
+def _run_keys(steps: ModelSteps, keys) -> None:
     for key in keys:
         step = steps.build(key)
         for _ in range(2):
             if step.prepare is not None:
                 step.prepare()
             step.run()
-    assert lengths == [20, 24, 20]
-    adapter.prefill(dict(input_ids=adapter.model.get_input_embeddings().weight.new_zeros(
-        (1, 20), dtype=__import__("torch").long)))  # someone else's cache of the same length
+
+
+def test_the_target_is_prefilled_once_per_context_and_steps_share_it(tiny_llava) -> None:
+    """A prefill's cost is not a step's: the cache of each context is filled once and every
+    step at that context rolls back to it (target steps, a cycle, a first draft step), however
+    the contexts alternate and whoever prefilled in between."""
+    import torch
+
+    steps = _steps(tiny_llava, precede=True)
+    adapter = steps.adapter
+    lengths = _count_prefills(adapter)
+    keys = [StepKey("decode", 20, 1), StepKey("verify", 20, 4), StepKey("cycle", 20, 4),
+            StepKey("draft_first", 20, 1, steps.precede), StepKey("decode", 24, 1),
+            StepKey("verify", 20, 3), StepKey("cycle", 24, 4), StepKey("decode", 20, 1)]
+    steps.prefilled(20)
+    first = [layer.keys.clone() for layer in adapter.cache.layers]
+    _run_keys(steps, keys)
+    assert lengths == [20, 24]
+    adapter.prefill(dict(input_ids=torch.zeros((1, 20), dtype=torch.long)))  # someone else's
     steps.build(StepKey("decode", 20, 1)).run()
-    assert lengths == [20, 24, 20, 20, 20]  # ours is gone: refilled
+    assert lengths == [20, 24, 20]  # ours swapped back in, not refilled
+    steps.prefilled(20)
+    assert adapter.cache_len == 20
+    for layer, keys_before in zip(adapter.cache.layers, first, strict=True):
+        assert torch.equal(layer.keys, keys_before)  # the very prefill, rolled back to it
+
+
+def test_kept_caches_fit_their_budget_least_recently_used_first(tiny_llava) -> None:
+    from dreams_nas.latency.prefills import KeptPrefills, cache_bytes
+
+    steps = _steps(tiny_llava, precede=False)
+    lengths = _count_prefills(steps.adapter)
+    steps.prefilled(20)
+    one = cache_bytes(steps.adapter.cache)
+    assert one > 0
+    steps.prefills = KeptPrefills(steps.adapter, budget_bytes=int(2.5 * one))
+    _run_keys(steps, [StepKey("decode", n, 1) for n in (20, 21, 20, 22, 21, 20)])
+    # 20, 21 kept; 22 pushes out the least recently used (21); 21 back pushes out 20
+    assert lengths == [20, 20, 21, 22, 21, 20]
+    assert len(steps.prefills) == 2
