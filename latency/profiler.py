@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 from dreams_nas.latency.hardware import CpuFreqProbe, HardwareInfo, cpu_throttle_probe
 from dreams_nas.latency.nvml import NvmlDevice
+from dreams_nas.latency.passes import PassJournal, journal_path
 from dreams_nas.latency.plan import StepKey
 from dreams_nas.latency.store import ProfileStore, make_row
 from dreams_nas.latency.timing import Timing, measure
@@ -51,7 +52,13 @@ class TimingSettings:
     threads: int | None = None  # CPU: fixed torch thread count (None: leave as is)
     clock: str = "wall"  # CPU: "wall" (perf_counter) or "cpu" (thread CPU time, threads=1)
     passes: int = 1  # > 1: interleave the repeats of `chunk` keys over this many passes
-    chunk: int = 16  # keys timed together (and appended together) when passes > 1; 0: all
+    chunk: int = 0  # keys timed together (and appended together) when passes > 1; 0: all
+
+    def signature(self) -> dict:
+        """What a (step, pass) timing depends on (`passes.PassJournal`)."""
+        return {"warmup": self.warmup, "min_repeats": self.min_repeats,
+                "repeats": self.repeats, "budget_s": self.budget_s, "threads": self.threads,
+                "clock": self.clock, "passes": max(1, min(self.passes, self.repeats))}
 
 
 @dataclass(frozen=True)
@@ -79,9 +86,11 @@ def run_profile(
 ) -> ProfileResult:
     """Time each key not yet in `store` and append its row at once (kill-safe, resumable).
 
-    With ``settings.passes > 1`` keys are timed in blocks of ``settings.chunk`` whose repeats
-    are interleaved over the passes (see `_time_block`); a block's rows are appended together,
-    so a kill loses at most the block in flight.
+    With ``settings.passes > 1`` keys are timed in blocks of ``settings.chunk`` (0: all of
+    them) whose repeats are interleaved over the passes (see `_time_block`); a block's rows are
+    appended together when its last pass ends. Each (key, pass) timing is journaled as it is
+    measured (`passes.PassJournal`), so a kill loses at most the step in flight: a rerun takes
+    the journaled passes back and the journal goes once every key's row is written.
 
     The keys are timed in an order shuffled by `shuffle_seed` (None: as given), so that a slow
     drift of the machine (other load, heat) spreads over the grid as noise instead of
@@ -101,32 +110,44 @@ def run_profile(
     if skipped:
         log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
     measured = failed = 0
+    passes = max(1, min(settings.passes, settings.repeats))
+    journal = PassJournal(journal_path(store.path), settings.signature())
+    journaled = journal.load()
+    if journaled:
+        log.info("resuming: %d timed passes of unfinished steps in %s", journaled, journal.path)
     cuda_index = int(hw.device.split(":")[1]) if hw.kind == "cuda" else None
     cpu_probe = CpuFreqProbe() if cpu_throttle_probe() is not None else None
     with NvmlDevice(cuda_index) if cuda_index is not None else _NoProbe(cpu_probe) as probe:
-        bar = progress(total=len(todo), desc=f"profile {hw.hardware_id}", unit="step",
-                       disable=None if show_progress is None else not show_progress)
+        bar = progress(total=len(todo) * passes, desc=f"profile {hw.hardware_id}",
+                       unit="pass", disable=None if show_progress is None else not show_progress)
+
+        def tick(key: StepKey) -> None:
+            bar.set_postfix_str(f"{key.kind} {key.spec_id or ''} "
+                                f"ctx={key.context_len} k={key.k}", refresh=False)
+            bar.update(1)
+
         try:
-            size = 1 if settings.passes <= 1 else (settings.chunk or max(1, len(todo)))
+            size = 1 if passes <= 1 else (settings.chunk or max(1, len(todo)))
             for start in range(0, len(todo), size):
                 block = todo[start:start + size]
-                key = block[0]
-                bar.set_postfix_str(f"{key.kind} {key.spec_id or ''} "
-                                    f"ctx={key.context_len} k={key.k}")
-                rows = _time_block(builder, block, hw, settings, probe)
+                rows = _time_block(builder, block, hw, settings, probe, journal, tick)
                 measured += store.append(rows)
                 failed += sum(row["status"] != "ok" for row in rows)
-                bar.update(len(block))
         finally:
             bar.close()
+    if len(store.done_keys() & {k.ident for k in keys}) == len({k.ident for k in keys}):
+        journal.close()  # every row written: the journal has nothing left to give
     return ProfileResult(measured=measured, skipped=skipped, failed=failed)
 
 
 def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo,
-                settings: TimingSettings, probe: NvmlDevice | CpuFreqProbe | None) -> list[dict]:
+                settings: TimingSettings, probe: NvmlDevice | CpuFreqProbe | None,
+                journal: PassJournal | None = None,
+                tick: Callable[[StepKey], None] | None = None) -> list[dict]:
     """Rows of `block`: each key timed in `settings.passes` interleaved passes (a pass times
     every key of the block once with its share of the repeats), so that the machine's drift
-    over the block's time spreads over all its keys; the samples of the passes are pooled."""
+    over the block's time spreads over all its keys; the samples of the passes are pooled.
+    A (key, pass) in `journal` is taken from it; one timed here is added to it."""
     passes = max(1, min(settings.passes, settings.repeats))
     timings: dict[tuple, list[Timing]] = {k.ident: [] for k in block}
     failures: dict[tuple, dict] = {}
@@ -136,12 +157,19 @@ def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo
             repeats=_part(settings.repeats, passes, p), budget_s=settings.budget_s / passes,
             threads=settings.threads, clock=settings.clock)
         for key in (block if p % 2 == 0 else block[::-1]):
-            if key.ident not in failures:
+            kept = journal.get(key.ident, p) if journal is not None else None
+            if kept is not None:
+                timings[key.ident].append(kept)
+            elif key.ident not in failures:
                 result = _time_one(builder, key, hw, share, probe)
                 if isinstance(result, dict):
                     failures[key.ident] = result
                 else:
                     timings[key.ident].append(result)
+                    if journal is not None:
+                        journal.add(key.ident, p, result)
+            if tick is not None:
+                tick(key)
     rows = []
     for key in block:
         if key.ident in failures:

@@ -90,3 +90,66 @@ def test_the_repeats_split_over_the_passes_add_up() -> None:
         for parts in range(1, total + 1):
             shares = [_part(total, parts, p) for p in range(parts)]
             assert sum(shares) == total and max(shares) - min(shares) <= 1
+
+
+class _Killed(Exception):
+    """Stands in for a kill in the middle of a profile (raised by a builder)."""
+
+
+def test_a_profile_killed_in_its_block_resumes_from_the_journaled_passes(tmp_path) -> None:
+    """The whole grid is one block (the default), written when its last pass ends; killed in
+    the second pass, the rerun times only the passes the journal lacks, pools the journaled
+    samples with the new ones, and removes the journal."""
+    from dreams_nas.latency.passes import journal_path
+
+    keys = build_plan(SPACE, [24, 40], verify_ks=(2,))
+    n = len(keys)
+    settings = TimingSettings(warmup=1, min_repeats=2, repeats=4, budget_s=5.0, threads=1,
+                              passes=2)
+    assert settings.chunk == 0
+    builds: list[tuple] = []
+
+    class Dying(ToyBuilder):
+        def __init__(self, die_at: int | None, **kw) -> None:
+            super().__init__(**kw)
+            self.die_at = die_at
+
+        def build(self, key):
+            if self.die_at is not None and len(builds) == self.die_at:
+                raise _Killed
+            builds.append(key.ident)
+            return super().build(key)
+
+    store = ProfileStore(tmp_path / "profile.csv")
+    hw = detect_hardware("cpu", threads=1)
+    journal = journal_path(store.path)
+    with pytest.raises(_Killed):
+        run_profile(Dying(n + 3, hidden=32, heads=8, visual_tokens=8), keys, store, hw, settings,
+                    show_progress=False)
+    assert not store.exists() and journal.is_file()
+    assert len(journal.read_text().splitlines()) == n + 3  # every pass timed before the kill
+    with journal.open("ab") as handle:
+        handle.write(b'{"settings": {"torn')  # the kill also tore a line
+    builds.clear()
+    result = run_profile(Dying(None, hidden=32, heads=8, visual_tokens=8), keys, store, hw,
+                         settings, show_progress=False)
+    assert len(builds) == n - 3  # only the second pass's missing steps
+    assert result.measured == n and (store.ok_rows().n_samples == 4).all()
+    assert not journal.exists()
+
+
+def test_journaled_passes_of_other_settings_are_timed_again(tmp_path) -> None:
+    from dreams_nas.latency.passes import PassJournal, journal_path
+    from dreams_nas.latency.timing import Timing
+
+    keys = build_plan(SPACE, [24], verify_ks=(2,))
+    store = ProfileStore(tmp_path / "profile.csv")
+    settings = TimingSettings(warmup=1, min_repeats=2, repeats=4, budget_s=5.0, threads=1,
+                              passes=2)
+    other = PassJournal(journal_path(store.path), {**settings.signature(), "repeats": 8})
+    for key in keys:
+        other.add(key.ident, 0, Timing(samples_ms=(999.0,) * 4, warmup=1, throttled=False))
+    run_profile(ToyBuilder(hidden=32, heads=8, visual_tokens=8), keys, store,
+                detect_hardware("cpu", threads=1), settings, show_progress=False)
+    rows = store.ok_rows()
+    assert len(rows) == len(keys) and (rows.median_ms < 999.0).all()
