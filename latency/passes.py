@@ -2,9 +2,9 @@
 
 A profile times its steps in blocks whose repeats are interleaved over several passes
 (`profiler.run_profile`), and a block's rows are pooled and appended when its last pass ends.
-The bigger the block, the better the machine's drift spreads over its steps (a block timed a few
-percent faster or slower than the next shifts every row in it against the others); this journal
-makes a big block as safe to kill as a small one: every (step, pass) timing is appended to
+Without a journal a kill lost the whole block in flight (256 steps by default, the whole grid
+with ``--chunk 0``); with it a kill loses at most the step in flight: every (step, pass) timing
+is appended to
 ``profile.csv.passes.jsonl`` as it is measured, a rerun with the same timing settings takes them
 back and times only what is missing, and the journal is removed once the profile's rows are all
 written. A last line torn by a kill is skipped; lines of other settings are ignored.

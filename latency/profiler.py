@@ -52,7 +52,7 @@ class TimingSettings:
     threads: int | None = None  # CPU: fixed torch thread count (None: leave as is)
     clock: str = "wall"  # CPU: "wall" (perf_counter) or "cpu" (thread CPU time, threads=1)
     passes: int = 1  # > 1: interleave the repeats of `chunk` keys over this many passes
-    chunk: int = 0  # keys timed together (and appended together) when passes > 1; 0: all
+    chunk: int = 16  # keys timed together (and appended together) when passes > 1; 0: all
 
     def signature(self) -> dict:
         """What a (step, pass) timing depends on (`passes.PassJournal`)."""

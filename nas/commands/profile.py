@@ -53,11 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the other steps of its block, so that a slow drift of the machine "
                              "(other load, heat, clocks) hits every step alike; at most "
                              "--repeats (default: 10)")
-    parser.add_argument("--chunk", type=whole(0), default=0,
-                        help="steps per interleaved block (default 0: the whole grid, so the "
-                             "machine's drift hits every step alike); every step's pass is "
-                             "journaled as it is timed, so a kill loses at most the step in "
-                             "flight")
+    parser.add_argument("--chunk", type=whole(0), default=256,
+                        help="steps per interleaved block, 0 for the whole grid (default: 256); "
+                             "every step's pass is journaled as it is timed, so a kill loses at "
+                             "most the step in flight")
     parser.add_argument("--stat", default="p10", choices=["p10", "median"],
                         help="the statistic of each step's samples the predictor fits: p10 (the "
                              "fastest tenth, least touched by other load; default) or median")

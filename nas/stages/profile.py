@@ -47,7 +47,7 @@ class ProfileOptions:
     # Each step's repeats are spread over `passes` visits, interleaved with the other steps of
     # its block of `chunk` (0: the whole grid), so that the machine's drift hits them alike.
     passes: int = 10
-    chunk: int = 0
+    chunk: int = 256
     holdout: float = 0.2
     stat: str = "p10_ms"  # the per-row statistic the predictor fits (p10_ms or median_ms)
     fit_only: bool = False

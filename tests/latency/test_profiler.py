@@ -97,7 +97,7 @@ class _Killed(Exception):
 
 
 def test_a_profile_killed_in_its_block_resumes_from_the_journaled_passes(tmp_path) -> None:
-    """The whole grid is one block (the default), written when its last pass ends; killed in
+    """The whole grid is one block (chunk 0), written when its last pass ends; killed in
     the second pass, the rerun times only the passes the journal lacks, pools the journaled
     samples with the new ones, and removes the journal."""
     from dreams_nas.latency.passes import journal_path
@@ -105,8 +105,7 @@ def test_a_profile_killed_in_its_block_resumes_from_the_journaled_passes(tmp_pat
     keys = build_plan(SPACE, [24, 40], verify_ks=(2,))
     n = len(keys)
     settings = TimingSettings(warmup=1, min_repeats=2, repeats=4, budget_s=5.0, threads=1,
-                              passes=2)
-    assert settings.chunk == 0
+                              passes=2, chunk=0)
     builds: list[tuple] = []
 
     class Dying(ToyBuilder):
