@@ -4,10 +4,10 @@ A profile times its steps in blocks whose repeats are interleaved over several p
 (`profiler.run_profile`), and a block's rows are pooled and appended when its last pass ends.
 Without a journal a kill lost the whole block in flight (256 steps by default, the whole grid
 with ``--chunk 0``); with it a kill loses at most the step in flight: every (step, pass) timing
-is appended to
-``profile.csv.passes.jsonl`` as it is measured, a rerun with the same timing settings takes them
-back and times only what is missing, and the journal is removed once the profile's rows are all
-written. A last line torn by a kill is skipped; lines of other settings are ignored.
+is appended to ``profile.csv.passes.jsonl`` as it is measured, a rerun with the same timing
+settings takes them back and times only what is missing, and the journal is removed once the
+profile's rows are all written. A last line torn by a kill is skipped; lines of other settings
+are ignored.
 """
 
 from __future__ import annotations

@@ -54,11 +54,16 @@ class TimingSettings:
     passes: int = 1  # > 1: interleave the repeats of `chunk` keys over this many passes
     chunk: int = 16  # keys timed together (and appended together) when passes > 1; 0: all
 
+    @property
+    def n_passes(self) -> int:
+        """The passes actually run: at most `repeats` (every pass times at least one repeat)."""
+        return max(1, min(self.passes, self.repeats))
+
     def signature(self) -> dict:
         """What a (step, pass) timing depends on (`passes.PassJournal`)."""
         return {"warmup": self.warmup, "min_repeats": self.min_repeats,
                 "repeats": self.repeats, "budget_s": self.budget_s, "threads": self.threads,
-                "clock": self.clock, "passes": max(1, min(self.passes, self.repeats))}
+                "clock": self.clock, "passes": self.n_passes}
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ def run_profile(
     if skipped:
         log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
     measured = failed = 0
-    passes = max(1, min(settings.passes, settings.repeats))
+    passes = settings.n_passes
     journal = PassJournal(journal_path(store.path), settings.signature())
     journaled = journal.load()
     if journaled:
@@ -135,7 +140,7 @@ def run_profile(
                 failed += sum(row["status"] != "ok" for row in rows)
         finally:
             bar.close()
-    if len(store.done_keys() & {k.ident for k in keys}) == len({k.ident for k in keys}):
+    if {k.ident for k in keys} <= store.done_keys():
         journal.close()  # every row written: the journal has nothing left to give
     return ProfileResult(measured=measured, skipped=skipped, failed=failed)
 
@@ -148,7 +153,7 @@ def _time_block(builder: StepBuilder, block: Sequence[StepKey], hw: HardwareInfo
     every key of the block once with its share of the repeats), so that the machine's drift
     over the block's time spreads over all its keys; the samples of the passes are pooled.
     A (key, pass) in `journal` is taken from it; one timed here is added to it."""
-    passes = max(1, min(settings.passes, settings.repeats))
+    passes = settings.n_passes
     timings: dict[tuple, list[Timing]] = {k.ident: [] for k in block}
     failures: dict[tuple, dict] = {}
     for p in range(passes):
