@@ -248,6 +248,8 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         created=raw.get("created"),
         tree=str(spec.get("tree") or ""),
         measured_speedup_end_to_end=num(meas.get("speedup_end_to_end")),
+        measured_range=_interval(meas.get("speedup_range")),
+        measured_repeats=integer(meas.get("repeats")),
         exported=(run_dir / spec_dir / layout.SPEC_JSON).is_file(),
         # spec.json omits depth, mlp and draft_vocab at the paper's draft size and the whole
         # vocabulary (and wrote none of them before)

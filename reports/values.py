@@ -240,6 +240,8 @@ class BestSubnet:
     exported: bool
     # whole calls, prefill included (measured_speedup is the decode phase the formula predicts)
     measured_speedup_end_to_end: float | None = None
+    measured_range: tuple[float, float] | None = None  # decode phase, over the repeats
+    measured_repeats: int | None = None
     tree: str = ""  # a token tree's shape (``4x2x1``); empty: a chain of draft_len
     depth: int = 1  # decoder layers on each side of the cross-attention
     mlp: float = 1.0  # share of the MLP's channels kept

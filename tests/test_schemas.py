@@ -99,6 +99,7 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
         "predicted", "predicted.speedup", "predicted.tau", "predicted.tau_ci",
         "predicted.draft_ms", "predicted.verify_ms", "predicted.decode_ms",
         "measured", "measured.speedup", "measured.speedup_end_to_end", "measured.tau",
+        "measured.speedup_range", "measured.repeats",
         "measured.tokens_per_s", "measured.baseline_tokens_per_s",
         "verified", "verified[].spec_id", "verified[].predicted_speedup",
         "verified[].measured_speedup", "verified[].measured_tau",

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="tokens per prompt when training, scoring and verifying (default 64)")
     small.add_argument("--verify-prompts", type=whole(1), default=None, metavar="N",
                        help="prompts decoded to verify the best subnets (default: all scored)")
+    small.add_argument("--verify-repeats", type=whole(1), default=1, metavar="R",
+                       help="passes over them, interleaved; the measured speedup is the median "
+                            "(default 1, to keep the demo short; `search` takes 3)")
 
 
 
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         profile_repeats=args.repeats, profile_warmup=args.warmup,
         context_lengths=tuple(args.context_lengths) if args.context_lengths else None,
         threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
-        verify_prompts=args.verify_prompts,
+        verify_prompts=args.verify_prompts, verify_repeats=args.verify_repeats,
         show_progress=False if args.json or args.quiet else None)
     summary = run_demo(args.run, options)
     if not args.json:

@@ -57,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify-prompts", type=whole(1), default=None, metavar="N",
                         help="evaluation prompts decoded for the verification (default: all the "
                              "scored ones, so measured and scored tau come from the same prompts)")
+    parser.add_argument("--verify-repeats", type=whole(1), default=3, metavar="R",
+                        help="passes over those prompts, each prompt decoded plainly and by "
+                             "every chosen subnet in turn; the measured speedup is the median "
+                             "of the passes' speedups, with their range (default 3)")
     parser.add_argument("--no-report", action="store_true",
                         help="do not write report.html (e.g. on all but one of several "
                              "workers; `dreams-nas report` writes it later)")
@@ -101,7 +105,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         storage=storage_of(args),
         study_name=args.study_name, hardware=args.hardware, max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
-        verify_prompts=args.verify_prompts, device=args.device, dtype=args.dtype,
+        verify_prompts=args.verify_prompts, verify_repeats=args.verify_repeats,
+        device=args.device, dtype=args.dtype,
         threads=args.threads,
         seed=args.seed, show_progress=show, write_report=not args.no_report, train=train)
     return search_run(RunFolder(args.run), options)

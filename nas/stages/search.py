@@ -30,6 +30,7 @@ class SearchOptions:
     max_new_tokens: int = 64
     verify: int = 3
     verify_prompts: int | None = None  # None: every scored prompt (measured tau = scored tau)
+    verify_repeats: int = 3  # passes over the prompts; the measured speedup is their median
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype (RunFolder.dtype)
     threads: int | None = None
@@ -102,6 +103,7 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
     return {
         "dataset_id": data_id, "limit": options.limit, "max_new_tokens": options.max_new_tokens,
         "verify": options.verify, "verify_prompts": options.verify_prompts,
+        "verify_repeats": options.verify_repeats,
         "seed": options.seed, "dtype": dtype, "max_draft_ms": options.max_draft_ms,
         "trials": options.trials, "front": options.front,
         "acceptance": run.acceptance_csv(data_id).relative_to(run.root).as_posix(),
@@ -138,6 +140,9 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         raise InputError(f"--trials {options.trials} must be at least 1")
     if options.verify < 0 or (options.verify_prompts is not None and options.verify_prompts < 1):
         raise InputError("--verify must be >= 0 and --verify-prompts >= 1")
+    if options.verify_repeats < 1:
+        raise InputError(f"--verify-repeats {options.verify_repeats} must be >= 1 (the passes "
+                         "over the prompts whose median speedup is reported)")
     if options.storage is not None:
         check_storage(options.storage)  # unreachable: fail now, not after training and scoring
     device = resolve_device(options.device)
@@ -275,17 +280,19 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     chosen = [result.best] + [c for c in result.front if c.spec != result.best.spec]
     chosen = chosen[: options.verify]
     prompts = scorer.prompts[: options.verify_prompts]
-    log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding",
-             len(chosen), len(prompts))
+    log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding, %d "
+             "repeat(s)", len(chosen), len(prompts), options.verify_repeats)
     threads = hardware.get("threads") if here == "cpu" else None
     with torch_threads(int(threads) if threads else None):  # the profile's setting
         results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
                                      prompts, max_new_tokens=options.max_new_tokens,
+                                     repeats=options.verify_repeats,
                                      show_progress=options.show_progress)
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
                          "measured_speedup": m.speedup,
+                         "measured_speedup_range": list(m.speedup_range),
                          "gap_pct": speedup_gap(cand, m)["gap_pct"],
                          "measured_speedup_end_to_end": m.speedup_end_to_end,
                          "measured_tau": m.tau,
@@ -303,7 +310,9 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     best = results[0]
     gap = speedup_gap(chosen[0], best)
     log.info("%s", gap_line(chosen[0], best))
-    measured = {"speedup": best.speedup, "speedup_end_to_end": best.speedup_end_to_end,
+    measured = {"speedup": best.speedup, "speedup_range": list(best.speedup_range),
+                "repeats": len(best.repeat_speedups),
+                "speedup_end_to_end": best.speedup_end_to_end,
                 "predicted_speedup": gap["predicted_speedup"], "gap_pct": gap["gap_pct"],
                 "tau": best.tau, "tokens_per_s": best.tokens_per_s,
                 "baseline_tokens_per_s": best.baseline_tokens_per_s,

@@ -25,8 +25,9 @@ logit's magnitude in that dtype) is an error.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dreams_nas.nas.search.candidate import Candidate
@@ -94,11 +95,18 @@ class Measured:
     prompts: int = 0  # prompts decoded
     identical_prompts: int = 0  # of them, those whose output equals plain greedy decoding
     divergences: tuple[Divergence, ...] = ()  # the others: near ties of a 16-bit target
+    # Per repeat (each a pass over every prompt, interleaved with the others), the decode-phase
+    # and the whole-call speedups; with several, the speedups are their medians.
+    repeat_speedups: tuple[float, ...] = ()
+    repeat_speedups_end_to_end: tuple[float, ...] = ()
 
     @property
     def speedup(self) -> float:
         """Decode phase (what the expected-speedup formula predicts); end to end when the
-        decode-phase rates were not recorded."""
+        decode-phase rates were not recorded. The median over the repeats when there were
+        several."""
+        if len(self.repeat_speedups) > 1:
+            return statistics.median(self.repeat_speedups)
         if self.decode_tokens_per_s != self.decode_tokens_per_s:  # nan
             return self.speedup_end_to_end
         return self.decode_tokens_per_s / self.baseline_decode_tokens_per_s
@@ -106,15 +114,65 @@ class Measured:
     @property
     def speedup_end_to_end(self) -> float:
         """Whole calls, the prefill (the same for both) included."""
+        if len(self.repeat_speedups_end_to_end) > 1:
+            return statistics.median(self.repeat_speedups_end_to_end)
         return self.tokens_per_s / self.baseline_tokens_per_s
+
+    @property
+    def speedup_range(self) -> tuple[float, float]:
+        """The lowest and highest decode-phase speedup of the repeats."""
+        values = self.repeat_speedups or (self.speedup,)
+        return min(values), max(values)
+
+
+@dataclass
+class _Totals:
+    """Seconds and counts of one decoder (plain or a subnet) summed over prompts."""
+
+    tokens: int = 0
+    total_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    draft_steps: int = 0
+    decode_steps: int = 0
+    cycles: list[int] = field(default_factory=list)
+
+    def add(self, stats: Any, *, plain: bool) -> None:
+        self.tokens += stats.new_tokens
+        self.total_s += stats.total_s
+        if plain:
+            self.prefill_s += stats.prefill_s
+            self.verify_s += stats.verify_s  # a plain decoding step is a one-token verify
+            self.decode_steps += max(0, stats.new_tokens - 1)
+            return
+        self.prefill_s += stats.prefill_s + stats.draft_prefill_s
+        self.draft_s += stats.draft_s
+        self.verify_s += stats.verify_s
+        self.other_s += stats.other_s
+        self.draft_steps += sum(stats.proposed)
+        self.cycles += list(stats.cycle_lengths)
+
+    def rates(self, prompts: int) -> tuple[float, float]:
+        """Tokens per second of whole calls, and after the prefill (the first token of each
+        prompt comes from the prefill)."""
+        return (self.tokens / self.total_s,
+                (self.tokens - prompts) / (self.total_s - self.prefill_s))
 
 
 def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
                        prompts: Sequence[Mapping[str, Any]], *, max_new_tokens: int = 64,
-                       show_progress: bool | None = None) -> list[Measured]:
+                       repeats: int = 1, show_progress: bool | None = None) -> list[Measured]:
     """Tokens/s of each spec's extracted draft and of plain decoding, prompt by prompt.
+
+    Each prompt is decoded plainly, then by every spec, before the next prompt, so a change of
+    the machine's speed falls on all of them alike. `repeats` passes over the prompts (each a
+    repeat) give each speedup as the median of the repeats' speedups, with their range; the
+    times per step are pooled over the repeats. Lossless is checked on the first repeat (the
+    outputs are a function of the prompt; later repeats must reproduce them).
     `show_progress`: a bar over the prompts on stderr (None: when stderr is a terminal; the
-    verification decodes every prompt 1 + len(specs) times, minutes on a CPU)."""
+    verification decodes every prompt (1 + len(specs)) x repeats times, minutes on a CPU)."""
     from dreams_nas.supernet.core.progress import progress
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.decoding.loop import generate, plain_generate
@@ -126,59 +184,71 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     for spec, draft in drafts.items():
         generate(target, first, DreamDrafter(draft, spec), gamma=spec.draft_len, max_new_tokens=4,
                  tree=spec.shape)
-    base_tokens, base_s = 0, 0.0
-    base_prefill_s = 0.0
-    prefill_s = dict.fromkeys(specs, 0.0)
-    decode_s, decode_steps = 0.0, 0
-    tokens = dict.fromkeys(specs, 0)
-    seconds = dict.fromkeys(specs, 0.0)
-    parts = {s: {"draft": 0.0, "verify": 0.0, "other": 0.0, "steps": 0} for s in specs}
-    cycles: dict[SubnetSpec, list[int]] = {s: [] for s in specs}
+    repeats = max(1, repeats)
+    n = len(prompts)
+    base_all, all_totals = _Totals(), {s: _Totals() for s in specs}
+    per_repeat: dict[SubnetSpec, list[tuple[float, float]]] = {s: [] for s in specs}
     divergences: dict[SubnetSpec, list[Divergence]] = {s: [] for s in specs}
-    bar = progress(enumerate(prompts), total=len(prompts), desc="verifying end to end",
-                   unit="prompt", disable=None if show_progress is None else not show_progress)
-    for index, prompt in bar:
-        plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens, timed=True)
-        base_tokens += plain.stats.new_tokens
-        base_s += plain.stats.total_s
-        base_prefill_s += plain.stats.prefill_s
-        decode_s += plain.stats.verify_s
-        decode_steps += max(0, plain.stats.new_tokens - 1)
-        for spec, draft in drafts.items():
-            out = generate(target, dict(prompt), DreamDrafter(draft, spec), gamma=spec.draft_len,
-                           max_new_tokens=max_new_tokens, timed=True, tree=spec.shape)
-            at = first_divergence(out.tokens.tolist(), plain.tokens.tolist())
-            if at is not None:
-                divergences[spec].append(_check_divergence(target, spec, index, prompt,
-                                                           plain.tokens.tolist(), at))
-            tokens[spec] += out.stats.new_tokens
-            seconds[spec] += out.stats.total_s
-            prefill_s[spec] += out.stats.prefill_s + out.stats.draft_prefill_s
-            cycles[spec] += list(out.stats.cycle_lengths)
-            part = parts[spec]
-            part["draft"] += out.stats.draft_s
-            part["verify"] += out.stats.verify_s
-            part["other"] += out.stats.other_s
-            part["steps"] += sum(out.stats.proposed)
-    baseline = base_tokens / base_s
-    n = len(prompts)  # the first token of each prompt comes from the prefill
-    baseline_decode = (base_tokens - n) / (base_s - base_prefill_s)
+    outputs: dict[tuple[Any, int], list[int]] = {}  # (spec or None, prompt) -> first tokens
+    bar = progress(total=n * repeats, desc="verifying end to end", unit="prompt",
+                   disable=None if show_progress is None else not show_progress)
+    for repeat in range(repeats):
+        base, totals = _Totals(), {s: _Totals() for s in specs}
+        for index, prompt in enumerate(prompts):
+            plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens,
+                                   timed=True)
+            plain_tokens = _same_output(outputs, None, index, plain.tokens.tolist())
+            base.add(plain.stats, plain=True)
+            base_all.add(plain.stats, plain=True)
+            for spec, draft in drafts.items():
+                out = generate(target, dict(prompt), DreamDrafter(draft, spec),
+                               gamma=spec.draft_len, max_new_tokens=max_new_tokens, timed=True,
+                               tree=spec.shape)
+                tokens = _same_output(outputs, spec, index, out.tokens.tolist())
+                if repeat == 0:
+                    at = first_divergence(tokens, plain_tokens)
+                    if at is not None:
+                        divergences[spec].append(_check_divergence(target, spec, index, prompt,
+                                                                   plain_tokens, at))
+                totals[spec].add(out.stats, plain=False)
+                all_totals[spec].add(out.stats, plain=False)
+            bar.update(1)
+        base_rates = base.rates(n)
+        for spec in specs:
+            rates = totals[spec].rates(n)
+            per_repeat[spec].append((rates[1] / base_rates[1], rates[0] / base_rates[0]))
+    bar.close()
+    baseline, baseline_decode = base_all.rates(n * repeats)
     out_rows = []
     for s in specs:
-        n_cycles = max(1, len(cycles[s]))
-        part = parts[s]
+        t = all_totals[s]
+        n_cycles = max(1, len(t.cycles))
+        whole, decode = t.rates(n * repeats)
         out_rows.append(Measured(
-            spec=s, tau=sum(cycles[s]) / n_cycles, tokens_per_s=tokens[s] / seconds[s],
-            baseline_tokens_per_s=baseline,
-            decode_tokens_per_s=(tokens[s] - n) / (seconds[s] - prefill_s[s]),
+            spec=s, tau=sum(t.cycles) / n_cycles, tokens_per_s=whole,
+            baseline_tokens_per_s=baseline, decode_tokens_per_s=decode,
             baseline_decode_tokens_per_s=baseline_decode,
-            draft_ms=1000 * part["draft"] / max(1, part["steps"]),
-            verify_ms=1000 * part["verify"] / n_cycles,
-            other_ms=1000 * part["other"] / n_cycles,
-            decode_ms=1000 * decode_s / max(1, decode_steps),
+            draft_ms=1000 * t.draft_s / max(1, t.draft_steps),
+            verify_ms=1000 * t.verify_s / n_cycles,
+            other_ms=1000 * t.other_s / n_cycles,
+            decode_ms=1000 * base_all.verify_s / max(1, base_all.decode_steps),
             prompts=n, identical_prompts=n - len(divergences[s]),
-            divergences=tuple(divergences[s])))
+            divergences=tuple(divergences[s]),
+            repeat_speedups=tuple(r[0] for r in per_repeat[s]),
+            repeat_speedups_end_to_end=tuple(r[1] for r in per_repeat[s])))
     return out_rows
+
+
+def _same_output(outputs: dict[tuple[Any, int], list[int]], spec: SubnetSpec | None, index: int,
+                 tokens: list[int]) -> list[int]:
+    """Record the first repeat's output of (`spec`, prompt `index`); a later repeat must decode
+    the same tokens (greedy decoding is a function of the prompt)."""
+    first = outputs.setdefault((spec, index), tokens)
+    if first != tokens:
+        name = "plain decoding" if spec is None else spec.id
+        raise RuntimeError(f"{name} decoded prompt {index} differently on a repeat of the "
+                           "verification: decoding is not deterministic here; please report it")
+    return first
 
 
 def _check_divergence(target: Any, spec: SubnetSpec, index: int, prompt: Mapping[str, Any],
@@ -208,8 +278,11 @@ def speedup_gap(predicted: Candidate, measured: Measured) -> dict[str, float]:
 def gap_line(predicted: Candidate, measured: Measured) -> str:
     """The one log line stating the gap of `speedup_gap`."""
     gap = speedup_gap(predicted, measured)
+    repeats = len(measured.repeat_speedups)
+    low, high = measured.speedup_range
+    spread = f" (median of {repeats}: {low:.2f}-{high:.2f}x)" if repeats > 1 else ""
     return (f"{predicted.spec.id}: decode-phase speedup predicted {gap['predicted_speedup']:.2f}x, "
-            f"measured {gap['measured_speedup']:.2f}x ({gap['gap_pct']:+.1f}%)")
+            f"measured {gap['measured_speedup']:.2f}x{spread} ({gap['gap_pct']:+.1f}%)")
 
 
 def gap_warning(predicted: Candidate, measured: Measured) -> str | None:

@@ -185,6 +185,7 @@ def test_best_json_is_reused_for_the_same_inputs(tmp_path, logged) -> None:
     ({"max_new_tokens": 8}, "max_new_tokens 5 -> 8"),
     ({"verify_prompts": 2}, "verify_prompts 1 -> 2"),
     ({"verify": 3}, "verify 1 -> 3"),
+    ({"verify_repeats": 5}, "verify_repeats 3 -> 5"),
     ({"seed": 1}, "seed 0 -> 1"),
     ({"max_draft_ms": 2.5}, "max_draft_ms none -> 2.5"),
 ])
@@ -224,6 +225,19 @@ def test_best_json_after_a_refit_of_the_predictor_is_redone(tmp_path, logged) ->
     os.utime(run.best_json(HW), (run.best_json(HW).stat().st_mtime + 10,) * 2)
     assert finished_search(run, HW, _options()) is None
     assert "predictor_created 2020-01-01T00:00:00Z -> " in logged[-1]
+
+
+def test_best_json_from_before_verify_repeats_reads_as_one_pass(tmp_path, logged) -> None:
+    """best.json files written before `verify_repeats` was recorded measured one pass: reused
+    when one is asked, redone (saying so) when three are."""
+    run = _trained_run(tmp_path / "run")
+    best = _searched(run, _options(verify_repeats=1))
+    del best["inputs"]["verify_repeats"]
+    run.best_json(HW).write_text(json.dumps(best))
+    os.utime(run.best_json(HW), (run.best_json(HW).stat().st_mtime + 10,) * 2)
+    assert finished_search(run, HW, _options(verify_repeats=1)) is not None
+    assert finished_search(run, HW, _options(verify_repeats=3)) is None
+    assert "verify_repeats 1 -> 3" in logged[-1]
 
 
 def test_best_json_without_inputs_is_not_reused(tmp_path, logged) -> None:

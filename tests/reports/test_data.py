@@ -356,3 +356,20 @@ def test_the_draft_vocab_is_read_from_trials_and_best_json(cpu_run) -> None:
     sized = make_sized(make_run(run.parent / "sized", hardware=(CPU,)))
     assert "draft_vocab" not in read_rows(sized / "search" / CPU.hardware_id / "trials.csv")[0]
     assert {s.draft_vocab for s in build_report_data(sized).subnets} == {1.0}
+
+
+def test_a_measurement_over_repeats_shows_its_median_and_range(cpu_run, tmp_path) -> None:
+    """best.json of a search verified over three passes: the card names the median and the
+    passes' range; one written before repeats has neither and shows no such row."""
+    from dreams_nas.reports import render_report
+
+    path = cpu_run / "search" / CPU.hardware_id / "best.json"
+    plain = render_report(build_report_data(cpu_run), tmp_path / "plain.html").read_text()
+    assert "median of" not in plain
+    best = json.loads(path.read_text())
+    best["measured"].update(speedup=2.41, speedup_range=[2.32, 2.45], repeats=3)
+    path.write_text(json.dumps(best))
+    data = build_report_data(cpu_run)
+    assert data.best.measured_range == (2.32, 2.45) and data.best.measured_repeats == 3
+    page = render_report(data, tmp_path / "repeats.html").read_text()
+    assert "median of 3 passes, range" in page and "2.32–2.45×" in page
