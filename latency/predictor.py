@@ -65,7 +65,10 @@ TRAIN_COLUMNS = ("kind", "spec_id", "heads", "visual_keep", "inject_layer", "dra
 # 7: the draft vocabulary: rows carry draft_vocab, features the LM head's rows (draft_vocab and
 #    extra_x_draft_vocab) and draft_vocab's products (a schema-6 model reads fewer features, so
 #    its folder is refitted from its rows, their draft rows at the whole vocabulary)
-PREDICTOR_SCHEMA_VERSION = 7
+# 8: a target kind is predicted by a least-squares surface over (k, context) instead of its
+#    table when that predicts left-out rows clearly better (`target_steps`; a schema-7 folder is
+#    refitted from its rows)
+PREDICTOR_SCHEMA_VERSION = 8
 MODEL_FILE = "predictor.skops"
 LEGACY_PICKLE = "predictor.joblib"  # saved before schema 3; never unpickled, removed on save
 
@@ -320,7 +323,8 @@ class LatencyPredictor:
             "hardware_id": self.hardware_id, "regressor": regressor_summary(regressors),
             "regressors": regressors, "cv_scores": self.model.cv_scores(),
             "cv_metric": ("root mean squared relative error of ms, grouped K-fold over grid "
-                          "points, per draft kind; lower is better"),
+                          "points, per draft kind; mean relative error of each row left out, "
+                          "per target kind (its table and its surface); lower is better"),
             "metrics": self.metrics, "metrics_by_kind": self.metrics_by_kind,
             "context_range": [low, high], "context_margin": CONTEXT_MARGIN,
             "holdout": self.holdout, "holdout_fraction": self.holdout_fraction,
@@ -411,12 +415,15 @@ def _holdout_share(meta: Mapping[str, Any], n_holdout: int, n_rows: int) -> floa
 
 def regressor_summary(regressors: Mapping[str, str]) -> str:
     """predictor.json's `regressor`, one line: ``draft linear, draft_first linear; target steps
-    interpolated`` (every draft kind's choice, then the target kinds')."""
+    interpolated`` (every draft kind's choice, then the target kinds': one word when they agree,
+    else each kind's)."""
     drafts = [f"{kind} {name}" for kind, name in regressors.items() if kind in DRAFT_KINDS]
-    target = sorted({name for kind, name in regressors.items() if kind not in DRAFT_KINDS})
+    target = {kind: name for kind, name in regressors.items() if kind not in DRAFT_KINDS}
     parts = [", ".join(drafts)] if drafts else []
-    if target:
-        parts.append(f"target steps {'/'.join(target)}")
+    if len(set(target.values())) == 1:
+        parts.append(f"target steps {next(iter(target.values()))}")
+    elif target:
+        parts.append("target steps " + ", ".join(f"{k} {n}" for k, n in target.items()))
     return "; ".join(parts) or "none"
 
 

@@ -9,7 +9,8 @@ model per kind of step.
 * ``decode``, ``verify``, ``verify_tree``, ``cycle`` and ``cycle_tree`` (the speculative
   cycle's own work outside the forwards, per k = gamma + 1 or tree size): each a
   `TargetStepTable`, its own measurements interpolated per k, linear in the context beyond
-  them (`dreams_nas.latency.target_steps`).
+  them, or a least-squares surface over (k, context) when that predicts left-out rows clearly
+  better (a noisy machine) (`dreams_nas.latency.target_steps`).
 
 A kind the profile never timed is refused (`InputError`) rather than guessed from another, and
 so is a draft step over a tree level wider than any timed.
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 from dreams_nas.latency.estimators import CVSelectedRegressor, DraftFeatures
 from dreams_nas.latency.plan import DRAFT_KINDS, KINDS
-from dreams_nas.latency.target_steps import TargetStepTable
+from dreams_nas.latency.target_steps import TABLE, TargetStepTable
 from dreams_nas.latency.validation import grid_groups
 from dreams_nas.supernet.core.errors import InputError
 from sklearn.base import BaseEstimator, RegressorMixin
@@ -44,7 +45,7 @@ SKOPS_TRUSTED_TYPES = (
     "dreams_nas.latency.target_steps.TargetStepTable",
 )
 TARGET_KINDS = tuple(k for k in KINDS if k not in DRAFT_KINDS)
-INTERPOLATED = "interpolated"  # the name `regressors` gives a target kind's table
+INTERPOLATED = TABLE  # the name `regressors` gives a target kind's table (SURFACE: its surface)
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
 _FIX = ("rerun `dreams-nas profile` with the run's search space (it times every kind the space "
         "needs)")
@@ -124,20 +125,24 @@ class StepLatencyModel(RegressorMixin, BaseEstimator):
     # --- what was chosen ------------------------------------------------------------------
     def regressors(self) -> dict[str, str]:
         """{kind: the regressor that predicts it} for every kind it answers: a candidate's name
-        for a draft kind, `INTERPOLATED` for a target kind; ``draft_first`` without rows of its
-        own is ``as draft``."""
+        for a draft kind, `INTERPOLATED` or ``surface`` for a target kind (`choice_`);
+        ``draft_first`` without rows of its own is ``as draft``."""
         check_is_fitted(self, "target_models_")
         out = {kind: m.best_name_ for kind, m in self.draft_models_.items()}
         if "draft_first" not in out and "draft" in out:
             out["draft_first"] = "as draft"
-        out.update(dict.fromkeys(self.target_models_, INTERPOLATED))
+        out.update({kind: getattr(m, "choice_", TABLE) for kind, m in self.target_models_.items()})
         return {kind: out[kind] for kind in KINDS if kind in out}
 
     def cv_scores(self) -> dict[str, dict[str, float]]:
         """{draft kind: {candidate: its grouped K-fold CV error (root mean squared relative
-        error)}}; empty for a kind too small to cross-validate."""
+        error)}}, and {target kind: {interpolated, surface: mean relative error of each row left
+        out}}; empty for a kind too small to score."""
         check_is_fitted(self, "target_models_")
-        return {kind: dict(m.cv_scores_) for kind, m in self.draft_models_.items()}
+        out = {kind: dict(m.cv_scores_) for kind, m in self.draft_models_.items()}
+        out.update({kind: dict(getattr(m, "loo_", {}))
+                    for kind, m in self.target_models_.items()})
+        return out
 
     def _draft_model(self, kind: str) -> tuple[CVSelectedRegressor, int]:
         model = self.draft_models_.get(kind)

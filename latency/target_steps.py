@@ -17,6 +17,17 @@ kind's rows are read as a table, per k:
 
 No prediction falls below a tenth of the cheapest measurement of its k (a line far below the
 measured contexts could otherwise cross zero).
+
+On a noisy machine each measurement carries its own noise (a shared 2-vCPU VM: p10s of one
+step 20-40 % apart minute to minute), and the table passes it on: a verify over 8 positions
+priced 18 % above one over 7 where both cost the same, which is enough to swap the search's
+choice of gamma. So the kind's rows are also fitted by one least-squares surface, relative
+error weighted, in the cost's shape: a fixed part, a part per position, attention over the
+cache and per position over the cache (``a + b k + c context + d k context``; one k: ``a + c
+context``). Each is scored by leave-one-row-out relative error over the rows, and the surface
+predicts the kind only when it predicts the left-out rows at least `SURFACE_MARGIN` better than
+the table: measurements precise enough to show a step (a GPU's tile boundaries, a cache
+spilling) keep the table. `choice_` names the model, `loo_` holds both errors.
 """
 
 from __future__ import annotations
@@ -27,6 +38,11 @@ import numpy as np
 from dreams_nas.supernet.core.errors import InputError
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
+
+# The surface replaces the table only when its leave-one-out relative error is at most this share
+# of the table's.
+SURFACE_MARGIN = 0.9
+TABLE, SURFACE = "interpolated", "surface"
 
 
 class TargetStepTable(RegressorMixin, BaseEstimator):
@@ -40,6 +56,18 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
         self.kind = kind
 
     def fit(self, X: Any, y: Any) -> TargetStepTable:
+        """The table, the surface, and the choice between them (module docstring)."""
+        self.fit_table(X, y)
+        X, y = validate_data(self, X, y, y_numeric=True)
+        self.coef_ = _surface_fit(X, y)
+        self.loo_ = _loo_errors(self.kind, X, y) if self.coef_ is not None else {}
+        surface_wins = (bool(self.loo_)
+                        and self.loo_[SURFACE] <= SURFACE_MARGIN * self.loo_[TABLE])
+        self.choice_ = SURFACE if surface_wins else TABLE
+        return self
+
+    def fit_table(self, X: Any, y: Any) -> TargetStepTable:
+        """The table alone (`choice_` is the table)."""
         X, y = validate_data(self, X, y, y_numeric=True)
         if X.shape[1] != 2:
             raise ValueError(f"TargetStepTable takes columns (context_len, k); got {X.shape[1]}")
@@ -64,6 +92,8 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
         self.ms_ = values  # per k: the mean milliseconds at each
         self.slopes_ = np.array(slopes)  # per k: least-squares line over the contexts
         self.intercepts_ = np.array(intercepts)
+        self.floor_ = 0.1 * float(np.min(y))
+        self.coef_, self.loo_, self.choice_ = None, {}, TABLE
         return self
 
     def predict(self, X: Any) -> np.ndarray:
@@ -74,6 +104,8 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
         for value in np.unique(k):
             rows = k == value
             out[rows] = self._at_k(int(value), ctx[rows])
+        if getattr(self, "choice_", TABLE) == SURFACE:  # the ks were checked by _at_k
+            out = np.maximum(_surface_features(X) @ self.coef_, self.floor_)
         return out
 
     def k_range(self) -> tuple[int, int]:
@@ -102,3 +134,43 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
         line = self.intercepts_[i] + self.slopes_[i] * ctx
         outside = (ctx < known[0]) | (ctx > known[-1])
         return np.maximum(np.where(outside, line, inside), 0.1 * float(ms.min()))
+
+
+def _surface_features(X: np.ndarray) -> np.ndarray:
+    """(context_len, k) rows -> [1, k, context, k context]."""
+    ctx, k = X[:, 0].astype(float), X[:, 1].astype(float)
+    return np.c_[np.ones(len(X)), k, ctx, k * ctx]
+
+
+def _surface_fit(X: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """The relative-error least-squares surface's coefficients, padded to [a, b, c, d] (b = d = 0
+    for one k); None when the rows cannot pin it down with a row to spare for scoring (fewer
+    than two contexts, or no more rows than coefficients + 1)."""
+    multi_k = len(np.unique(X[:, 1])) > 1
+    n_coef = 4 if multi_k else 2
+    if len(np.unique(X[:, 0])) < 2 or len(X) <= n_coef + 1:
+        return None
+    columns = [0, 1, 2, 3] if multi_k else [0, 2]
+    A = _surface_features(X)[:, columns] / y[:, None]  # relative error: rows divided by their ms
+    coef = np.zeros(4)
+    coef[columns] = np.linalg.lstsq(A, np.ones(len(y)), rcond=None)[0]
+    return coef
+
+
+def _loo_errors(kind: str, X: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """Mean relative error of the table and of the surface on each row left out of their fit, over
+    the rows both can predict (a row whose k has no other row is skipped); {} when none."""
+    errors: dict[str, list[float]] = {TABLE: [], SURFACE: []}
+    for i in range(len(X)):
+        keep = np.arange(len(X)) != i
+        coef = _surface_fit(X[keep], y[keep])
+        if coef is None or not (X[keep, 1] == X[i, 1]).any():
+            continue
+        table = TargetStepTable(kind).fit_table(X[keep], y[keep])
+        errors[TABLE].append(abs(float(table.predict(X[i:i + 1])[0]) - y[i]) / y[i])
+        surface = max(float((_surface_features(X[i:i + 1]) @ coef)[0]),
+                      0.1 * float(y[keep].min()))
+        errors[SURFACE].append(abs(surface - y[i]) / y[i])
+    if not errors[TABLE]:
+        return {}
+    return {name: float(np.mean(values)) for name, values in errors.items()}

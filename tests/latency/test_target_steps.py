@@ -57,3 +57,59 @@ def test_rows_of_one_point_timed_twice_are_averaged_and_one_context_is_flat() ->
     assert _at(table, 300, 1) == 5.0  # one context: nothing says how it scales
     with pytest.raises(ValueError, match="decode milliseconds must be positive"):
         _table([(100, 1, 0.0)], kind="decode")
+
+
+# --- the surface, chosen when it predicts left-out rows clearly better --------------------------
+def _cost(context: float, k: int) -> float:
+    return 3.0 + 0.3 * k + 0.002 * context + 0.0002 * k * context
+
+
+def _noisy_grid(noise: float, seed: int = 0, cost=_cost) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = np.array([(c, k) for c in (45, 62, 80, 98, 115) for k in range(2, 9)], dtype=float)
+    y = np.array([cost(c, int(k)) for c, k in X]) * np.exp(rng.normal(0, noise, len(X)))
+    return X, y
+
+
+def test_noisy_rows_of_the_cost_shape_are_predicted_by_the_surface() -> None:
+    """At the noise of a shared 2-vCPU VM (10 % per row) the table passes every row's noise on;
+    the surface, fitted to all rows, lands nearer the true cost, and leave-one-out says so."""
+    X, y = _noisy_grid(noise=0.10)
+    model = TargetStepTable().fit(X, y)
+    assert model.choice_ == "surface"
+    assert model.loo_["surface"] < 0.9 * model.loo_["interpolated"]
+    truth = np.array([_cost(c, int(k)) for c, k in X])
+    table = TargetStepTable().fit_table(X, y)
+    surface_error = np.mean(np.abs(model.predict(X) - truth) / truth)
+    table_error = np.mean(np.abs(table.predict(X) - truth) / truth)
+    assert surface_error < 0.6 * table_error
+    # a verify over one more position costs its small per-position part, not the noise between
+    # two rows: the step the search's choice of gamma turns on
+    step = _at(model, 62, 8) - _at(model, 62, 7)
+    assert step == pytest.approx(0.3 + 0.0002 * 62, abs=0.15)
+
+
+def test_precise_rows_with_a_step_keep_the_table() -> None:
+    """A GPU-like cost, flat in k up to a tile boundary and 60 % dearer past it, measured to
+    0.5 %: the surface cannot bend there, the table can, and leave-one-out keeps the table."""
+    def tiled(context: float, k: int) -> float:
+        return (4.0 + 0.001 * context) * (1.6 if k > 5 else 1.0)
+
+    X, y = _noisy_grid(noise=0.005, cost=tiled)
+    model = TargetStepTable().fit(X, y)
+    assert model.choice_ == "interpolated"
+    assert _at(model, 80, 6) == pytest.approx(tiled(80, 6), rel=0.02)
+
+
+def test_the_surface_still_refuses_a_k_never_profiled() -> None:
+    X, y = _noisy_grid(noise=0.10)
+    model = TargetStepTable().fit(X, y)
+    assert model.choice_ == "surface"
+    with pytest.raises(InputError, match="k=12 positions was not profiled"):
+        _at(model, 80, 12)
+
+
+def test_too_few_rows_to_score_a_surface_keep_the_table() -> None:
+    X = np.array([(100, 2), (200, 2), (100, 3), (200, 3)], dtype=float)
+    model = TargetStepTable().fit(X, np.array([4.0, 5.0, 4.5, 5.5]))
+    assert model.choice_ == "interpolated" and model.loo_ == {}
