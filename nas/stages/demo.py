@@ -242,6 +242,20 @@ def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str,
             "measured": best.get("measured"), "best_json": str(best_path), "warnings": []}
 
 
+def _predictor_schema(run: RunFolder, hardware_id: str) -> str | None:
+    """A change when the saved predictor is of another schema than this code's: loading it
+    refits it (`LatencyPredictor.load`), so a best.json priced by the old model is stale even
+    though predictor.json has not been rewritten yet."""
+    from dreams_nas.latency.predictor import PREDICTOR_SCHEMA_VERSION
+    from dreams_nas.nas.stages.search import predictor_meta
+
+    schema = predictor_meta(run, hardware_id).get("schema_version", 1)
+    if schema == PREDICTOR_SCHEMA_VERSION:
+        return None
+    return (f"predictor schema {_show(schema)} -> {PREDICTOR_SCHEMA_VERSION} (refitted when "
+            "loaded)")
+
+
 def _show(value: Any) -> str:
     if value is None:
         return "none"
@@ -278,6 +292,9 @@ def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[st
         recorded = {**_UNRECORDED, **recorded}
         changes += [f"{key} {_show(recorded.get(key))} -> {_show(value)}"
                     for key, value in inputs.items() if recorded.get(key) != value]
+    schema = _predictor_schema(run, hardware_id)
+    if schema is not None:
+        changes.append(schema)
     if options.verify > 0 and not best.get("measured"):
         changes.append("best.json holds no end-to-end measurement")
     if not (run.root / str(best.get("spec_dir", ""))).is_dir():

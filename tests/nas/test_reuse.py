@@ -240,6 +240,20 @@ def test_best_json_from_before_verify_repeats_reads_as_one_pass(tmp_path, logged
     assert "verify_repeats 1 -> 3" in logged[-1]
 
 
+def test_best_json_priced_by_a_predictor_of_an_older_schema_is_redone(tmp_path, logged) -> None:
+    """A new dreams-nas refits a predictor of an older schema when it loads it, which the
+    reuse check does not do: predictor.json still reads as before, so the schema decides."""
+    run = _trained_run(tmp_path / "run")
+    _searched(run, _options())
+    meta_path = run.predictor_json(HW)
+    meta = json.loads(meta_path.read_text())
+    meta["schema_version"] = 7
+    meta_path.write_text(json.dumps(meta))
+    os.utime(meta_path, (1, 1))  # not newer than best.json: only the schema tells
+    assert finished_search(run, HW, _options()) is None
+    assert "predictor schema 7 -> " in logged[-1] and "refitted when loaded" in logged[-1]
+
+
 def test_best_json_without_inputs_is_not_reused(tmp_path, logged) -> None:
     run = _trained_run(tmp_path / "run")
     best = _searched(run, _options())
