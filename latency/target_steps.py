@@ -58,7 +58,7 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
     def fit(self, X: Any, y: Any) -> TargetStepTable:
         """The table, the surface, and the choice between them (module docstring)."""
         self.fit_table(X, y)
-        X, y = validate_data(self, X, y, y_numeric=True)
+        X, y = np.asarray(X, dtype=float), np.asarray(y, dtype=float)  # validated by fit_table
         self.coef_ = _surface_fit(X, y)
         self.loo_ = _loo_errors(self.kind, X, y) if self.coef_ is not None else {}
         surface_wins = (bool(self.loo_)
@@ -100,12 +100,14 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "ks_")
         X = validate_data(self, X, reset=False)
         ctx, k = X[:, 0].astype(float), X[:, 1].astype(int)
+        if getattr(self, "choice_", TABLE) == SURFACE:
+            for value in np.unique(k):
+                self._check_k(int(value))
+            return np.maximum(_surface_features(X) @ self.coef_, self.floor_)
         out = np.empty(len(X), dtype=float)
         for value in np.unique(k):
             rows = k == value
             out[rows] = self._at_k(int(value), ctx[rows])
-        if getattr(self, "choice_", TABLE) == SURFACE:  # the ks were checked by _at_k
-            out = np.maximum(_surface_features(X) @ self.coef_, self.floor_)
         return out
 
     def k_range(self) -> tuple[int, int]:
@@ -116,17 +118,21 @@ class TargetStepTable(RegressorMixin, BaseEstimator):
         hit = np.flatnonzero(self.ks_ == k)
         if hit.size:
             return self._along_context(int(hit[0]), ctx)
+        self._check_k(k)
+        above = int(np.searchsorted(self.ks_, k))
+        k0, k1 = int(self.ks_[above - 1]), int(self.ks_[above])
+        w = (k - k0) / (k1 - k0)
+        return (1 - w) * self._along_context(above - 1, ctx) + w * self._along_context(above, ctx)
+
+    def _check_k(self, k: int) -> None:
+        """Refuse a k outside the profiled ks (`InputError`): it is not extrapolated."""
         low, high = self.k_range()
-        if not low < k < high:
+        if not low <= k <= high:
             span = f"{low}" if low == high else f"{low}..{high}"
             raise InputError(
                 f"a {self.kind} step over k={k} positions was not profiled (profiled: k {span}) "
                 "and is not extrapolated; rerun `dreams-nas profile` with the run's search space "
                 "(it times the target's steps for every draft length and tree of the space)")
-        above = int(np.searchsorted(self.ks_, k))
-        k0, k1 = int(self.ks_[above - 1]), int(self.ks_[above])
-        w = (k - k0) / (k1 - k0)
-        return (1 - w) * self._along_context(above - 1, ctx) + w * self._along_context(above, ctx)
 
     def _along_context(self, i: int, ctx: np.ndarray) -> np.ndarray:
         known, ms = self.contexts_[i], self.ms_[i]
