@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ from dreams_nas.supernet.core.io import atomic_write_json
 from dreams_nas.supernet.core.progress import progress as progress_bar
 from dreams_nas.supernet.core.versions import library_versions
 from dreams_nas.supernet.data.synth import CELL, IMAGE_SIZE, TASKS, make_sample, vocabulary_texts
+from dreams_nas.supernet.demo.parallel import train_on_ranks
 from dreams_nas.supernet.demo.training import (
+    DemoTrainConfig,
     Encoder,
     exact_match,
     exact_match_flags,
@@ -86,7 +89,8 @@ def build_demo_target(
 ) -> dict[str, Any]:
     """Train the demo target and `save_pretrained` it (model + processor) into `out_dir`.
 
-    Deterministic for a given `seed`, variant and thread count. Returns the metrics: eval exact
+    Deterministic for a given `seed`, variant and thread count (the variant's `build_ranks`
+    processes share the threads). Returns the metrics: eval exact
     match (greedy, on the eval split), parameter count, decode-step times of the target and of
     one- and three-layer draft-sized models, build time.
     """
@@ -125,15 +129,15 @@ def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str,
         bar.set_postfix(loss=f"{loss:.3f}", val_em=f"{state.get('val', 0.0):.2f}")
 
     try:
-        result = train(model, encoder, spec.train, data_seed=seed, on_step=on_step)
+        result = _train_phase(model, encoder, spec.train, spec, seed, on_step)
         finetune_steps = 0
         if grow and spec.finetune is not None:
             bar.total = result["steps"] + spec.finetune.max_steps
             log.info("demo target: growing %d -> %d layers after %d steps", first_layers,
                      spec.text_layers, result["steps"])
             model = grow_text_layers(model, spec.text_layers, seed + 2)
-            tuned = train(model, encoder, spec.finetune, data_seed=seed, on_step=on_step,
-                          sample_offset=result["steps"] * spec.train.batch_size)
+            tuned = _train_phase(model, encoder, spec.finetune, spec, seed, on_step,
+                                 sample_offset=result["steps"] * spec.train.batch_size)
             finetune_steps = tuned["steps"]
             result = {"steps": result["steps"],
                       "loss_curve": result["loss_curve"] + tuned["loss_curve"],
@@ -167,6 +171,7 @@ def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str,
         "train_s": round(train_s, 1),
         "build_s": round(time.perf_counter() - start, 1),
         "threads": torch.get_num_threads(),
+        "ranks": spec.build_ranks,
         "versions": library_versions(),
     }
     atomic_write_json(out / "demo_metrics.json", metrics)
@@ -175,6 +180,21 @@ def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str,
                     "its answers are less predictable than intended", em, REQUIRED_EXACT_MATCH,
                     result["steps"])
     return metrics
+
+
+def _train_phase(model: Any, encoder: Encoder, cfg: DemoTrainConfig, spec: DemoVariant,
+                 seed: int, on_step: Callable[[int, float, float | None], None],
+                 sample_offset: int = 0) -> dict[str, Any]:
+    """`training.train` in this process, or data parallel over the variant's `build_ranks`
+    local processes sharing this process's torch threads (`parallel.train_on_ranks`)."""
+    import torch
+
+    if spec.build_ranks <= 1:
+        return train(model, encoder, cfg, data_seed=seed, on_step=on_step,
+                     sample_offset=sample_offset)
+    threads = max(1, torch.get_num_threads() // spec.build_ranks)
+    return train_on_ranks(model, cfg, ranks=spec.build_ranks, threads_per_rank=threads,
+                          data_seed=seed, sample_offset=sample_offset, on_step=on_step)
 
 
 def grow_text_layers(model: Any, num_layers: int, seed: int) -> Any:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from dreams_nas.supernet.core.dist import SINGLE, World
+from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.data.synth import CELL, IMAGE_SIZE, SynthSample, make_sample
 from PIL import Image
 
@@ -138,9 +140,18 @@ def answer_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
     logits: (batch, seq, vocab) predicting the token after each position; labels: (batch, seq).
     """
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
-        ignore_index=IGNORE)
+    total, count = answer_loss_sum(logits, labels)
+    return total / max(1, count)
+
+
+def answer_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(summed next-token cross-entropy over the answer positions, how many there are): the
+    parts of `answer_loss`, so that data-parallel ranks can divide by the global count."""
+    target = labels[:, 1:].reshape(-1)
+    total = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), target, ignore_index=IGNORE,
+        reduction="sum")
+    return total, int((target != IGNORE).sum())
 
 
 @torch.no_grad()
@@ -159,11 +170,17 @@ def exact_match_flags(model: Any, batch: Batch) -> torch.Tensor:
 
 def exact_match(model: Any, encoder: Encoder, samples: Sequence[SynthSample],
                 batch_size: int = 64) -> float:
+    return exact_match_hits(model, encoder, samples, batch_size) / max(1, len(samples))
+
+
+def exact_match_hits(model: Any, encoder: Encoder, samples: Sequence[SynthSample],
+                     batch_size: int = 64) -> int:
+    """How many of `samples` greedy decoding answers exactly."""
     hits = 0
     for start in range(0, len(samples), batch_size):
         hits += int(exact_match_flags(model, encoder.encode(samples[start:start + batch_size]))
                     .sum())
-    return hits / max(1, len(samples))
+    return hits
 
 
 def lr_at(step: int, cfg: DemoTrainConfig) -> float:
@@ -184,6 +201,7 @@ def train(
     data_seed: int,
     on_step: Callable[[int, float, float | None], None] | None = None,
     sample_offset: int = 0,
+    world: World = SINGLE,
 ) -> dict[str, Any]:
     """Train on fresh synthetic train samples until validation exact match or `max_steps`.
 
@@ -193,8 +211,20 @@ def train(
     data and never touches the eval split. The loop draws no random numbers (no dropout, data
     order is a function of the step), so a run is reproducible from the initial weights alone.
     Returns the loss curve and the validation history.
+
+    Data parallel over `world` (every rank holding the same weights): rank ``r`` of ``n`` takes
+    the ``r``-th contiguous ``batch/n`` of each step's samples and of the validation set; each
+    loss is divided by its count over the whole global batch, and the gradients are summed over
+    the ranks, so a step is the one-process step up to float rounding and the ranks stay in
+    step (same gradients, same clipping, same update, same stop).
     """
+    if cfg.batch_size % world.size:
+        raise InputError(f"batch size {cfg.batch_size} does not split over {world.size} ranks; "
+                         "pick a rank count that divides it")
+    per_rank = cfg.batch_size // world.size
     val_samples = [make_sample("train", data_seed, 10_000_000 + i) for i in range(cfg.n_val)]
+    my_val = val_samples[world.rank * len(val_samples) // world.size:
+                         (world.rank + 1) * len(val_samples) // world.size]
     params = list(model.parameters())
     aux = _CellAux(model, encoder, cfg, data_seed, sample_offset) if cfg.cell_aux_weight else None
     if aux is not None:
@@ -208,23 +238,32 @@ def train(
     for step in range(cfg.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        samples = [make_sample("train", data_seed, sample_offset + step * cfg.batch_size + i,
+        first = sample_offset + step * cfg.batch_size + world.rank * per_rank
+        samples = [make_sample("train", data_seed, first + i,
                                *(() if cfg.task_mix is None else (cfg.task_mix,)))
-                   for i in range(cfg.batch_size)]
+                   for i in range(per_rank)]
         batch = encoder.encode(samples)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        pixel_values=batch.pixel_values).logits
-        loss = answer_loss(logits, batch.labels)
-        if aux is not None:
-            loss = loss + cfg.cell_aux_weight * aux.loss(batch.pixel_values)
+        answer, n_answer = answer_loss_sum(logits, batch.labels)
+        cells, n_cells = aux.loss_sum(batch.pixel_values) if aux is not None else (None, 0)
+        n_answer, n_cells = world.sum([n_answer, n_cells])
+        # Divided by the global counts and multiplied by the rank count, which the gradient
+        # average divides out again: the summed gradient of the global batch's mean loss.
+        loss = answer * world.size / max(1.0, n_answer)
+        if cells is not None:
+            loss = loss + cfg.cell_aux_weight * cells * world.size / max(1.0, n_cells)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        world.average(params)
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
-        curve.append({"step": step, "loss": float(loss.detach())})
+        global_loss = world.sum([float(loss.detach())])[0] / world.size
+        curve.append({"step": step, "loss": global_loss})
         val = None
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
-            val = exact_match(model, encoder, val_samples)
+            hits = world.sum([exact_match_hits(model, encoder, my_val)])[0]
+            val = hits / max(1, len(val_samples))
             history.append({"step": step, "val_exact_match": val})
         if on_step is not None:
             on_step(step, curve[-1]["loss"], val)
@@ -255,12 +294,15 @@ class _CellAux:
         self._handle = projector.register_forward_hook(
             lambda _m, _i, out: self._features.append(out))
 
-    def loss(self, pixel_values: torch.Tensor) -> torch.Tensor:
+    def loss_sum(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(summed cross-entropy over the batch's known cells, how many there are)."""
         features = self._features[-1]  # (batch, cells, hidden): the image tokens the LM reads
         self._features.clear()
-        labels = self.patterns.labels(pixel_values)  # (batch, cells)
+        labels = self.patterns.labels(pixel_values).reshape(-1)  # (batch * cells,)
         logits = self.head(features.reshape(-1, features.shape[-1]))
-        return torch.nn.functional.cross_entropy(logits, labels.reshape(-1), ignore_index=IGNORE)
+        total = torch.nn.functional.cross_entropy(logits, labels, ignore_index=IGNORE,
+                                                  reduction="sum")
+        return total, int((labels != IGNORE).sum())
 
     def close(self) -> None:
         self._handle.remove()

@@ -1,0 +1,77 @@
+"""The demo target's data-parallel training: two local ranks train the model one process would."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from dreams_nas.supernet.core.dist import World
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.demo.build import (
+    build_config,
+    build_processor,
+    init_patch_embeddings,
+    init_projector,
+)
+from dreams_nas.supernet.demo.parallel import train_on_ranks
+from dreams_nas.supernet.demo.training import Encoder, train
+from dreams_nas.supernet.demo.variants import VARIANTS, get_variant
+from transformers import LlavaForConditionalGeneration
+
+
+@pytest.fixture(scope="module")
+def setup():
+    spec = get_variant("tiny")
+    processor = build_processor()
+    config = build_config(replace(spec, text_layers=1), processor.tokenizer)
+
+    def fresh() -> LlavaForConditionalGeneration:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = LlavaForConditionalGeneration(config)
+        init_patch_embeddings(model, torch.Generator().manual_seed(0))
+        init_projector(model, torch.Generator().manual_seed(1))
+        return model
+
+    return spec, processor, fresh
+
+
+def test_two_ranks_train_what_one_process_trains(setup) -> None:
+    spec, processor, fresh = setup
+    cfg = replace(spec.train, max_steps=8, eval_every=4)
+    one, two = fresh(), fresh()
+    with torch.random.fork_rng(devices=[]):
+        alone = train(one, Encoder(processor), cfg, data_seed=0)
+    events: list[tuple] = []
+    parallel = train_on_ranks(two, cfg, ranks=2, threads_per_rank=1, data_seed=0,
+                              on_step=lambda *event: events.append(event))
+    assert parallel["steps"] == alone["steps"] == 8
+    assert [h["val_exact_match"] for h in parallel["val_history"]] == [
+        h["val_exact_match"] for h in alone["val_history"]]
+    assert [e[0] for e in events] == list(range(8))  # every step reached the parent, in order
+    for a, b in zip(alone["loss_curve"], parallel["loss_curve"], strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    state = one.state_dict()
+    worst = max(float((state[k] - v).abs().max()) for k, v in two.state_dict().items())
+    assert worst < 1e-4  # eight AdamW steps from float-rounding-different gradients
+    assert not two.training
+
+
+def test_a_batch_that_does_not_split_is_refused(setup) -> None:
+    spec, processor, fresh = setup
+    with pytest.raises(InputError, match="batch size 4 does not split over 3 ranks"):
+        train(fresh(), Encoder(processor), spec.train, data_seed=0, world=World(0, 3))
+
+
+def test_a_rank_that_fails_ends_the_build_with_its_error(setup) -> None:
+    spec, _, fresh = setup
+    with pytest.raises(InputError, match="does not split over 3 ranks"):
+        train_on_ranks(fresh(), spec.train, ranks=3, threads_per_rank=1, data_seed=0)
+
+
+def test_the_shipped_variants_split_their_batches() -> None:
+    for variant in VARIANTS.values():
+        for cfg in (variant.train, variant.finetune):
+            if cfg is not None:
+                assert cfg.batch_size % variant.build_ranks == 0, variant.name
