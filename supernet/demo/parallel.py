@@ -1,30 +1,43 @@
 """Train the demo target data parallel over several local processes (gloo, one host).
 
-The demo target's training step is a few hundred small matrix products: on a 2-core machine one
-process at two threads runs it no faster than at one thread, while two one-thread processes each
-taking half the batch run twice the steps per second. `train_on_ranks` spawns `ranks` processes,
-joins them in a gloo group through a rendezvous file, and runs `training.train` in each with
-`World` set (each rank half of every global batch, gradients averaged, the same stop); the
-parent keeps the progress bar and the log (the ranks send their steps over a queue) and loads
-rank 0's final weights. A rank that fails ends the build with its error; none is left running.
+The demo target's training step is a few hundred small operations, each of which one process's
+threads meet at the end of: on a shared 2-core machine another tenant's work stalls them, while
+two one-thread processes, each taking half the batch, meet once per step (BENCHMARKS.md, 'Demo
+target build': the same speed on a quiet machine, 2.2x beside a busy neighbour).
+
+`train_on_ranks` starts `ranks` worker processes (``python -m dreams_nas.supernet.demo.parallel``,
+so the caller's own script is never re-imported, as multiprocessing's spawn would), hands them
+the model and the recipe through a private folder, and lets them meet in a gloo group through a
+rendezvous file there. Each runs `training.train` with its `World` (each rank a contiguous slice
+of every global batch, the gradients averaged, the same stop); rank 0 reports each step as a
+JSON line on its stdout, which the parent turns into `on_step` calls (the progress bar and the
+log stay in the parent), and saves the final weights, which the parent loads. A rank that fails
+ends the training with its error (bad input keeps its one-line message); none is left running.
 """
 
 from __future__ import annotations
 
-import logging
+import argparse
+import json
+import os
 import queue
+import subprocess
+import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.demo.training import DemoTrainConfig
 
-log = logging.getLogger("dreams_nas")
 OnStep = Callable[[int, float, "float | None"], None]
-_POLL_S = 1.0
+_POLL_S = 0.5
+_INPUTS = "inputs.pt"
+_WEIGHTS = "rank0.pt"
+_RESULT = "result.json"
 
 
 def train_on_ranks(
@@ -40,89 +53,133 @@ def train_on_ranks(
     """Train `model` (a demo-target LLaVA, in place) like `training.train`, over `ranks` local
     processes of `threads_per_rank` torch threads each; returns `train`'s result."""
     import torch
-    import torch.multiprocessing as mp
 
     if ranks < 1 or threads_per_rank < 1:
         raise InputError(f"{ranks} ranks x {threads_per_rank} threads: both must be >= 1")
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dreams-nas-ranks-") as tmp:
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        weights = Path(tmp) / "rank0.pt"
-        procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(rank, ranks, f"file://{tmp}/rendezvous", threads_per_rank,
-                                   model.config, state, cfg, data_seed, sample_offset,
-                                   str(weights), events))
-                 for rank in range(ranks)]
+        folder = Path(tmp)
+        torch.save({"config": model.config, "cfg": cfg, "data_seed": data_seed,
+                    "sample_offset": sample_offset,
+                    "state": {k: v.detach().cpu() for k, v in model.state_dict().items()}},
+                   folder / _INPUTS)
+        procs = [subprocess.Popen(  # noqa: S603 - our own module, no shell
+            [sys.executable, "-m", __name__, "--folder", tmp, "--rank", str(rank),
+             "--size", str(ranks), "--threads", str(threads_per_rank)],
+            stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, text=True)
+            for rank in range(ranks)]
         try:
-            for proc in procs:
-                proc.start()
-            result = _follow(events, procs, on_step)
-            for proc in procs:
-                proc.join()
+            _follow(procs, folder, on_step)
         finally:
             for proc in procs:
-                if proc.is_alive():
+                if proc.poll() is None:
                     proc.terminate()
-                    proc.join()
-        model.load_state_dict(torch.load(weights, weights_only=True))
+                proc.wait()
+                if proc.stdout is not None:
+                    proc.stdout.close()
+        model.load_state_dict(torch.load(folder / _WEIGHTS, weights_only=True))
+        result = json.loads((folder / _RESULT).read_text(encoding="utf-8"))
     model.eval()
     return result
 
 
-def _follow(events: Any, procs: list[Any], on_step: OnStep | None) -> dict[str, Any]:
-    """Relay the ranks' step events to `on_step` until rank 0 reports its result."""
-    while True:
+def _follow(procs: list[subprocess.Popen], folder: Path, on_step: OnStep | None) -> None:
+    """Relay rank 0's step lines to `on_step` until every rank has exited; raise a rank's
+    error as soon as one fails."""
+    lines: queue.Queue[str | None] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(procs[0].stdout, lines), daemon=True)
+    reader.start()
+    open_stream = True
+    while open_stream or any(p.poll() is None for p in procs):
+        for rank, proc in enumerate(procs):
+            if proc.poll() not in (None, 0):
+                _raise_rank_error(folder, rank, proc.returncode)
         try:
-            kind, *payload = events.get(timeout=_POLL_S)
+            line = lines.get(timeout=_POLL_S)
         except queue.Empty:
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                raise RuntimeError(f"a training rank exited with code {dead[0].exitcode} "
-                                   "before finishing") from None
             continue
-        if kind == "step":
-            if on_step is not None:
-                on_step(*payload)
-        elif kind == "done":
-            return payload[0]
-        else:  # "error": bad input keeps its one-line message, anything else its traceback
-            rank, message, text = payload
-            if message is not None:
-                raise InputError(message)
-            raise RuntimeError(f"training rank {rank} failed:\n{text}")
+        if line is None:
+            open_stream = False
+            continue
+        try:
+            event = json.loads(line)
+            step, loss, val = event["step"], event["loss"], event["val"]
+        except (ValueError, KeyError, TypeError):  # something else printed: pass it on
+            sys.stderr.write(line)
+            continue
+        if on_step is not None:
+            on_step(step, loss, val)
+    for rank, proc in enumerate(procs):
+        if proc.returncode != 0:
+            _raise_rank_error(folder, rank, proc.returncode)
 
 
-def _rank_main(rank: int, size: int, init_method: str, threads: int, config: Any,
-               state: dict[str, Any], cfg: DemoTrainConfig, data_seed: int, sample_offset: int,
-               weights: str, events: Any) -> None:
-    """One rank: rebuild the model from `config` + `state`, train, rank 0 saves and reports."""
+def _read_lines(stream: IO[str] | None, lines: queue.Queue[str | None]) -> None:
+    if stream is not None:
+        for line in stream:
+            if line.strip():
+                lines.put(line)
+    lines.put(None)
+
+
+def _raise_rank_error(folder: Path, rank: int, code: int | None) -> None:
+    try:
+        error = json.loads((folder / f"error-{rank}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise RuntimeError(f"training rank {rank} exited with code {code}") from None
+    if error.get("input_error"):
+        raise InputError(error["message"])
+    raise RuntimeError(f"training rank {rank} failed:\n{error['traceback']}")
+
+
+def _rank_main(folder: Path, rank: int, size: int, threads: int) -> None:
+    """One rank: rebuild the model, train, rank 0 saves the weights and the result."""
     import torch
     from dreams_nas.supernet.core import dist
     from dreams_nas.supernet.demo.build import build_processor
     from dreams_nas.supernet.demo.training import Encoder, train
     from transformers import LlavaForConditionalGeneration
 
+    torch.set_num_threads(threads)
+    inputs = torch.load(folder / _INPUTS, weights_only=False)  # written by our parent
+    world = dist.join("gloo", init_method=f"file://{folder / 'rendezvous'}", rank=rank,
+                      size=size)
     try:
-        torch.set_num_threads(threads)
-        world = dist.join("gloo", init_method=init_method, rank=rank, size=size)
-        try:
-            model = LlavaForConditionalGeneration(config)
-            model.load_state_dict(state)
+        model = LlavaForConditionalGeneration(inputs["config"])
+        model.load_state_dict(inputs["state"])
 
-            def report(step: int, loss: float, val: float | None) -> None:
-                if rank == 0:
-                    events.put(("step", step, loss, val))
-
-            result = train(model, Encoder(build_processor()), cfg, data_seed=data_seed,
-                           on_step=report, sample_offset=sample_offset, world=world)
+        def report(step: int, loss: float, val: float | None) -> None:
             if rank == 0:
-                torch.save(model.state_dict(), weights)
-                events.put(("done", result))
-            world.barrier()
-        finally:
-            dist.leave()
-    except BaseException as exc:  # report, then exit non-zero: the parent stops the others
-        message = str(exc) if isinstance(exc, InputError) else None
-        events.put(("error", rank, message, traceback.format_exc()))
-        raise
+                print(json.dumps({"step": step, "loss": loss, "val": val}), flush=True)
+
+        result = train(model, Encoder(build_processor()), inputs["cfg"],
+                       data_seed=inputs["data_seed"], on_step=report,
+                       sample_offset=inputs["sample_offset"], world=world)
+        if rank == 0:
+            torch.save(model.state_dict(), folder / _WEIGHTS)
+            (folder / _RESULT).write_text(json.dumps(result), encoding="utf-8")
+        world.barrier()
+    finally:
+        dist.leave()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="one rank of `train_on_ranks` (internal)")
+    parser.add_argument("--folder", type=Path, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--threads", type=int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        _rank_main(args.folder, args.rank, args.size, args.threads)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        error = {"input_error": isinstance(exc, InputError), "message": str(exc),
+                 "traceback": traceback.format_exc()}
+        tmp = args.folder / f".error-{args.rank}.json"
+        tmp.write_text(json.dumps(error), encoding="utf-8")
+        os.replace(tmp, args.folder / f"error-{args.rank}.json")
+        return 2 if error["input_error"] else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -75,3 +75,30 @@ def test_the_shipped_variants_split_their_batches() -> None:
         for cfg in (variant.train, variant.finetune):
             if cfg is not None:
                 assert cfg.batch_size % variant.build_ranks == 0, variant.name
+
+
+def test_a_caller_script_without_a_main_guard_is_not_re_run(tmp_path) -> None:
+    """The ranks are started as ``python -m``, not by multiprocessing's spawn, which would
+    re-import the calling script (and here build again, under the cache's lock)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "from dataclasses import replace\n"
+        "import torch\n"
+        "from dreams_nas.supernet.demo.build import build_config, build_processor\n"
+        "from dreams_nas.supernet.demo.parallel import train_on_ranks\n"
+        "from dreams_nas.supernet.demo.variants import get_variant\n"
+        "from transformers import LlavaForConditionalGeneration\n"
+        "spec = get_variant('tiny')\n"
+        "config = build_config(replace(spec, text_layers=1), build_processor().tokenizer)\n"
+        "print('caller ran', flush=True)\n"
+        "model = LlavaForConditionalGeneration(config)\n"
+        "cfg = replace(spec.train, max_steps=2, eval_every=2)\n"
+        "out = train_on_ranks(model, cfg, ranks=2, threads_per_rank=1, data_seed=0)\n"
+        "print('steps', out['steps'], flush=True)\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["caller", "ran", "steps", "2"]
