@@ -29,22 +29,9 @@ def _spin() -> None:
         pass
 
 
-def _model(config: Any) -> Any:
-    import torch
-    from dreams_nas.supernet.demo.build import init_patch_embeddings, init_projector
-    from transformers import LlavaForConditionalGeneration
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = LlavaForConditionalGeneration(config)
-    init_patch_embeddings(model, torch.Generator().manual_seed(0))
-    init_projector(model, torch.Generator().manual_seed(1))
-    return model
-
-
 def _run(mode: str, steps: int) -> dict[str, Any]:
     import torch
-    from dreams_nas.supernet.demo.build import build_config, build_processor
+    from dreams_nas.supernet.demo.build import build_config, build_processor, init_model
     from dreams_nas.supernet.demo.parallel import train_on_ranks
     from dreams_nas.supernet.demo.training import Encoder, train
     from dreams_nas.supernet.demo.variants import get_variant
@@ -52,8 +39,8 @@ def _run(mode: str, steps: int) -> dict[str, Any]:
     spec = get_variant("default")
     processor = build_processor()
     cfg = replace(spec.train, max_steps=steps, eval_every=10 * steps)
-    model = _model(build_config(replace(spec, text_layers=spec.grow_from_layers),
-                                processor.tokenizer))
+    model = init_model(build_config(replace(spec, text_layers=spec.grow_from_layers),
+                                    processor.tokenizer), 0)
     stamps: list[float] = []
 
     def on_step(_step: int, _loss: float, _val: float | None) -> None:

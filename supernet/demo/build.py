@@ -100,7 +100,6 @@ def build_demo_target(
 
 def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str, Any]:
     import torch
-    from transformers import LlavaForConditionalGeneration
 
     variant = spec.name
     start = time.perf_counter()
@@ -108,11 +107,7 @@ def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str,
     grow = spec.grow_from_layers > 0 and spec.finetune is not None
     first_layers = spec.grow_from_layers if grow else spec.text_layers
     config = build_config(replace(spec, text_layers=first_layers), processor.tokenizer)
-    with torch.random.fork_rng(devices=[]):  # weight init reads the global RNG; keep it local
-        torch.manual_seed(seed)
-        model = LlavaForConditionalGeneration(config)
-    init_patch_embeddings(model, torch.Generator().manual_seed(seed))
-    init_projector(model, torch.Generator().manual_seed(seed + 1))
+    model = init_model(config, seed)
     encoder = Encoder(processor)
 
     total = spec.train.max_steps + (spec.finetune.max_steps if grow and spec.finetune else 0)
@@ -236,6 +231,20 @@ def grow_text_layers(model: Any, num_layers: int, seed: int) -> Any:
                 layer.mlp.down_proj.weight.zero_()
     grown.generation_config = copy.deepcopy(model.generation_config)
     return grown
+
+
+def init_model(config: Any, seed: int) -> Any:
+    """The untrained demo target of `config`: transformers' init from `seed` (the global RNG
+    left untouched), then `init_patch_embeddings` and `init_projector`."""
+    import torch
+    from transformers import LlavaForConditionalGeneration
+
+    with torch.random.fork_rng(devices=[]):  # weight init reads the global RNG; keep it local
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config)
+    init_patch_embeddings(model, torch.Generator().manual_seed(seed))
+    init_projector(model, torch.Generator().manual_seed(seed + 1))
+    return model
 
 
 def init_projector(model: Any, generator: Any) -> None:

@@ -8,12 +8,7 @@ import pytest
 import torch
 from dreams_nas.supernet.core.dist import World
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.demo.build import (
-    build_config,
-    build_processor,
-    init_patch_embeddings,
-    init_projector,
-)
+from dreams_nas.supernet.demo.build import build_config, build_processor, init_model
 from dreams_nas.supernet.demo.parallel import train_on_ranks
 from dreams_nas.supernet.demo.training import Encoder, train
 from dreams_nas.supernet.demo.variants import VARIANTS, get_variant
@@ -27,12 +22,7 @@ def setup():
     config = build_config(replace(spec, text_layers=1), processor.tokenizer)
 
     def fresh() -> LlavaForConditionalGeneration:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = LlavaForConditionalGeneration(config)
-        init_patch_embeddings(model, torch.Generator().manual_seed(0))
-        init_projector(model, torch.Generator().manual_seed(1))
-        return model
+        return init_model(config, 0)
 
     return spec, processor, fresh
 
