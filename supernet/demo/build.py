@@ -23,8 +23,9 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json
 from dreams_nas.supernet.core.progress import progress as progress_bar
 from dreams_nas.supernet.core.versions import library_versions
-from dreams_nas.supernet.data.synth import CELL, IMAGE_SIZE, TASKS, make_sample, vocabulary_texts
+from dreams_nas.supernet.data.synth import CELL, IMAGE_SIZE, TASKS, make_sample
 from dreams_nas.supernet.demo.parallel import train_on_ranks
+from dreams_nas.supernet.demo.processor import build_processor
 from dreams_nas.supernet.demo.training import (
     DemoTrainConfig,
     Encoder,
@@ -38,25 +39,9 @@ from dreams_nas.supernet.demo.variants import (
     DemoVariant,
     get_variant,
 )
-from dreams_nas.supernet.demo.word_tokenizer import CHAT_TEMPLATE, IMAGE, build_word_tokenizer
+from dreams_nas.supernet.demo.word_tokenizer import IMAGE
 
 log = logging.getLogger("dreams_nas")
-
-
-def build_processor() -> Any:
-    """The LlavaProcessor saved with the target: CLIP preprocessing + the word tokenizer."""
-    from transformers import LlavaProcessor
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
-
-    tokenizer = build_word_tokenizer(vocabulary_texts())
-    # Resize/crop to the training size (a no-op on synthetic images); mean/std 0.5 maps
-    # pixels to [-1, 1]. The PIL processor needs no torchvision; it saves as CLIPImageProcessor.
-    image_processor = CLIPImageProcessorPil(
-        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
-    return LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=CELL,
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
-                          chat_template=CHAT_TEMPLATE)
 
 
 def build_config(variant: DemoVariant, tokenizer: Any) -> Any:

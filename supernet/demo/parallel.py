@@ -135,7 +135,7 @@ def _rank_main(folder: Path, rank: int, size: int, threads: int) -> None:
     """One rank: rebuild the model, train, rank 0 saves the weights and the result."""
     import torch
     from dreams_nas.supernet.core import dist
-    from dreams_nas.supernet.demo.build import build_processor
+    from dreams_nas.supernet.demo.processor import build_processor
     from dreams_nas.supernet.demo.training import Encoder, train
     from transformers import LlavaForConditionalGeneration
 
