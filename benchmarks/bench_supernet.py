@@ -2,6 +2,7 @@
 
     python benchmarks/bench_supernet.py --seeds 3 --jobs 2 [--variants ours,middle,...]
                                         [--out bench-supernet] [--threads 1]
+                                        [--seed-list 3,4] [--multires-steps N]
 
 For each seed s in 0..K-1 the training prompts `dreams-nas train --seed s` uses on the demo
 target (384 synthetic prompts drawn with seed s) are prepared once (self-distilled answers,
@@ -116,7 +117,8 @@ def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
     return out
 
 
-def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None = None) -> dict:
+def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None = None,
+            multires: int | None = None) -> dict:
     """Train one variant at one seed and score it; the result is also written to disk."""
     import torch
     from dreams_nas.nas.stages.train import load_examples
@@ -134,6 +136,8 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
     if steps:  # smoke runs only: the benchmark is the default settings
         warmup, multires = (int(x) for x in steps.split(","))
         config = replace(config, warmup_steps=warmup, multires_steps=multires, eval_every=2)
+    elif multires is not None:  # a longer or shorter phase 2, evaluated as by default
+        config = replace(config, multires_steps=multires)
     distill, cross, in_self = "aifd", True, True
     if variant in ("middle", "last"):
         distill = variant
@@ -237,6 +241,10 @@ def markdown(table: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..K-1 (default 3)")
+    parser.add_argument("--seed-list", default=None, metavar="S,S,...",
+                        help="these seeds instead of 0..K-1 (e.g. 3,4 to add two seeds)")
+    parser.add_argument("--multires-steps", type=int, default=None, metavar="N",
+                        help="cap phase 2 at N steps instead of the default (evaluated as usual)")
     parser.add_argument("--variants", default="all",
                         help=f"comma-separated, or all: {','.join(VARIANTS)}")
     parser.add_argument("--jobs", type=int, default=2, help="trainings at once (default 2)")
@@ -250,7 +258,17 @@ def main() -> int:
     if unknown:
         print(f"error: unknown variant(s) {unknown}; use {','.join(VARIANTS)}", file=sys.stderr)
         return 2
-    seeds = list(range(args.seeds))
+    try:
+        seeds = ([int(x) for x in args.seed_list.split(",")] if args.seed_list
+                 else list(range(args.seeds)))
+    except ValueError:
+        print(f"error: --seed-list {args.seed_list!r} is not a comma-separated list of "
+              "integers; use e.g. 3,4", file=sys.stderr)
+        return 2
+    if args.multires_steps is not None and args.multires_steps < 0:
+        print(f"error: --multires-steps {args.multires_steps} is negative; use N >= 0",
+              file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -261,7 +279,8 @@ def main() -> int:
                    key=lambda job: (job[0] != "ours", variants.index(job[0]), job[1]))
     jobs = [job for job in order if not (out / f"result-{job[0]}-s{job[1]}.json").is_file()]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps)
+        futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps,
+                               args.multires_steps)
                    for v, s in jobs]
         for future in futures:
             future.result()
