@@ -135,18 +135,12 @@ class CellPatterns:
         return index.view(pixel_values.shape[0], -1)
 
 
-def answer_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the answer positions.
+def answer_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(summed next-token cross-entropy over the answer positions, how many there are), so
+    that data-parallel ranks can divide by the global count.
 
     logits: (batch, seq, vocab) predicting the token after each position; labels: (batch, seq).
     """
-    total, count = answer_loss_sum(logits, labels)
-    return total / max(1, count)
-
-
-def answer_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(summed next-token cross-entropy over the answer positions, how many there are): the
-    parts of `answer_loss`, so that data-parallel ranks can divide by the global count."""
     target = labels[:, 1:].reshape(-1)
     total = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]), target, ignore_index=IGNORE,
