@@ -74,7 +74,7 @@ def _random_scores(items, seed: int):
     return out
 
 
-def prepare(out: Path, seeds: list[int], threads: int) -> None:
+def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = None) -> None:
     """The evaluation traces and each seed's training data, once (skipped when on disk)."""
     import torch
     from dreams_nas.nas.stages.train import load_examples
@@ -90,7 +90,7 @@ def prepare(out: Path, seeds: list[int], threads: int) -> None:
         if path.is_file():
             continue
         start = time.perf_counter()
-        data = prepare_data(target, load_examples("builtin", None, seed), num_draft_heads=heads,
+        data = prepare_data(target, load_examples("builtin", n_train, seed), num_draft_heads=heads,
                             distill=("aifd", "middle", "last"), show_progress=False)
         torch.save(data, path)
         print(f"seed {seed}: prepared in {time.perf_counter() - start:.0f} s", flush=True)
@@ -118,7 +118,8 @@ def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
 
 
 def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None = None,
-            multires: int | None = None) -> dict:
+            multires: int | None = None, ema_decay: float | None = None,
+            n_train: int | None = None) -> dict:
     """Train one variant at one seed and score it; the result is also written to disk."""
     import torch
     from dreams_nas.nas.stages.train import load_examples
@@ -138,6 +139,8 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
         config = replace(config, warmup_steps=warmup, multires_steps=multires, eval_every=2)
     elif multires is not None:  # a longer or shorter phase 2, evaluated as by default
         config = replace(config, multires_steps=multires)
+    if ema_decay is not None:  # phase 2's weight average at another decay (0: none)
+        config = replace(config, ema_decay=ema_decay)
     distill, cross, in_self = "aifd", True, True
     if variant in ("middle", "last"):
         distill = variant
@@ -156,7 +159,7 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
         raise SystemExit(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
     run = RunFolder(root / "runs" / f"{variant}-s{seed}")
     start = time.perf_counter()
-    summary = train_run(run, target, load_examples("builtin", None, seed), config,
+    summary = train_run(run, target, load_examples("builtin", n_train, seed), config,
                         distill=distill, cross_attention=cross, visual_in_self=in_self,
                         data=data, show_progress=False)
     seconds = time.perf_counter() - start
@@ -245,6 +248,11 @@ def main() -> int:
                         help="these seeds instead of 0..K-1 (e.g. 3,4 to add two seeds)")
     parser.add_argument("--multires-steps", type=int, default=None, metavar="N",
                         help="cap phase 2 at N steps instead of the default (evaluated as usual)")
+    parser.add_argument("--ema-decay", type=float, default=None, metavar="D",
+                        help="phase 2's weight average at decay D instead of the default "
+                             "(0: none)")
+    parser.add_argument("--n-train", type=int, default=None, metavar="N",
+                        help="training prompts per seed instead of the default (384)")
     parser.add_argument("--variants", default="all",
                         help=f"comma-separated, or all: {','.join(VARIANTS)}")
     parser.add_argument("--jobs", type=int, default=2, help="trainings at once (default 2)")
@@ -265,6 +273,10 @@ def main() -> int:
         print(f"error: --seed-list {args.seed_list!r} is not a comma-separated list of "
               "integers; use e.g. 3,4", file=sys.stderr)
         return 2
+    if args.ema_decay is not None and not 0.0 <= args.ema_decay < 1.0:
+        print(f"error: --ema-decay {args.ema_decay} is outside [0, 1); use e.g. 0.99 (0: none)",
+              file=sys.stderr)
+        return 2
     if args.multires_steps is not None and args.multires_steps < 0:
         print(f"error: --multires-steps {args.multires_steps} is negative; use N >= 0",
               file=sys.stderr)
@@ -272,7 +284,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    prepare(out, seeds, max(1, args.threads * args.jobs))
+    if args.n_train is not None and args.n_train < 16:
+        print(f"error: --n-train {args.n_train} is too few; use 16 or more", file=sys.stderr)
+        return 2
+    prepare(out, seeds, max(1, args.threads * args.jobs), args.n_train)
     # the default's seeds first (the convergence claim), then each ablation over its seeds in
     # the order given (a benchmark cut short leaves whole rows of the table)
     order = sorted(((v, s) for s in seeds for v in variants),
@@ -280,7 +295,7 @@ def main() -> int:
     jobs = [job for job in order if not (out / f"result-{job[0]}-s{job[1]}.json").is_file()]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps,
-                               args.multires_steps)
+                               args.multires_steps, args.ema_decay, args.n_train)
                    for v, s in jobs]
         for future in futures:
             future.result()

@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="phase 2: weight of the largest subnet's distribution in the "
                              "sampled subnets' KL (in-place distillation; default 0.5; 0: the "
                              "target's only)")
+    parser.add_argument("--ema-decay", type=real(0.0, 1.0, high_open=True), default=None,
+                        metavar="D",
+                        help="phase 2: average the weights (EMA) with decay D; held-out tau "
+                             "scores the average and the run keeps it (default 0: no average)")
     parser.add_argument("--holdout", type=whole(0), default=None, metavar="N",
                         help="training prompts held out to judge convergence (default: an "
                              "eighth, at most 32; 0 trains to the step cap)")
@@ -120,7 +124,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         target=args.target, data=args.data, n_train=args.n_train,
         warmup_steps=args.warmup_steps, multires_steps=args.multires_steps,
         batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
-        inplace_distill=args.inplace_distill, eval_every=args.eval_every,
+        inplace_distill=args.inplace_distill, ema_decay=args.ema_decay,
+        eval_every=args.eval_every,
         patience=args.patience, tolerance=args.tolerance, time_budget=args.time_budget,
         holdout=args.holdout, lambda_kl=args.lambda_kl,
         lambda_distill=args.lambda_distill, lambda_feat=args.lambda_feat, distill=args.distill,

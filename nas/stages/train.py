@@ -32,6 +32,7 @@ class TrainOptions:
     unroll: int | None = None  # None: the space's deepest draft - 1 (`train_run`)
     lr: float | None = None
     inplace_distill: float | None = None
+    ema_decay: float | None = None  # phase 2's weight average (TrainConfig.ema_decay)
     eval_every: int | None = None
     patience: int | None = None
     tolerance: float | None = None
@@ -75,7 +76,7 @@ class TrainOptions:
         base = TrainConfig()
         changes = {name: getattr(self, name) for name in
                    ("warmup_steps", "multires_steps", "batch_size", "lr", "unroll",
-                    "inplace_distill", "eval_every", "patience", "tolerance")
+                    "inplace_distill", "ema_decay", "eval_every", "patience", "tolerance")
                    if getattr(self, name) is not None}
         if self.time_budget is not None:
             changes["max_seconds"] = self.time_budget

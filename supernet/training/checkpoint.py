@@ -29,6 +29,7 @@ class TrainState:
     heads_sorted: bool = False
     loss_curve: list[dict[str, float]] = field(default_factory=list)
     tracker: Tracker = field(default_factory=Tracker)
+    ema: dict[str, torch.Tensor] | None = None  # phase 2's weight average (`ema`), if any
 
 
 def save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
@@ -41,7 +42,10 @@ def save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
     moments = {f"{idx}.{key}": (val.detach().cpu().contiguous() if val.dim() else val.reshape(1))
                for idx, entry in opt["state"].items() for key, val in entry.items()
                if torch.is_tensor(val)}
-    for name, tensors in (("model", weights), ("optimizer", moments)):
+    files = [("model", weights), ("optimizer", moments)]
+    if state.ema is not None:
+        files.append(("ema", state.ema))
+    for name, tensors in files:
         tmp = directory / f".{name}.safetensors.tmp"
         save_tensors(tensors, tmp, directory / f"{name}.safetensors")
         tmp.replace(directory / f"{name}.safetensors")
@@ -49,7 +53,7 @@ def save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
     atomic_write_json(directory / "state.json", {
         "fingerprint": fingerprint, "step": state.step, "heads_sorted": state.heads_sorted,
         "loss_curve": state.loss_curve, "param_groups": opt["param_groups"],
-        "convergence": state.tracker.to_dict(),
+        "convergence": state.tracker.to_dict(), "ema": state.ema is not None,
     })
 
 
@@ -100,9 +104,11 @@ def load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = tensor.reshape(()) if key == "step" else tensor
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    ema = (load_weights(directory / "ema.safetensors", device, fix) if meta.get("ema")
+           else None)
     return TrainState(step=int(meta["step"]), heads_sorted=bool(meta["heads_sorted"]),
                       loss_curve=list(meta["loss_curve"]),
-                      tracker=Tracker.from_dict(meta.get("convergence")))
+                      tracker=Tracker.from_dict(meta.get("convergence")), ema=ema)
 
 
 def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],

@@ -35,7 +35,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,7 @@ from dreams_nas.supernet.training.checkpoint import (
     weights_of,
 )
 from dreams_nas.supernet.training.convergence import HeldOut
+from dreams_nas.supernet.training.ema import WeightAverage
 from dreams_nas.supernet.training.features import TargetSample
 
 # EAGLE-3's training-time test: 7 drafting steps, the deepest draft of the default space
@@ -99,6 +100,9 @@ class TrainConfig:
     patience: int = 3
     tolerance: float = 0.02
     max_seconds: float | None = None  # optimisation time budget (None: the step cap only)
+    # phase 2's weights are averaged (EMA, `ema`) with this decay; held-out tau is scored on
+    # the average and the run keeps it. 0: the weights as they stand (no average)
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
@@ -111,6 +115,8 @@ class TrainConfig:
             raise InputError("batch_size, checkpoint_every and eval_every must be at least 1")
         if not 0.0 <= self.inplace_distill <= 1.0:
             raise InputError(f"inplace_distill={self.inplace_distill} must be within [0, 1]")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise InputError(f"ema_decay={self.ema_decay} must be within [0, 1) (0: no average)")
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise InputError(f"max_seconds={self.max_seconds} must be above 0 (or None)")
 
@@ -133,7 +139,10 @@ class TrainConfig:
         return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.ema_decay:  # runs without an average keep their checkpoints' fingerprint
+            data.pop("ema_decay")
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -366,6 +375,8 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
     state = ((load_checkpoint(ckpt, model, optimizer, fingerprint) if ckpt else None)
              or TrainState())
+    average = (WeightAverage(model, config.ema_decay, state.ema)
+               if config.ema_decay and state.ema is not None else None)
     tracker = state.tracker
     best = load_best(ckpt, device) if tracker.best_step is not None else None
     resumed_from = state.step
@@ -384,6 +395,8 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
                 orders = sort_heads(model, _calibration(model, samples, config, device),
                                     distill_layers, config, optimizer, amp)
             state.heads_sorted = True
+        if phase == 2 and config.ema_decay and average is None:
+            average = WeightAverage(model, config.ema_decay)  # from the sorted weights
         rows = world.mine(batch_indices(len(samples), config.batch_size, config.seed, step))
         batch = collate([samples[i] for i in rows], model.config.visual_in_self).to(device)
         optimizer.zero_grad(set_to_none=True)
@@ -396,6 +409,8 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
             group["lr"] = config.lr_at(step)
         amp.scaler.step(optimizer)
         amp.scaler.update()
+        if average is not None:
+            average.update()
         state.step += 1
         steps_run += 1
         state.loss_curve.append({"step": state.step, **{k: round(v, 6) for k, v in sums.items()},
@@ -407,11 +422,13 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
                                     or state.step in (config.warmup_steps, config.total_steps)):
             evaluated = True
             # rank 0 evaluates (the ranks' weights are equal); all decide on its figures
-            values = world.broadcast(heldout.evaluate(model, phase) if world.is_main else None)
-            if tracker.record(state.step, phase, values, config.tolerance):
-                best = weights_of(model)
-                if world.is_main:
-                    save_best(ckpt, best)
+            with average.applied() if average is not None else nullcontext():
+                values = world.broadcast(heldout.evaluate(model, phase) if world.is_main
+                                         else None)
+                if tracker.record(state.step, phase, values, config.tolerance):
+                    best = weights_of(model)  # the average's, where there is one
+                    if world.is_main:
+                        save_best(ckpt, best)
             if phase == 2 and tracker.stale >= config.patience:
                 tracker.stopped = "plateau"
             model.train()
@@ -424,12 +441,15 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
         if ckpt is not None and world.is_main and (
                 evaluated or tracker.stopped or state.step == config.total_steps
                 or state.step % config.checkpoint_every == 0):
+            state.ema = average.state() if average is not None else None
             save_checkpoint(ckpt, model, optimizer, state, fingerprint)
         if on_step is not None:
             on_step(state.step, sums)
     bar.close()
-    if best is not None and tracker.best_step != state.step:
+    if best is not None and (tracker.best_step != state.step or average is not None):
         model.load_state_dict(best)
+    elif average is not None:  # no held-out prompts: the average at the last step
+        average.copy_to(model)
     model.eval()
     return TrainOutcome(loss_curve=state.loss_curve, head_orders=orders,
                         resumed_from=resumed_from, steps_run=steps_run,

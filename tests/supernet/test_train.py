@@ -2,20 +2,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _support.models import build_tiny_llava, tiny_prompts
+from _support.models import tiny_prompts
+from _support.training import LAYERS, killed_then_resumed, tiny_supernet, tiny_target_data
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
-from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.batching import collate
 from dreams_nas.supernet.training.features import TargetSample
-from dreams_nas.supernet.training.selfdistill import (
-    collect_samples,
-    measure_aifd,
-    regenerate_answers,
-)
 from dreams_nas.supernet.training.tppt import (
     TrainConfig,
     evaluate_losses,
@@ -26,24 +21,15 @@ from dreams_nas.supernet.training.tppt import (
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-LAYERS = (1, 2, 4)
 
 
 @pytest.fixture(scope="module")
 def target_data():
-    target = build_tiny_llava()
-    prompts = tiny_prompts(12)
-    answers = regenerate_answers(target, prompts, max_new_tokens=8, show_progress=False)
-    aifd = measure_aifd(target, prompts[:4], answers[:4])
-    adapter = TargetAdapter.from_model(target)
-    samples = collect_samples(adapter, prompts, answers, LAYERS, aifd.chosen, show_progress=False)
-    return target, samples, aifd
+    return tiny_target_data()
 
 
 def _draft(target, seed=0) -> DreamDraft:
-    shared = SharedTargetModules(target.get_input_embeddings(), target.lm_head)
-    cfg = DraftConfig.for_target(target.config.text_config, LAYERS)
-    return DreamDraft.initialised(cfg, shared, seed)
+    return tiny_supernet(target, seed)
 
 
 def test_self_distillation_data_are_the_targets_greedy_answers(target_data):
@@ -195,19 +181,8 @@ def test_training_stops_at_a_plateau_and_keeps_the_best_evaluation(target_data, 
     assert heldout.evaluate(draft, 2) == {k: best[k] for k in ("tau_full", "tau_smallest",
                                                                 "score")}
 
-    class Killed(Exception):
-        pass
-
-    def kill_at_11(step, _losses):
-        if step == 11:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train_supernet(_draft(target), samples[:-3], aifd.chosen, config, tmp_path / "b",
-                       on_step=kill_at_11, show_progress=False, heldout=heldout)
-    resumed = _draft(target, seed=5)
-    again = train_supernet(resumed, samples[:-3], aifd.chosen, config, tmp_path / "b",
-                           show_progress=False, heldout=heldout)
+    resumed, again = killed_then_resumed(target, samples[:-3], aifd, config, tmp_path / "b",
+                                         heldout, kill_at=11)
     assert again.resumed_from == 9  # the checkpoint of the evaluation at step 9
     assert [{k: v for k, v in e.items() if k != "seconds"} for e in again.evals] == [
         {k: v for k, v in e.items() if k != "seconds"} for e in out.evals]
