@@ -61,6 +61,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="passes over those prompts, each prompt decoded plainly and by "
                              "every chosen subnet in turn; the measured speedup is the median "
                              "of the passes' speedups, with their range (default 3)")
+    parser.add_argument("--no-retime", action="store_true",
+                        help="do not time the best subnet's steps again among the prompts "
+                             "(by default they are, to split the gap to the prediction into "
+                             "the formula's error and the machine's change since the profile)")
     parser.add_argument("--no-report", action="store_true",
                         help="do not write report.html (e.g. on all but one of several "
                              "workers; `dreams-nas report` writes it later)")
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         study_name=args.study_name, hardware=args.hardware, max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
         verify_prompts=args.verify_prompts, verify_repeats=args.verify_repeats,
-        device=args.device, dtype=args.dtype,
+        retime=not args.no_retime, device=args.device, dtype=args.dtype,
         threads=args.threads,
         seed=args.seed, show_progress=show, write_report=not args.no_report, train=train)
     return search_run(RunFolder(args.run), options)

@@ -31,6 +31,9 @@ class SearchOptions:
     verify: int = 3
     verify_prompts: int | None = None  # None: every scored prompt (measured tau = scored tau)
     verify_repeats: int = 3  # passes over the prompts; the measured speedup is their median
+    # time the best subnet's steps again among the prompts (`retime`): the formula's gap with
+    # the machine as it is now, and each step's drift since the profile
+    retime: bool = True
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype (RunFolder.dtype)
     threads: int | None = None
@@ -210,7 +213,8 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
                           target=info, supernet_hash=digest, dtype=dtype,
                           write_draft=write_draft, inputs=inputs, cycle_note=unpriced)
-    measured, verified, warnings = verify_best(options, result, models, scorer, hardware)
+    measured, verified, warnings = verify_best(options, result, models, scorer, hardware,
+                                               retime=(run, context_len, space))
     if measured is not None:
         write_best(run, result, hardware_id=hardware_id, hardware=hardware,
                    supernet_hash=digest, dtype=dtype, measured=measured, verified=verified,
@@ -261,9 +265,11 @@ def cycle_overhead_note(latency: Any, space: Any, hardware_id: str) -> str | Non
 
 
 def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
-                hardware: dict[str, Any]
+                hardware: dict[str, Any], retime: tuple[RunFolder, int, Any] | None = None
                 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
-    """Measure the best subnet and the top of the front end to end against plain decoding."""
+    """Measure the best subnet and the top of the front end to end against plain decoding.
+    `retime`: (the run, the search's context, the space) to time the best subnet's steps
+    again among the prompts (`retime`: the formula with the machine as it is now)."""
     from dreams_nas.nas.stages.verify import gap_line, gap_warning, measure_end_to_end, speedup_gap
     from dreams_nas.supernet.core.device import torch_threads
 
@@ -283,11 +289,17 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding, %d "
              "repeat(s)", len(chosen), len(prompts), options.verify_repeats)
     threads = hardware.get("threads") if here == "cpu" else None
+    retimer = None
+    if retime is not None and options.retime:
+        from dreams_nas.nas.stages.retime import build_retimer
+
+        run, context_len, space = retime
+        retimer = build_retimer(run, models, result.best, context_len, hardware, space)
     with torch_threads(int(threads) if threads else None):  # the profile's setting
         results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
                                      prompts, max_new_tokens=options.max_new_tokens,
                                      repeats=options.verify_repeats,
-                                     show_progress=options.show_progress)
+                                     show_progress=options.show_progress, between=retimer)
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
         verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
@@ -310,6 +322,16 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     best = results[0]
     gap = speedup_gap(chosen[0], best)
     log.info("%s", gap_line(chosen[0], best))
+    retimed = None
+    if retimer is not None:
+        from dreams_nas.nas.stages.retime import retime_lines
+
+        retimed = retimer.summary(best.speedup)
+        line, stale = retime_lines(retimed, chosen[0])
+        log.info("%s", line)
+        if stale:
+            log.warning("warning: %s", stale)
+            warnings.append(stale)
     measured = {"speedup": best.speedup, "speedup_range": list(best.speedup_range),
                 "repeats": len(best.repeat_speedups),
                 "speedup_end_to_end": best.speedup_end_to_end,
@@ -322,6 +344,8 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
                 "divergences": [asdict(d) for d in best.divergences],
                 "dtype": str(models.target.dtype).removeprefix("torch."),
                 "max_new_tokens": options.max_new_tokens}
+    if retimed is not None:
+        measured["retimed"] = retimed
     for cand, m in zip(chosen, results, strict=True):
         if m.divergences:
             warning = (f"{cand.spec.id}: {m.identical_prompts} of {m.prompts} prompts identical "

@@ -26,7 +26,7 @@ logit's magnitude in that dtype) is an error.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +163,8 @@ class _Totals:
 
 def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
                        prompts: Sequence[Mapping[str, Any]], *, max_new_tokens: int = 64,
-                       repeats: int = 1, show_progress: bool | None = None) -> list[Measured]:
+                       repeats: int = 1, show_progress: bool | None = None,
+                       between: Callable[[int], None] | None = None) -> list[Measured]:
     """Tokens/s of each spec's extracted draft and of plain decoding, prompt by prompt.
 
     Each prompt is decoded plainly, then by every spec, before the next prompt, so a change of
@@ -172,7 +173,10 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     times per step are pooled over the repeats. Lossless is checked on the first repeat (the
     outputs are a function of the prompt; later repeats must reproduce them).
     `show_progress`: a bar over the prompts on stderr (None: when stderr is a terminal; the
-    verification decodes every prompt (1 + len(specs)) x repeats times, minutes on a CPU)."""
+    verification decodes every prompt (1 + len(specs)) x repeats times, minutes on a CPU).
+    `between(i)`: called before the i-th prompt decoded (counting over the repeats) and once
+    after the last (i = len(prompts) x repeats), e.g. to time the steps again among the
+    prompts, under the same changes of the machine's speed (`retime`)."""
     from dreams_nas.supernet.core.progress import progress
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.decoding.loop import generate, plain_generate
@@ -195,6 +199,8 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     for repeat in range(repeats):
         base, totals = _Totals(), {s: _Totals() for s in specs}
         for index, prompt in enumerate(prompts):
+            if between is not None:
+                between(repeat * n + index)
             plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens,
                                    timed=True)
             plain_tokens = _same_output(outputs, None, index, plain.tokens.tolist())
@@ -218,6 +224,8 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
             rates = totals[spec].rates(n)
             per_repeat[spec].append((rates[1] / base_rates[1], rates[0] / base_rates[0]))
     bar.close()
+    if between is not None:
+        between(repeats * n)
     baseline, baseline_decode = base_all.rates(n * repeats)
     out_rows = []
     for s in specs:

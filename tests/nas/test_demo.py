@@ -55,6 +55,19 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(tiny_demo, cmd, tmp_p
     assert (built.root / "report.html").is_file() and first["report"] == str(built.report_html)
     best = json.loads(built.best_json(hw).read_text())
     assert best["spec_id"] == first["best"] and best["objective"] == "speedup"
+    # the best subnet's steps were timed again before its one prompt and after it (`retime`)
+    from dreams_nas.supernet.core.space import SubnetSpec
+
+    retimed = best["measured"].get("retimed")
+    if SubnetSpec.from_id(best["spec_id"]).is_tree:
+        assert retimed is None  # chains only
+    else:
+        assert set(retimed["ms"]) == {"decode_ms", "verify_ms", "draft_ms", "first_draft_ms",
+                                      "cycle_overhead_ms"}
+        assert set(retimed["drift_pct"]) == set(retimed["ms"])  # the profile priced the cycle
+        assert retimed["samples"] == 4 and retimed["speedup"] > 0
+        assert retimed["gap_pct"] == pytest.approx(
+            (best["measured"]["speedup"] / retimed["speedup"] - 1) * 100)
     assert (built.spec_dir(first["best"]) / "spec.json").is_file()
     assert first["measured_speedup"] == pytest.approx(best["measured"]["speedup"], abs=1e-4)
     assert first["predicted_speedup"] == pytest.approx(best["predicted"]["speedup"], abs=1e-4)

@@ -68,8 +68,11 @@ def test_repeats_give_the_median_speedup_and_its_range(fake_decoding, monkeypatc
     spec = warm + [_timed(0.016)] * 2 + [_timed(0.022)] * 2 + [_timed(0.013)] * 2
     _scripted(monkeypatch, plain, spec)
     prompts = [{"input_ids": torch.ones(1, 3, dtype=torch.long)}] * 2
+    between = []  # the hook runs before each prompt of each pass and after the last
     (row,) = measure_end_to_end(object(), object(), [SubnetSpec(2, 0.5, 2, 3)], prompts,
-                                max_new_tokens=4, repeats=3, show_progress=False)
+                                max_new_tokens=4, repeats=3, show_progress=False,
+                                between=between.append)
+    assert between == [0, 1, 2, 3, 4, 5, 6]
     assert row.repeat_speedups == pytest.approx((3.0, 2.0, 4.0))
     assert row.speedup == pytest.approx(3.0)
     assert row.speedup_range == pytest.approx((2.0, 4.0))
