@@ -277,6 +277,9 @@ def main() -> int:
         print(f"error: --ema-decay {args.ema_decay} is outside [0, 1); use e.g. 0.99 (0: none)",
               file=sys.stderr)
         return 2
+    if args.n_train is not None and args.n_train < 16:
+        print(f"error: --n-train {args.n_train} is too few; use 16 or more", file=sys.stderr)
+        return 2
     if args.multires_steps is not None and args.multires_steps < 0:
         print(f"error: --multires-steps {args.multires_steps} is negative; use N >= 0",
               file=sys.stderr)
@@ -284,9 +287,6 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    if args.n_train is not None and args.n_train < 16:
-        print(f"error: --n-train {args.n_train} is too few; use 16 or more", file=sys.stderr)
-        return 2
     prepare(out, seeds, max(1, args.threads * args.jobs), args.n_train)
     # the default's seeds first (the convergence claim), then each ablation over its seeds in
     # the order given (a benchmark cut short leaves whole rows of the table)

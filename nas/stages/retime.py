@@ -20,15 +20,11 @@ profile. Chains only: a token tree's steps are not re-timed.
 
 from __future__ import annotations
 
-import logging
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dreams_nas.nas.search.candidate import Candidate
-
-log = logging.getLogger("dreams_nas")
 
 # A part this much slower or faster than the profile priced it: the profile is stale.
 DRIFT_WARN = 0.15
@@ -68,6 +64,8 @@ class Retimer:
         from dreams_nas.latency.timing import measure
 
         for part, key in self.keys().items():
+            # built again every call: a target step starts from the profile's kept prefill,
+            # which the decoding since the last call has swapped out of the adapter
             step = self.steps.build(key)
             timing = measure(step.run, device=self.device, warmup=self.warmup,
                              min_repeats=self.repeats, max_repeats=self.repeats,
@@ -145,5 +143,3 @@ def retime_lines(summary: dict[str, Any], candidate: Candidate) -> tuple[str, st
                   "predicted speedups with it; rerun `dreams-nas profile` to price its present "
                   "state")
 
-
-RetimeHook = Callable[[int], None]

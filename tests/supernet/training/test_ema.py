@@ -3,6 +3,8 @@ weights on the average, and a resume that continues it exactly."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from _support.training import killed_then_resumed, tiny_supernet, tiny_target_data
@@ -61,9 +63,7 @@ def test_training_scores_and_keeps_the_average_and_resumes_it(target_data, tmp_p
     assert heldout.evaluate(draft, 2) == {k: best[k] for k in ("tau_full", "tau_smallest",
                                                                 "score")}
     plain = _draft(target)  # the same run without the average ends elsewhere
-    train_supernet(plain, samples[:-3], aifd.chosen,
-                   TrainConfig(**{**config.to_dict(), "ema_decay": 0.0,
-                                  "weights": config.weights}),
+    train_supernet(plain, samples[:-3], aifd.chosen, replace(config, ema_decay=0.0),
                    show_progress=False, heldout=heldout)
     assert any(not torch.equal(a, b) for a, b in zip(draft.state_dict().values(),
                                                      plain.state_dict().values(), strict=True))
