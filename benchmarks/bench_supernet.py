@@ -3,6 +3,7 @@
     python benchmarks/bench_supernet.py --seeds 3 --jobs 2 [--variants ours,middle,...]
                                         [--out bench-supernet] [--threads 1]
                                         [--seed-list 3,4] [--multires-steps N]
+                                        [--n-eval 256 --eval-seed 1]
 
 For each seed s in 0..K-1 the training prompts `dreams-nas train --seed s` uses on the demo
 target (384 synthetic prompts drawn with seed s) are prepared once (self-distilled answers,
@@ -13,6 +14,8 @@ AIFD, the target's features), then every variant trains through `train_run` -- t
                  tokens in the draft's own sequence and in its cross-attention memory
   memory-only    the kept visual tokens in the cross-attention memory only (the draft's own
                  sequence is text: `--visual-context cross`)
+  self-only      no cross-attention: the kept visual tokens in the draft's own sequence only
+                 (the inject layer then changes nothing but the distillation)
   middle         distillation from the fixed middle layer
   last           distillation from the last layer
   no-distill     no feature distillation
@@ -28,6 +31,13 @@ decoding; tests check it) on the demo's 32 evaluation prompts: the largest and t
 subnet at gamma = 5, inject layer in the middle of the space. Per variant: the mean over seeds
 with a 95 % t-interval and the spread (max - min) / mean; against ours, a paired t-test over
 seeds and a Wilcoxon signed-rank test over the (seed, prompt) pairs of per-prompt tau.
+
+`--n-eval N --eval-seed S` scores on N evaluation prompts drawn with seed S instead (the 32
+prompts' pooled tau is coarse: one drafting cycle more on a 20-token answer moves that
+prompt's tau by 1.0-1.5). The results of such an evaluation go to their own files, and a
+training already done for the default evaluation is scored again, not retrained. Each result
+also holds the full subnet's tau per synthetic task (eval prompt i is task i mod 5) and the
+opening of the cross-attention's gate (tanh of it; 0: closed).
 
 Jobs run in `--jobs` processes of `--threads` threads, the default's seeds first; each job's
 result is a JSON file in `--out` and each training checkpoints in its run folder, so a killed
@@ -46,10 +56,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-VARIANTS = ("ours", "memory-only", "middle", "last", "no-distill", "text-only", "random-keep",
-            "natural-heads")
+VARIANTS = ("ours", "memory-only", "self-only", "middle", "last", "no-distill", "text-only",
+            "random-keep", "natural-heads")
 GAMMA = 5
-N_EVAL = 32
+N_EVAL = 32  # the demo's evaluation prompts (seed 0): the default evaluation
 
 
 def _target():
@@ -74,7 +84,13 @@ def _random_scores(items, seed: int):
     return out
 
 
-def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = None) -> None:
+def eval_tag(n_eval: int, eval_seed: int) -> str:
+    """'' for the default evaluation, else a suffix naming it (traces and result files)."""
+    return "" if (n_eval, eval_seed) == (N_EVAL, 0) else f"-eval-n{n_eval}-s{eval_seed}"
+
+
+def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = None,
+            n_eval: int = N_EVAL, eval_seed: int = 0) -> None:
     """The evaluation traces and each seed's training data, once (skipped when on disk)."""
     import torch
     from dreams_nas.nas.stages.train import load_examples
@@ -94,13 +110,17 @@ def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = Non
                             distill=("aifd", "middle", "last"), show_progress=False)
         torch.save(data, path)
         print(f"seed {seed}: prepared in {time.perf_counter() - start:.0f} s", flush=True)
-        if not (out / "traces.pt").is_file():
-            prompts = prompt_inputs(target, builtin_dataset("eval", N_EVAL, seed=0))
-            scorer = TeacherForcedScorer(target, build_draft(target, data, num_heads=heads,
-                                                             seed=0),
-                                         prompts, supernet_hash="-", dataset_id="-",
-                                         show_progress=False)
-            torch.save(scorer.traces(), out / "traces.pt")
+    traces = out / f"traces{eval_tag(n_eval, eval_seed)}.pt"
+    if not traces.is_file():
+        start = time.perf_counter()
+        data = torch.load(out / f"data-s{seeds[0]}.pt", weights_only=False)
+        prompts = prompt_inputs(target, builtin_dataset("eval", n_eval, seed=eval_seed))
+        scorer = TeacherForcedScorer(target, build_draft(target, data, num_heads=heads, seed=0),
+                                     prompts, supernet_hash="-", dataset_id="-",
+                                     show_progress=False)
+        torch.save(scorer.traces(), traces)
+        print(f"{n_eval} evaluation traces (seed {eval_seed}) in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
 
 
 def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
@@ -118,9 +138,12 @@ def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
 
 
 def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None = None,
-            multires: int | None = None, ema_decay: float | None = None,
-            n_train: int | None = None) -> dict:
-    """Train one variant at one seed and score it; the result is also written to disk."""
+            overrides: dict | None = None, n_train: int | None = None, n_eval: int = N_EVAL,
+            eval_seed: int = 0, seed_shift: int = 0) -> dict:
+    """Train one variant on seed `seed`'s prompts and score it; the result is also written to
+    disk. `overrides`: TrainConfig fields set to other values; `seed_shift`: the training's own
+    seed (initialisation, batches, subnets, held-out slice) is seed + seed_shift. A training
+    done for the default evaluation is only scored again on another."""
     import torch
     from dreams_nas.nas.stages.train import load_examples
     from dreams_nas.supernet.core.runfolder import RunFolder
@@ -132,20 +155,19 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
     root = Path(out)
     target = _target()
     data = torch.load(root / f"data-s{seed}.pt", weights_only=False)
-    traces = torch.load(root / "traces.pt", weights_only=False)
-    config = TrainConfig(seed=seed)
+    tag = eval_tag(n_eval, eval_seed)
+    traces = torch.load(root / f"traces{tag}.pt", weights_only=False)
+    config = replace(TrainConfig(seed=seed + seed_shift), **(overrides or {}))
     if steps:  # smoke runs only: the benchmark is the default settings
         warmup, multires = (int(x) for x in steps.split(","))
         config = replace(config, warmup_steps=warmup, multires_steps=multires, eval_every=2)
-    elif multires is not None:  # a longer or shorter phase 2, evaluated as by default
-        config = replace(config, multires_steps=multires)
-    if ema_decay is not None:  # phase 2's weight average at another decay (0: none)
-        config = replace(config, ema_decay=ema_decay)
     distill, cross, in_self = "aifd", True, True
     if variant in ("middle", "last"):
         distill = variant
     elif variant == "memory-only":
         in_self = False
+    elif variant == "self-only":
+        cross = False
     elif variant == "no-distill":
         distill = "none"
     elif variant == "text-only":
@@ -158,27 +180,51 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
     elif variant != "ours":
         raise SystemExit(f"unknown variant {variant!r}; one of {', '.join(VARIANTS)}")
     run = RunFolder(root / "runs" / f"{variant}-s{seed}")
-    start = time.perf_counter()
-    summary = train_run(run, target, load_examples("builtin", n_train, seed), config,
-                        distill=distill, cross_attention=cross, visual_in_self=in_self,
-                        data=data, show_progress=False)
-    seconds = time.perf_counter() - start
+    trained = root / f"result-{variant}-s{seed}.json"
+    if tag and trained.is_file():  # trained for the default evaluation: score it again
+        result = {k: v for k, v in json.loads(trained.read_text()).items()
+                  if k in ("variant", "seed", "train_s", "steps", "stopped", "best_step",
+                           "heldout_tau")}
+    else:
+        start = time.perf_counter()
+        summary = train_run(run, target, load_examples("builtin", n_train, seed), config,
+                            distill=distill, cross_attention=cross, visual_in_self=in_self,
+                            data=data, show_progress=False)
+        result = {"variant": variant, "seed": seed,
+                  "train_s": round(time.perf_counter() - start, 1), "steps": summary["steps"],
+                  "stopped": summary["stopped"], "best_step": summary["best_step"],
+                  "heldout_tau": summary["heldout_tau"]}
     draft = draft_for_run(target, run)
     space = data.space
     layer = space.inject_layer[len(space.inject_layer) // 2]
-    result = {"variant": variant, "seed": seed, "train_s": round(seconds, 1),
-              "steps": summary["steps"], "stopped": summary["stopped"],
-              "best_step": summary["best_step"], "heldout_tau": summary["heldout_tau"]}
+    result["n_eval"], result["eval_seed"] = len(traces), eval_seed
+    gate = getattr(getattr(draft, "cross", None), "attn_gate", None)
+    result["cross_gate"] = None if gate is None else float(torch.tanh(gate.detach()).item())
     for name, heads, keep in (("full", max(space.heads), max(space.visual_keep)),
                               ("smallest", min(space.heads), min(space.visual_keep))):
         pairs = per_prompt_tau(draft, traces, SubnetSpec(heads, keep, layer, GAMMA))
         result[f"tau_{name}"] = sum(t for t, _ in pairs) / sum(c for _, c in pairs)
         result[f"prompts_{name}"] = [t / c for t, c in pairs]
-    (root / f"result-{variant}-s{seed}.json").write_text(json.dumps(result))
-    print(f"{variant} seed {seed}: tau full {result['tau_full']:.3f}, smallest "
-          f"{result['tau_smallest']:.3f} ({seconds:.0f} s, {summary['steps']} steps, "
-          f"{summary['stopped'] or 'step cap'})", flush=True)
+        if name == "full":
+            result["tau_full_by_task"] = by_task(pairs)
+    (root / f"result-{variant}-s{seed}{tag}.json").write_text(json.dumps(result))
+    tasks = ", ".join(f"{t} {v:.2f}" for t, v in result["tau_full_by_task"].items())
+    print(f"{variant} seed {seed}: tau full {result['tau_full']:.3f} ({tasks}), smallest "
+          f"{result['tau_smallest']:.3f} ({result['train_s']:.0f} s, {result['steps']} steps, "
+          f"{result['stopped'] or 'step cap'})", flush=True)
     return result
+
+
+def by_task(pairs: list[tuple[int, int]]) -> dict[str, float]:
+    """Pooled tau per synthetic task (the builtin set's prompt i is task i mod len(TASKS))."""
+    from dreams_nas.supernet.data.synth import TASKS
+
+    out = {}
+    for k, task in enumerate(TASKS):
+        mine = pairs[k::len(TASKS)]
+        if mine:
+            out[task] = sum(t for t, _ in mine) / sum(c for _, c in mine)
+    return out
 
 
 def interval(values: list[float]) -> tuple[float, float, float]:
@@ -241,6 +287,33 @@ def markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
+def train_overrides(pairs: list[str]) -> dict:
+    """`--set FIELD=VALUE` pairs -> TrainConfig fields, each VALUE parsed as its field's type;
+    ValueError naming the pair and the fix when it is not one."""
+    from dataclasses import fields
+
+    from dreams_nas.supernet.training.tppt import TrainConfig
+
+    kinds = {f.name: type(getattr(TrainConfig(), f.name)) for f in fields(TrainConfig)
+             if isinstance(getattr(TrainConfig(), f.name), (int, float, bool))}
+    out: dict = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in kinds or name == "seed":
+            raise ValueError(f"--set {pair!r} is not FIELD=VALUE with FIELD one of "
+                             f"{', '.join(sorted(set(kinds) - {'seed'}))}")
+        kind = kinds[name]
+        try:
+            out[name] = (value.lower() in ("1", "true", "yes")) if kind is bool else kind(value)
+        except ValueError:
+            raise ValueError(f"--set {pair!r}: {value!r} is not a {kind.__name__}") from None
+    try:
+        replace(TrainConfig(), **out)
+    except Exception as err:  # the config's own check (InputError), named as it words it
+        raise ValueError(f"--set: {err}") from None
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..K-1 (default 3)")
@@ -251,8 +324,18 @@ def main() -> int:
     parser.add_argument("--ema-decay", type=float, default=None, metavar="D",
                         help="phase 2's weight average at decay D instead of the default "
                              "(0: none)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a TrainConfig field at another value (repeatable), e.g. "
+                             "--set weight_decay=0.1 --set warmup_steps=500")
+    parser.add_argument("--seed-shift", type=int, default=0, metavar="K",
+                        help="train with seed s+K on seed s's prompts (data and training "
+                             "randomness crossed; default 0)")
     parser.add_argument("--n-train", type=int, default=None, metavar="N",
                         help="training prompts per seed instead of the default (384)")
+    parser.add_argument("--n-eval", type=int, default=N_EVAL, metavar="N",
+                        help=f"evaluation prompts (default {N_EVAL}, the demo's)")
+    parser.add_argument("--eval-seed", type=int, default=0, metavar="S",
+                        help="seed the evaluation prompts are drawn with (default 0, the demo's)")
     parser.add_argument("--variants", default="all",
                         help=f"comma-separated, or all: {','.join(VARIANTS)}")
     parser.add_argument("--jobs", type=int, default=2, help="trainings at once (default 2)")
@@ -284,23 +367,40 @@ def main() -> int:
         print(f"error: --multires-steps {args.multires_steps} is negative; use N >= 0",
               file=sys.stderr)
         return 2
+    try:
+        overrides = train_overrides(args.set)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.multires_steps is not None:  # a longer or shorter phase 2, evaluated as usual
+        overrides["multires_steps"] = args.multires_steps
+    if args.ema_decay is not None:  # phase 2's weight average at another decay (0: none)
+        overrides["ema_decay"] = args.ema_decay
+    if args.n_eval < 1:
+        print(f"error: --n-eval {args.n_eval} must be at least 1; use e.g. 256",
+              file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
-    prepare(out, seeds, max(1, args.threads * args.jobs), args.n_train)
+    prepare(out, seeds, max(1, args.threads * args.jobs), args.n_train, args.n_eval,
+            args.eval_seed)
+    tag = eval_tag(args.n_eval, args.eval_seed)
     # the default's seeds first (the convergence claim), then each ablation over its seeds in
     # the order given (a benchmark cut short leaves whole rows of the table)
     order = sorted(((v, s) for s in seeds for v in variants),
                    key=lambda job: (job[0] != "ours", variants.index(job[0]), job[1]))
-    jobs = [job for job in order if not (out / f"result-{job[0]}-s{job[1]}.json").is_file()]
+    jobs = [job for job in order
+            if not (out / f"result-{job[0]}-s{job[1]}{tag}.json").is_file()]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps,
-                               args.multires_steps, args.ema_decay, args.n_train)
+                               overrides, args.n_train, args.n_eval, args.eval_seed,
+                               args.seed_shift)
                    for v, s in jobs]
         for future in futures:
             future.result()
-    results = [json.loads((out / f"result-{v}-s{s}.json").read_text())
-               for s in seeds for v in variants if (out / f"result-{v}-s{s}.json").is_file()]
+    results = [json.loads((out / f"result-{v}-s{s}{tag}.json").read_text())
+               for s in seeds for v in variants if (out / f"result-{v}-s{s}{tag}.json").is_file()]
     table = summarise(results, variants, seeds)
     (out / "summary.json").write_text(json.dumps(table, indent=2))
     print(markdown(table))

@@ -212,6 +212,15 @@ class ClaimLedger:
     def done(self, spec_id: str, trial_number: int) -> None:
         self._update(spec_id, state="done", trial_number=int(trial_number), heartbeat=self._now)
 
+    def adopt_done(self, spec_id: str, trial_number: int) -> None:
+        """Mark a running claim done for a trial the study already holds as COMPLETE (its
+        worker was killed between Optuna storing the trial and the claim's update)."""
+        with self._engine.begin() as conn:
+            conn.execute(sa.update(_claims).where(
+                _claims.c.study_name == self.study_name, _claims.c.spec_id == spec_id,
+                _claims.c.state == "running",
+            ).values(state="done", trial_number=int(trial_number), heartbeat=self._now))
+
     def release(self, spec_id: str) -> None:
         """Give up an unfinished claim (the scoring failed) so another worker may retry."""
         with self._engine.begin() as conn:
@@ -330,6 +339,10 @@ class LocalClaims:
         old = self._claims[spec_id]
         self._claims[spec_id] = Claim(spec_id, old.worker, old.host, old.pid, "done",
                                       int(trial_number), time.time())
+
+    def adopt_done(self, spec_id: str, trial_number: int) -> None:
+        if spec_id in self._claims and self._claims[spec_id].state == "running":
+            self.done(spec_id, trial_number)
 
     def release(self, spec_id: str) -> None:
         self._claims.pop(spec_id, None)

@@ -137,6 +137,7 @@ class StudyRunner:
         self.study, self.created = self._open_study()
         self.study_id = self.storage.get_study_id_from_name(study_name)
         self._fail_dead_local_trials()
+        self._adopt_completed_claims()
 
     def _share_acceptance(self, url: str, wait_s: float) -> None:
         """Score tau through the storage's shared rows, one claim per triple."""
@@ -267,6 +268,18 @@ class StudyRunner:
                 self.storage.set_trial_state_values(tid, TrialState.FAIL)
                 if "grid_id" in t.system_attrs:  # the grid counts a failed point as visited
                     retry_dead_trial(self.study, self.storage.get_trial(tid))
+
+    def _adopt_completed_claims(self) -> None:
+        """A worker killed after Optuna stored its trial COMPLETE but before the claim was
+        marked done leaves a running claim for a scored subnet: the sampler (which skips the
+        study's subnets) would never retry it, and it would not count towards the budget."""
+        claims = self.ledger.all()
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            spec_id = t.user_attrs.get("spec_id")
+            claim = claims.get(spec_id) if spec_id is not None else None
+            if claim is not None and claim.state == "running" and "duplicate_of" not in \
+                    t.user_attrs and "tau" in t.user_attrs:
+                self.ledger.adopt_done(spec_id, t.number)
 
     def _values(self, cand: Candidate) -> list[float]:
         if self.objective == "speedup":

@@ -198,3 +198,38 @@ def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_pat
     kinds = {type(t.distributions["draft_len"]) for t in
              optuna.load_study(study_name="s", storage=url).trials}
     assert kinds == {CategoricalDistribution}
+
+
+def test_a_subnet_stored_complete_whose_claim_stayed_running_counts_once(tmp_path) -> None:
+    """The SIGKILL window between Optuna storing a trial COMPLETE and the claim's update: the
+    rerun adopts the claim, so the subnet counts towards the budget (before, the sampler
+    skipped it as held and the budget was met with one subnet too many)."""
+    import subprocess
+    import sys
+
+    import sqlalchemy as sa
+    from dreams_nas.nas.search.claims import ClaimLedger, _claims
+    from dreams_nas.nas.search.storage import claims_url
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = _search(url, study_name="window", objective="speedup", n_trials=4)
+    assert first.n_evaluations == 4
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    victim = first.candidates[-1].spec.id
+    engine = sa.create_engine(claims_url(url))
+    with engine.begin() as conn:
+        hit = conn.execute(sa.update(_claims).where(_claims.c.spec_id == victim).values(
+            state="running", pid=dead.pid, trial_number=None)).rowcount
+    engine.dispose()
+    assert hit == 1
+    again = _search(url, study_name="window", objective="speedup", n_trials=6)
+    assert again.n_evaluations == 6  # the adopted subnet among the first 4, then 2 new
+    ledger = ClaimLedger(claims_url(url), "window")
+    try:
+        claim = ledger.get(victim)
+        assert claim is not None and claim.state == "done"
+        assert claim.trial_number == first.candidates[-1].number
+        assert ledger.count_done() == 6
+    finally:
+        ledger.close()
