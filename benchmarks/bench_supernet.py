@@ -139,10 +139,14 @@ def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
 
 def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None = None,
             overrides: dict | None = None, n_train: int | None = None, n_eval: int = N_EVAL,
-            eval_seed: int = 0, seed_shift: int = 0) -> dict:
+            eval_seed: int = 0, seed_shift: int = 0, depth: int = 1,
+            mlp: tuple[float, ...] = (1.0,)) -> dict:
     """Train one variant on seed `seed`'s prompts and score it; the result is also written to
     disk. `overrides`: TrainConfig fields set to other values; `seed_shift`: the training's own
-    seed (initialisation, batches, subnets, held-out slice) is seed + seed_shift. A training
+    seed (initialisation, batches, subnets, held-out slice) is seed + seed_shift; `depth`, `mlp`:
+    an elastic supernet (`dreams-nas train --depth --mlp`), whose full subnet is the deepest
+    with the whole MLP and smallest the shallowest at the narrowest; with depth > 1 the
+    one-layer subnet (all heads and visual tokens, the whole MLP) is scored too. A training
     done for the default evaluation is only scored again on another."""
     import torch
     from dreams_nas.nas.stages.train import load_examples
@@ -189,7 +193,7 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
         start = time.perf_counter()
         summary = train_run(run, target, load_examples("builtin", n_train, seed), config,
                             distill=distill, cross_attention=cross, visual_in_self=in_self,
-                            data=data, show_progress=False)
+                            data=data, show_progress=False, depth=depth, mlp=mlp)
         result = {"variant": variant, "seed": seed,
                   "train_s": round(time.perf_counter() - start, 1), "steps": summary["steps"],
                   "stopped": summary["stopped"], "best_step": summary["best_step"],
@@ -200,16 +204,21 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
     result["n_eval"], result["eval_seed"] = len(traces), eval_seed
     gate = getattr(getattr(draft, "cross", None), "attn_gate", None)
     result["cross_gate"] = None if gate is None else float(torch.tanh(gate.detach()).item())
-    for name, heads, keep in (("full", max(space.heads), max(space.visual_keep)),
-                              ("smallest", min(space.heads), min(space.visual_keep))):
-        pairs = per_prompt_tau(draft, traces, SubnetSpec(heads, keep, layer, GAMMA))
+    subnets = [("full", max(space.heads), max(space.visual_keep), depth, 1.0),
+               ("smallest", min(space.heads), min(space.visual_keep), 1, min(mlp))]
+    if depth > 1:
+        subnets.append(("one_layer", max(space.heads), max(space.visual_keep), 1, 1.0))
+    for name, heads, keep, d, m in subnets:
+        spec = SubnetSpec(heads, keep, layer, GAMMA, depth=d, mlp=m)
+        pairs = per_prompt_tau(draft, traces, spec)
         result[f"tau_{name}"] = sum(t for t, _ in pairs) / sum(c for _, c in pairs)
         result[f"prompts_{name}"] = [t / c for t, c in pairs]
         if name == "full":
             result["tau_full_by_task"] = by_task(pairs)
     (root / f"result-{variant}-s{seed}{tag}.json").write_text(json.dumps(result))
     tasks = ", ".join(f"{t} {v:.2f}" for t, v in result["tau_full_by_task"].items())
-    print(f"{variant} seed {seed}: tau full {result['tau_full']:.3f} ({tasks}), smallest "
+    one = f", one layer {result['tau_one_layer']:.3f}" if depth > 1 else ""
+    print(f"{variant} seed {seed}: tau full {result['tau_full']:.3f} ({tasks}){one}, smallest "
           f"{result['tau_smallest']:.3f} ({result['train_s']:.0f} s, {result['steps']} steps, "
           f"{result['stopped'] or 'step cap'})", flush=True)
     return result
@@ -330,6 +339,11 @@ def main() -> int:
     parser.add_argument("--seed-shift", type=int, default=0, metavar="K",
                         help="train with seed s+K on seed s's prompts (data and training "
                              "randomness crossed; default 0)")
+    parser.add_argument("--depth", type=int, default=1, metavar="N",
+                        help="decoder layers a side of the cross-attention, elastic 1..N "
+                             "(default 1: the single-size draft)")
+    parser.add_argument("--mlp", default="1", metavar="S,S,...",
+                        help="MLP width shares of an elastic supernet (default 1: whole)")
     parser.add_argument("--n-train", type=int, default=None, metavar="N",
                         help="training prompts per seed instead of the default (384)")
     parser.add_argument("--n-eval", type=int, default=N_EVAL, metavar="N",
@@ -376,6 +390,17 @@ def main() -> int:
         overrides["multires_steps"] = args.multires_steps
     if args.ema_decay is not None:  # phase 2's weight average at another decay (0: none)
         overrides["ema_decay"] = args.ema_decay
+    try:
+        mlp = tuple(sorted({float(x) for x in args.mlp.split(",")}))
+    except ValueError:
+        mlp = ()
+    if not mlp or not all(0.0 < x <= 1.0 for x in mlp) or 1.0 not in mlp:
+        print(f"error: --mlp {args.mlp!r} must be shares in (0, 1] including 1; use e.g. "
+              "0.25,0.5,1", file=sys.stderr)
+        return 2
+    if args.depth < 1:
+        print(f"error: --depth {args.depth} must be at least 1; use e.g. 3", file=sys.stderr)
+        return 2
     if args.n_eval < 1:
         print(f"error: --n-eval {args.n_eval} must be at least 1; use e.g. 256",
               file=sys.stderr)
@@ -395,7 +420,7 @@ def main() -> int:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(run_job, str(out), v, s, args.threads, args.train_steps,
                                overrides, args.n_train, args.n_eval, args.eval_seed,
-                               args.seed_shift)
+                               args.seed_shift, args.depth, mlp)
                    for v, s in jobs]
         for future in futures:
             future.result()

@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="D",
                         help="phase 2: average the weights (EMA) with decay D; held-out tau "
                              "scores the average and the run keeps it (default 0: no average)")
+    parser.add_argument("--phase1-depths", choices=("both", "deepest"), default=None,
+                        help="phase 1 with --depth above 1: train the one-layer draft beside "
+                             "the deepest on every step (both; default) or the deepest only")
     parser.add_argument("--holdout", type=whole(0), default=None, metavar="N",
                         help="training prompts held out to judge convergence (default: an "
                              "eighth, at most 32; 0 trains to the step cap)")
@@ -125,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warmup_steps=args.warmup_steps, multires_steps=args.multires_steps,
         batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
         inplace_distill=args.inplace_distill, ema_decay=args.ema_decay,
+        phase1_shallowest=None if args.phase1_depths is None else args.phase1_depths == "both",
         eval_every=args.eval_every,
         patience=args.patience, tolerance=args.tolerance, time_budget=args.time_budget,
         holdout=args.holdout, lambda_kl=args.lambda_kl,

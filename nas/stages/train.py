@@ -33,6 +33,7 @@ class TrainOptions:
     lr: float | None = None
     inplace_distill: float | None = None
     ema_decay: float | None = None  # phase 2's weight average (TrainConfig.ema_decay)
+    phase1_shallowest: bool | None = None  # TrainConfig.phase1_shallowest (elastic depth)
     eval_every: int | None = None
     patience: int | None = None
     tolerance: float | None = None
@@ -76,7 +77,8 @@ class TrainOptions:
         base = TrainConfig()
         changes = {name: getattr(self, name) for name in
                    ("warmup_steps", "multires_steps", "batch_size", "lr", "unroll",
-                    "inplace_distill", "ema_decay", "eval_every", "patience", "tolerance")
+                    "inplace_distill", "ema_decay", "eval_every", "patience", "tolerance",
+                    "phase1_shallowest")
                    if getattr(self, name) is not None}
         if self.time_budget is not None:
             changes["max_seconds"] = self.time_budget

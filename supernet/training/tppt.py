@@ -103,6 +103,11 @@ class TrainConfig:
     # phase 2's weights are averaged (EMA, `ema`) with this decay; held-out tau is scored on
     # the average and the run keeps it. 0: the weights as they stand (no average)
     ema_decay: float = 0.0
+    # phase 1 of an elastic-depth supernet: each step trains the one-layer draft (all heads
+    # and visual tokens, the whole MLP) beside the deepest, so the shallow path a search may
+    # pick is trained from the first step (the sandwich rule over depth); False: the deepest
+    # only. Without elastic depth it changes nothing (and is not in the checkpoint fingerprint)
+    phase1_shallowest: bool = True
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
@@ -176,7 +181,9 @@ def training_space(model: DreamDraft) -> SearchSpace:
 
 def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainConfig
                ) -> list[SubnetSpec]:
-    """Phase 1: the full draft at a random layer. Phase 2: largest, smallest, random ones."""
+    """Phase 1: the full draft at a random layer (with elastic depth and
+    `config.phase1_shallowest`, also its one-layer form at that layer). Phase 2: largest,
+    smallest, random ones."""
     gen = _step_generator(config.seed, step, salt=2)
     layers = space.inject_layer
 
@@ -186,6 +193,8 @@ def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainCo
     largest = SubnetSpec(max(space.heads), max(space.visual_keep), layer(), 1,
                          depth=max(space.depth), mlp=max(space.mlp))
     if step < config.warmup_steps:
+        if config.phase1_shallowest and min(space.depth) < largest.depth:
+            return [largest, largest.replace(depth=min(space.depth))]
         return [largest]
     smallest = SubnetSpec(min(space.heads), min(space.visual_keep), layer(), 1,
                           depth=min(space.depth), mlp=min(space.mlp))

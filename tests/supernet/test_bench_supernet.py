@@ -28,7 +28,8 @@ def test_set_refuses_what_is_not_a_train_config(pair: str, words: str) -> None:
 
 
 def test_a_bad_option_is_one_line_and_exit_code_2(monkeypatch, capsys, tmp_path) -> None:
-    for argv in (["--set", "lr=x"], ["--n-eval", "0"]):
+    for argv in (["--set", "lr=x"], ["--n-eval", "0"], ["--depth", "0"], ["--mlp", "0.5"],
+                 ["--mlp", "x"]):
         monkeypatch.setattr(sys, "argv", ["bench_supernet.py", *argv, "--out", str(tmp_path)])
         assert bench_supernet.main() == 2
         err = capsys.readouterr().err.strip()

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from _support.models import tiny_prompts
@@ -241,6 +243,12 @@ def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(
     space = training_space(draft)
     assert (space.depth, space.mlp) == ((1, 2), (0.5, 1.0))
     config = TrainConfig(warmup_steps=1, multires_steps=2, random_subnets=6)
+    warm = step_specs(draft, space, 0, config)  # phase 1: the deepest and its one-layer form
+    assert [(s.depth, s.mlp, s.heads, s.visual_keep) for s in warm] == [(2, 1.0, 4, 1.0),
+                                                                       (1, 1.0, 4, 1.0)]
+    assert warm[0].inject_layer == warm[1].inject_layer
+    deepest = step_specs(draft, space, 0, replace(config, phase1_shallowest=False))
+    assert [s.depth for s in deepest] == [2]
     multi = step_specs(draft, space, 1, config)
     assert (multi[0].depth, multi[0].mlp) == (2, 1.0)
     assert (multi[1].depth, multi[1].mlp) == (1, 0.5)
@@ -258,3 +266,18 @@ def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(
         half_after = loss_terms(draft, batch, half, aifd.chosen, LossWeights())["loss"]
     torch.testing.assert_close(after, before)  # the full subnet's function is unchanged
     assert not torch.allclose(half_after, half_before)  # the half MLP now keeps other channels
+
+
+def test_phase1_shallowest_is_in_the_fingerprint_only_with_elastic_depth() -> None:
+    """A single-size run's checkpoints keep the fingerprint they had before the setting; an
+    elastic-depth run trained with the deepest draft alone does not resume as one with both."""
+    from _support.drafts import tiny_draft
+    from dreams_nas.supernet.training.checkpoint import fingerprint_of
+
+    def fingerprint(draft: DreamDraft, config: TrainConfig) -> str:
+        return fingerprint_of(draft, [], [1], config.to_dict())
+
+    both, deepest = TrainConfig(), TrainConfig(phase1_shallowest=False)
+    single, elastic = tiny_draft(), tiny_draft(num_layers=2)
+    assert fingerprint(single, both) == fingerprint(single, deepest)
+    assert fingerprint(elastic, both) != fingerprint(elastic, deepest)
