@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--phase1-depths", choices=("both", "deepest"), default=None,
                         help="phase 1 with --depth above 1: train the one-layer draft beside "
                              "the deepest on every step (both; default) or the deepest only")
+    parser.add_argument("--phase2-depths", choices=("anchored", "sandwich"), default=None,
+                        help="phase 2 with --depth above 1: the sandwich rule (largest, "
+                             "smallest, random) plus the one-layer draft with all heads and "
+                             "the whole MLP on every step (anchored; default) or the sandwich "
+                             "alone")
     parser.add_argument("--holdout", type=whole(0), default=None, metavar="N",
                         help="training prompts held out to judge convergence (default: an "
                              "eighth, at most 32; 0 trains to the step cap)")
@@ -129,6 +134,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         batch_size=args.batch_size, unroll=args.unroll, lr=args.lr,
         inplace_distill=args.inplace_distill, ema_decay=args.ema_decay,
         phase1_shallowest=None if args.phase1_depths is None else args.phase1_depths == "both",
+        phase2_shallowest=(None if args.phase2_depths is None
+                           else args.phase2_depths == "anchored"),
         eval_every=args.eval_every,
         patience=args.patience, tolerance=args.tolerance, time_budget=args.time_budget,
         holdout=args.holdout, lambda_kl=args.lambda_kl,

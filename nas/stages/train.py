@@ -34,6 +34,7 @@ class TrainOptions:
     inplace_distill: float | None = None
     ema_decay: float | None = None  # phase 2's weight average (TrainConfig.ema_decay)
     phase1_shallowest: bool | None = None  # TrainConfig.phase1_shallowest (elastic depth)
+    phase2_shallowest: bool | None = None  # TrainConfig.phase2_shallowest (elastic depth)
     eval_every: int | None = None
     patience: int | None = None
     tolerance: float | None = None
@@ -78,7 +79,7 @@ class TrainOptions:
         changes = {name: getattr(self, name) for name in
                    ("warmup_steps", "multires_steps", "batch_size", "lr", "unroll",
                     "inplace_distill", "ema_decay", "eval_every", "patience", "tolerance",
-                    "phase1_shallowest")
+                    "phase1_shallowest", "phase2_shallowest")
                    if getattr(self, name) is not None}
         if self.time_budget is not None:
             changes["max_seconds"] = self.time_budget

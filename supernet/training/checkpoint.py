@@ -118,8 +118,9 @@ def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
     `settings`: the `TrainConfig` as a dict."""
     digest = hashlib.sha256()
     train = {k: v for k, v in settings.items() if k not in NOT_FINGERPRINTED}
-    if model.config.num_layers == 1:  # no elastic depth: the setting changes nothing
+    if model.config.num_layers == 1:  # no elastic depth: the settings change nothing
         train.pop("phase1_shallowest", None)
+        train.pop("phase2_shallowest", None)
     fields = {"draft": model.config.to_dict(), "train": train,
               "distill": list(distill_layers)}
     if compute_dtype not in (None, torch.float32):  # float32 runs keep their old fingerprint

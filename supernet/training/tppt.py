@@ -108,6 +108,11 @@ class TrainConfig:
     # pick is trained from the first step (the sandwich rule over depth); False: the deepest
     # only. Without elastic depth it changes nothing (and is not in the checkpoint fingerprint)
     phase1_shallowest: bool = True
+    # phase 2 of an elastic-depth supernet: the sandwich (largest, smallest, random) gains the
+    # one-layer draft with all heads, visual tokens and the whole MLP at the step's layer, the
+    # subnet a search on a fixed-overhead device picks most; False: the sandwich alone. Like
+    # `phase1_shallowest`, out of the fingerprint without elastic depth
+    phase2_shallowest: bool = True
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "multires_steps", "random_subnets", "lr_warmup_steps",
@@ -183,7 +188,8 @@ def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainCo
                ) -> list[SubnetSpec]:
     """Phase 1: the full draft at a random layer (with elastic depth and
     `config.phase1_shallowest`, also its one-layer form at that layer). Phase 2: largest,
-    smallest, random ones."""
+    smallest, random ones (with elastic depth and `config.phase2_shallowest`, then the
+    largest's one-layer form)."""
     gen = _step_generator(config.seed, step, salt=2)
     layers = space.inject_layer
 
@@ -201,7 +207,10 @@ def step_specs(model: DreamDraft, space: SearchSpace, step: int, config: TrainCo
     everything = list(space.enumerate())
     picks = torch.randint(len(everything), (config.random_subnets,), generator=gen,
                           device=gen.device).tolist()
-    return [largest, smallest, *(everything[i] for i in picks)]
+    specs = [largest, smallest, *(everything[i] for i in picks)]
+    if config.phase2_shallowest and min(space.depth) < largest.depth:
+        specs.append(largest.replace(depth=min(space.depth)))
+    return specs
 
 
 class MixedPrecision:

@@ -32,7 +32,7 @@ def trained(setup):
     argv = ["train", "--run", str(run), "--target", str(target), "--data", str(jsonl),
             "--warmup-steps", "2", "--multires-steps", "2", "--batch-size", "2", "--unroll", "1",
             "--max-new-tokens", "4", "--depth", "2", "--mlp", "0.5,1", "--device", "cpu",
-            "--json", "-q"]
+            "--phase2-depths", "sandwich", "--json", "-q"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = main(argv)
@@ -50,6 +50,9 @@ def test_train_writes_the_run_and_prints_a_summary(setup, trained):
     assert {"target", "space", "supernet", "aifd"} <= set(data)
     assert data["target"]["path"] == str(target.resolve())
     assert data["supernet"]["train"]["config"]["unroll"] == 1  # --unroll, not the space's depth
+    # the one-layer anchor: phase 1's by default, phase 2's off by --phase2-depths sandwich
+    anchors = [data["supernet"]["train"]["config"][f"phase{i}_shallowest"] for i in (1, 2)]
+    assert anchors == [True, False]
     # --depth 2 --mlp 0.5,1: elastic depth and width, searched
     assert (data["space"]["depth"], data["space"]["mlp"]) == ([1, 2], [0.5, 1.0])
     config = data["supernet"]["config"]

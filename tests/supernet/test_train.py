@@ -249,9 +249,13 @@ def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(
     assert warm[0].inject_layer == warm[1].inject_layer
     deepest = step_specs(draft, space, 0, replace(config, phase1_shallowest=False))
     assert [s.depth for s in deepest] == [2]
-    multi = step_specs(draft, space, 1, config)
+    multi = step_specs(draft, space, 1, config)  # phase 2: the sandwich, then the one layer
     assert (multi[0].depth, multi[0].mlp) == (2, 1.0)
     assert (multi[1].depth, multi[1].mlp) == (1, 0.5)
+    assert len(multi) == 2 + config.random_subnets + 1
+    assert multi[-1] == multi[0].replace(depth=1)
+    sandwich = step_specs(draft, space, 1, replace(config, phase2_shallowest=False))
+    assert sandwich == multi[:-1]
     seen = {(s.depth, s.mlp) for step in range(1, 30) for s in step_specs(draft, space, step,
                                                                             config)}
     assert seen == {(1, 0.5), (1, 1.0), (2, 0.5), (2, 1.0)}
@@ -268,16 +272,17 @@ def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(
     assert not torch.allclose(half_after, half_before)  # the half MLP now keeps other channels
 
 
-def test_phase1_shallowest_is_in_the_fingerprint_only_with_elastic_depth() -> None:
-    """A single-size run's checkpoints keep the fingerprint they had before the setting; an
-    elastic-depth run trained with the deepest draft alone does not resume as one with both."""
+@pytest.mark.parametrize("name", ["phase1_shallowest", "phase2_shallowest"])
+def test_shallow_anchors_are_in_the_fingerprint_only_with_elastic_depth(name: str) -> None:
+    """A single-size run's checkpoints keep the fingerprint they had before the settings; an
+    elastic-depth run trained without the one-layer anchor does not resume as one with it."""
     from _support.drafts import tiny_draft
     from dreams_nas.supernet.training.checkpoint import fingerprint_of
 
     def fingerprint(draft: DreamDraft, config: TrainConfig) -> str:
         return fingerprint_of(draft, [], [1], config.to_dict())
 
-    both, deepest = TrainConfig(), TrainConfig(phase1_shallowest=False)
+    both, deepest = TrainConfig(), TrainConfig(**{name: False})
     single, elastic = tiny_draft(), tiny_draft(num_layers=2)
     assert fingerprint(single, both) == fingerprint(single, deepest)
     assert fingerprint(elastic, both) != fingerprint(elastic, deepest)
