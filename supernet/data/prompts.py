@@ -28,7 +28,7 @@ from dreams_nas.supernet.core.io import (
     locked,
     read_json,
 )
-from dreams_nas.supernet.data.synth import SPLITS, TASKS, make_sample
+from dreams_nas.supernet.data.synth import SPLITS, TASKS, TRAIN_TASKS, make_sample
 
 IMAGE_MARKER = "<image>"
 SYNTH_VERSION = "synth-v1"
@@ -145,6 +145,8 @@ def write_synthetic(out_dir: str | Path, n: int, split: str, seed: int = 0,
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise InputError(f"unknown task(s) {unknown}; pick from {list(TASKS)}")
+    if not tasks:
+        raise InputError(f"no task given; name one or more of {list(TASKS)}")
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     lines = []
@@ -171,18 +173,33 @@ def _png_bytes(image) -> bytes:
     return buffer.getvalue()
 
 
+def split_tasks(split: str) -> tuple[str, ...]:
+    """The task mix of the built-in `split`: `TRAIN_TASKS` for train, each task once for eval."""
+    return TRAIN_TASKS if split == "train" else TASKS
+
+
 def builtin_dataset(split: str, n: int, seed: int = 0,
                     cache_dir: str | Path | None = None) -> list[Example]:
-    """The built-in synthetic set: rendered once into the cache, then loaded from it."""
+    """The built-in synthetic set (`split_tasks(split)`): rendered once into the cache, then
+    loaded from it."""
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    folder = root / "synth" / f"{SYNTH_VERSION}-{split}-n{n}-s{seed}"
+    tasks = split_tasks(split)
+    folder = root / "synth" / f"{SYNTH_VERSION}-{split}{_mix_tag(tasks)}-n{n}-s{seed}"
     jsonl = folder / f"{split}.jsonl"
     if not _synth_complete(folder, n):
         folder.parent.mkdir(parents=True, exist_ok=True)
         with locked(folder.parent / f".{folder.name}"):
             if not _synth_complete(folder, n):  # another process may have written it meanwhile
-                _render_into(folder, n, split, seed)
+                _render_into(folder, n, split, seed, tasks)
     return load_llava_jsonl(jsonl)
+
+
+def _mix_tag(tasks: Sequence[str]) -> str:
+    """"" for each task once (the cache folders rendered before mixes), else e.g.
+    "-scene1-count1-ocr3-chart1-math1"."""
+    if tuple(tasks) == TASKS:
+        return ""
+    return "".join(f"-{task}{list(tasks).count(task)}" for task in TASKS)
 
 
 def _synth_complete(folder: Path, n: int) -> bool:
@@ -193,13 +210,13 @@ def _synth_complete(folder: Path, n: int) -> bool:
         return False
 
 
-def _render_into(folder: Path, n: int, split: str, seed: int) -> None:
+def _render_into(folder: Path, n: int, split: str, seed: int, tasks: Sequence[str]) -> None:
     """Render into a temporary sibling, mark it complete, then swap it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
     try:
-        write_synthetic(tmp, n, split, seed)
+        write_synthetic(tmp, n, split, seed, tasks)
         atomic_write_json(tmp / _COMPLETE, {"version": SYNTH_VERSION, "split": split, "n": n,
-                                            "seed": seed})
+                                            "seed": seed, "tasks": list(tasks)})
         if folder.exists():
             shutil.rmtree(folder)
         os.replace(tmp, folder)

@@ -17,6 +17,7 @@ from dreams_nas.supernet.data.synth import (
     GRID,
     IMAGE_SIZE,
     TASKS,
+    TRAIN_TASKS,
     make_sample,
     sample_seed,
     vocabulary_texts,
@@ -184,6 +185,20 @@ def test_builtin_dataset_is_cached(tmp_path) -> None:
     assert [e.answer for e in first] == [make_sample("eval", 2, i).answer for i in range(6)]
 
 
+def test_the_builtin_train_split_draws_ocr_three_times_in_seven(tmp_path) -> None:
+    """The draft's training prompts weight OCR (the skill a one-layer draft misses by chance);
+    the evaluation split keeps each task once, in a cache folder of its own."""
+    train = builtin_dataset("train", 14, seed=2, cache_dir=tmp_path)
+    assert [e.answer for e in train] == [make_sample("train", 2, i, TRAIN_TASKS).answer
+                                         for i in range(14)]
+    assert sum("text in the image reads" in e.answer for e in train) == 6
+    assert sorted(TRAIN_TASKS) == sorted([*TASKS, "ocr", "ocr"])
+    folders = {p.name for p in (tmp_path / "synth").iterdir() if not p.name.startswith(".")}
+    assert folders == {"synth-v1-train-scene1-count1-ocr3-chart1-math1-n14-s2"}
+    marker = json.loads((tmp_path / "synth" / folders.pop() / "complete.json").read_text())
+    assert marker["tasks"] == list(TRAIN_TASKS)
+
+
 def test_cli_data_synth(tmp_path, capsys) -> None:
     out = tmp_path / "synth"
     code = cli.main(["data", "synth", "--out", str(out), "--n", "5", "--split", "eval", "--json",
@@ -194,3 +209,13 @@ def test_cli_data_synth(tmp_path, capsys) -> None:
     assert len(load_llava_jsonl(summary["jsonl"])) == 5
     assert cli.main(["data", "synth", "--out", str(out), "--n", "0"]) == 2
     assert "argument --n: 0 is out of range: give a number >= 1" in capsys.readouterr().err
+    # the train split's default is the built-in training mix; --tasks weights by repetition
+    assert cli.main(["data", "synth", "--out", str(out), "--n", "7", "--json", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out)["tasks"] == list(TRAIN_TASKS)
+    assert cli.main(["data", "synth", "--out", str(out), "--n", "3", "--tasks", "ocr,ocr,math",
+                     "--json", "-q"]) == 0
+    answers = [e.answer for e in load_llava_jsonl(out / "train.jsonl")]
+    assert ["text in the image reads" in a for a in answers] == [True, True, False]
+    assert cli.main(["data", "synth", "--out", str(out), "--tasks", ","]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no task given" in err and len(err.splitlines()) == 1
