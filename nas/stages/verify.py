@@ -183,11 +183,14 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     from dreams_nas.supernet.draft.extract import extract
 
     drafts = {spec: extract(supernet, spec) for spec in specs}
-    first = dict(prompts[0])  # warm-up: first-call allocations are not decoding speed
-    plain_generate(target, first, max_new_tokens=4)
+    # Warm-up: one whole decode of the first prompt by each decoder, so first-call work (a
+    # GPU's kernel selection and allocator growth for every context length and verify width
+    # the decode meets) is not counted as decoding speed.
+    first = dict(prompts[0])
+    plain_generate(target, first, max_new_tokens=max_new_tokens)
     for spec, draft in drafts.items():
-        generate(target, first, DreamDrafter(draft, spec), gamma=spec.draft_len, max_new_tokens=4,
-                 tree=spec.shape)
+        generate(target, first, DreamDrafter(draft, spec), gamma=spec.draft_len,
+                 max_new_tokens=max_new_tokens, tree=spec.shape)
     repeats = max(1, repeats)
     n = len(prompts)
     base_all, all_totals = _Totals(), {s: _Totals() for s in specs}

@@ -73,6 +73,11 @@ def test_score_then_search_writes_every_artefact(tiny_run, cmd) -> None:
         (measured["speedup"] / measured["predicted_speedup"] - 1) * 100)
     assert out["gap_pct"] == pytest.approx(measured["gap_pct"], abs=0.01)
     assert best["verified"][0]["gap_pct"] == pytest.approx(measured["gap_pct"])
+    # each repeat's speedup beside their median, so an outlying pass shows
+    repeats = measured["repeat_speedups"]
+    assert len(repeats) == measured["repeats"] and best["verified"][0]["repeat_speedups"] == repeats
+    if len(repeats) > 1:
+        assert measured["speedup"] == pytest.approx(sorted(repeats)[len(repeats) // 2])
     # a profile made before the cycle kinds: the overhead is priced 0 ms, and said so once
     assert best["cycle_overhead"]["priced"] is False and out["cycle_overhead_priced"] is False
     note = best["cycle_overhead"]["note"]

@@ -97,3 +97,25 @@ def test_a_repeat_that_decodes_differently_is_an_error(fake_decoding, monkeypatc
                                            "repeat"):
         measure_end_to_end(object(), object(), [SubnetSpec(2, 0.5, 2, 3)], prompts,
                            max_new_tokens=4, repeats=2, show_progress=False)
+
+
+def test_the_warm_up_decodes_the_first_prompt_whole(fake_decoding, monkeypatch) -> None:
+    """First-call work (a GPU's kernel choice for each context length and verify width) falls
+    in the warm-up: one decode of the first prompt as long as the measured ones, per decoder."""
+    lengths: list[tuple[str, int]] = []
+
+    def plain(*args, max_new_tokens, **kwargs):
+        lengths.append(("plain", max_new_tokens))
+        return _timed(0.040)
+
+    def spec(*args, max_new_tokens, **kwargs):
+        lengths.append(("spec", max_new_tokens))
+        return _timed(0.020)
+
+    monkeypatch.setattr("dreams_nas.supernet.decoding.loop.plain_generate", plain)
+    monkeypatch.setattr("dreams_nas.supernet.decoding.loop.generate", spec)
+    prompts = [{"input_ids": torch.ones(1, 3, dtype=torch.long)}] * 2
+    measure_end_to_end(object(), object(), [SubnetSpec(2, 0.5, 2, 3)], prompts,
+                       max_new_tokens=48, show_progress=False)
+    assert lengths[:2] == [("plain", 48), ("spec", 48)]
+    assert len(lengths) == 2 + 2 * len(prompts)
