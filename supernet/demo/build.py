@@ -11,6 +11,7 @@ function-preservingly and fine-tuned, see `grow_text_layers`), then saves model 
 from __future__ import annotations
 
 import logging
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -152,6 +153,10 @@ def _build(out: Path, spec: DemoVariant, seed: int, progress: bool) -> dict[str,
         "build_s": round(time.perf_counter() - start, 1),
         "threads": torch.get_num_threads(),
         "ranks": spec.build_ranks,
+        # The vector instructions torch's CPU kernels ran on: builds of one version, seed and
+        # thread count on CPUs of different capability differ in float rounding.
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "machine": platform.machine(),
         "versions": library_versions(),
     }
     atomic_write_json(out / "demo_metrics.json", metrics)

@@ -42,9 +42,15 @@ def test_two_ranks_train_what_one_process_trains(setup) -> None:
     assert [e[0] for e in events] == list(range(8))  # every step reached the parent, in order
     for a, b in zip(alone["loss_curve"], parallel["loss_curve"], strict=True):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
-    state = one.state_dict()
-    worst = max(float((state[k] - v).abs().max()) for k, v in two.state_dict().items())
-    assert worst < 1e-4  # eight AdamW steps from float-rounding-different gradients
+    # The weights agree up to what float-rounding-different gradients make of eight AdamW
+    # steps, whose sizes do not scale with the gradient's (the gap depends on the CPU's vector
+    # units): measured against how far training moved the weights from their start.
+    state, start = one.state_dict(), fresh().state_dict()
+    diff = torch.cat([(state[k] - v).flatten() for k, v in two.state_dict().items()])
+    moved = torch.cat([(state[k] - v).flatten() for k, v in start.items()])
+    # (measured: largest 0.66 % of the largest move, norm 1.1e-4 of the move's, on AVX2)
+    assert float(diff.abs().max()) < 0.02 * float(moved.abs().max())
+    assert float(diff.norm()) < 1e-3 * float(moved.norm())
     assert not two.training
 
 

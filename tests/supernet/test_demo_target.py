@@ -59,6 +59,8 @@ def test_metrics_and_cache_reuse(tiny, capsys) -> None:
     for key in ("exact_match", "num_params", "decode_ms_target", "decode_ms_draft_1layer",
                 "decode_ms_draft_3layer", "draft_3layer_to_target", "build_s"):
         assert key in metrics
+    # the vector instructions the build ran on (builds on CPUs that differ here differ)
+    assert metrics["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert metrics["num_params"] == sum(
         p.numel() for p in LlavaForConditionalGeneration.from_pretrained(folder).parameters())
     assert metrics["generate_check"]["agrees_with_teacher_forced"] == metrics["generate_check"]["n"]
