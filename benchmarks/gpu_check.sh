@@ -14,8 +14,9 @@
 # 3. prints per dtype the hardware id, the identical-prompt rate, predicted vs measured speedup
 #    and the draft and target step times; then checks the one-line error for a device that is
 #    not there.
-# Record what it prints in BENCHMARKS.md with the GPU's name. On an H200 it takes about 8 minutes
-# (the demo target carried in a built $DREAMS_NAS_CACHE; building it there adds minutes).
+# Record what it prints in BENCHMARKS.md with the GPU's name. On an H200 it should take about 8
+# minutes (estimated from the stage times of the first GPU run, with the demo target carried in
+# a built $DREAMS_NAS_CACHE; building it there adds minutes).
 set -euo pipefail
 DEVICE=cuda:0
 VARIANT=""
