@@ -6,7 +6,12 @@
   its own KV cache and the cross-attention memory of the kept visual + text positions, the
   draft's `logits` (the target's LM head, only its rows of the draft's vocabulary when
   `draft_vocab` < 1: `DreamDraft.logits`), argmax. The memory's keys/values are computed once
-  per request at prefill, so they are built before timing, as the draft's cache is.
+  per request at prefill, so they are built before timing, as the draft's cache is. Timed
+  back to back. (With `chain_drafts` each repeat is instead prepared, untimed, by what
+  precedes a cycle's later step in the loop: the target's verify and the first draft step on
+  the same draft cache. `benchmarks/bench_draft_chain.py` times both beside the loop's own
+  steps: back to back the step costs what the loop's later steps cost, 1.00-1.03x at the
+  median, chained 1.10-1.13x, and a chained profile takes 1.2-1.8x as long: BENCHMARKS.md.)
 * ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
   (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
   runs the target's verify over the cycle's gamma_max + 1 positions at the same context length
@@ -126,8 +131,8 @@ class ModelSteps:
     """
 
     def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0,
-                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = ()
-                 ) -> None:
+                 precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = (),
+                 chain_drafts: bool = False) -> None:
         self.adapter, self.supernet = adapter, supernet.eval()
         self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
@@ -144,6 +149,8 @@ class ModelSteps:
         self.precede = precede
         # A tree of each size the space holds: what a ``verify_tree`` key of k positions runs.
         self.trees = {TokenTree(tuple(t)).nodes + 1: TokenTree(tuple(t)) for t in trees}
+        # A ``draft`` repeat prepared by a verify and the first draft step (module docstring).
+        self.chain_drafts = chain_drafts
 
     def build(self, key: StepKey) -> Step:
         """The step of `key`; a ``draft_first`` step is prepared by the target's verify pass
@@ -155,6 +162,8 @@ class ModelSteps:
                 f"visual tokens; use --context-lengths above {self.visual_tokens}"
             )
         if key.kind == "draft":
+            if self.chain_drafts:
+                return self._chained_draft_step(key)
             return Step(self._draft_step(key, width=key.k, level=key.k > 1))
         if key.kind == "draft_first":
             return self._first_draft_step(key)
@@ -233,6 +242,25 @@ class ModelSteps:
         return Step(verify, prepare=drafting)
 
     # --- draft -------------------------------------------------------------------------
+    def _chained_draft_step(self, key: StepKey) -> Step:
+        """The draft step of `key` (one position, or a tree level of `key.k` nodes) as a cycle
+        runs its later steps: each repeat is prepared (untimed) by what precedes it in the loop
+        -- the target's verify over the canonical spec's draft_len + 1 positions, then the
+        cycle's first draft step on the *same* draft cache and cross-attention memory (which
+        the verify evicted from the CPU caches and the first step brings back, as in the
+        loop) -- not back to back (`chain_drafts`)."""
+        assert key.spec is not None
+        k = key.spec.draft_len + 1 if key.spec.draft_len else 8
+        verify = self._target_step(StepKey("verify", key.context_len, max(2, k)))
+        step, first = self._draft_steps(key, width=key.k, level=key.k > 1,
+                                        first_width=first_positions(k - 1))
+
+        def chain() -> None:
+            verify()
+            first()
+
+        return Step(step, prepare=chain)
+
     def _first_draft_step(self, key: StepKey) -> Step:
         """The draft step of `key` over `first_positions(gamma)` positions, prepared by the
         target's verify over the canonical spec's draft_len + 1 positions (the space's largest
@@ -255,7 +283,6 @@ class ModelSteps:
                 self._compact = (ident, extract(self.supernet, spec))
         return self._compact[1]
 
-    @torch.inference_mode()
     def _draft_step(self, key: StepKey, width: int = 1, level: bool = False
                     ) -> Callable[[], object]:
         """One draft forward over `width` new positions (1: a step within the cycle), the
@@ -264,6 +291,13 @@ class ModelSteps:
         depth, each seeing the cache and itself (its ancestors sit in the cache), the logits of
         every node and each node's children ranked, as `DreamDrafter.propose_tree` drafts a
         level."""
+        return self._draft_steps(key, width, level)[0]
+
+    @torch.inference_mode()
+    def _draft_steps(self, key: StepKey, width: int = 1, level: bool = False,
+                     first_width: int = 1) -> tuple[Callable[[], object], Callable[[], object]]:
+        """`_draft_step`'s step, and a first draft step over `first_width` positions on the same
+        draft cache and memory (both crop the cache back to the prompt)."""
         from dreams_nas.supernet.draft.state import DraftCache
 
         assert key.spec is not None
@@ -294,6 +328,17 @@ class ModelSteps:
             feature = torch.randn(1, width, self.hidden, generator=self.generator).to(
                 dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
+        first_token = self._ids(first_width)
+        first_feature = torch.randn(1, first_width, self.hidden,
+                                    generator=self.generator).to(dev, self.dtype)
+        first_position = torch.arange(ctx, ctx + first_width, device=dev)[None]
+
+        @torch.inference_mode()
+        def first() -> torch.Tensor:
+            first_out = draft(first_token, first_feature, first_position, memory, cache=cache)
+            logits = draft.logits(first_out.feature[:, -1])
+            cache.crop(text)
+            return logits.argmax(-1)
         if level:
             position = torch.full((1, width), ctx, device=dev)
             mask = torch.eye(width, dtype=torch.bool, device=dev)
@@ -305,7 +350,7 @@ class ModelSteps:
                 cache.crop(text)
                 return logits.sort(dim=-1, descending=True, stable=True).indices[:, :4]
 
-            return level_step
+            return level_step, first
 
         @torch.inference_mode()
         def step() -> torch.Tensor:
@@ -314,4 +359,4 @@ class ModelSteps:
             cache.crop(text)
             return logits.argmax(-1)
 
-        return step
+        return step, first

@@ -44,6 +44,43 @@ def test_verify_is_prepared_by_the_draft_steps_of_the_preceding_subnet(tiny_llav
     assert steps.build(StepKey("decode", 20, 1)).prepare is None
 
 
+def test_a_chained_draft_step_is_prepared_by_a_verify_and_the_first_draft_step(tiny_llava
+                                                                               ) -> None:
+    """With `chain_drafts`, as the loop runs a cycle's later draft steps: after the target's
+    verify (over the space's deepest chain + 1) and the first draft step (over the accepted
+    tokens) on the same draft cache, untimed."""
+    from dreams_nas.latency.steps import first_positions
+
+    steps = _steps(tiny_llava, precede=False)
+    spec = steps.supernet.active.replace(heads=1, visual_keep=0.5, draft_len=3)
+    assert steps.build(StepKey("draft", 20, 1, spec)).prepare is None  # the profile: hot
+    steps.chain_drafts = True  # what benchmarks/bench_draft_chain.py sets beside it
+    events: list[tuple] = []
+    verify = steps.adapter.verify
+
+    def counting_verify(tokens, layers):
+        events.append(("verify", int(tokens.shape[1])))
+        return verify(tokens, layers)
+
+    def draft_forward(module, args, kwargs):  # (ids, prev feature, positions, memory)
+        cache = kwargs["cache"]
+        events.append(("draft", int(args[0].shape[1]), id(cache), cache.length))
+
+    steps.adapter.verify = counting_verify
+    steps._extracted(spec).register_forward_pre_hook(draft_forward, with_kwargs=True)
+    for k in (1, 3):  # a chain's step, a tree level of 3 nodes
+        step = steps.build(StepKey("draft", 20, k, spec))
+        events.clear()  # the draft's pass over the prompt at build
+        step.prepare()
+        (_, n), (_, width, first_cache, text) = events
+        assert n == 4 and width == first_positions(3)  # verify over gamma_max + 1
+        assert steps.adapter.cache_len == 20  # the verify rolled itself back
+        events.clear()
+        step.run()
+        assert events == [("draft", k, first_cache, text)]  # the same cache, cropped back
+    assert steps.build(StepKey("draft_first", 20, 1, spec)).prepare is not None
+
+
 def test_without_a_preceding_subnet_the_verify_is_timed_hot(tiny_llava) -> None:
     steps = _steps(tiny_llava, precede=False)
     assert steps.build(StepKey("verify", 20, 4)).prepare is None
