@@ -1,32 +1,36 @@
-"""A draft step as the profile times it against the same step inside real decoding.
+"""Each step the profile prices, timed as the profile times it and inside real decoding.
 
     dreams-nas search --run dreams-run          # first: a run with a supernet and a best.json
     python benchmarks/bench_draft_chain.py --run dreams-run [--spec h3-v1.00-l8-g7]
         [--prompts 8] [--max-new-tokens 64] [--rounds 5] [--repeats 40] [--threads 1]
 
-The expected-speedup formula prices a cycle of gamma drafts as one first draft step (over the
-previous cycle's accepted tokens, right after the target's verify) and gamma - 1 later steps.
-This benchmark times what those prices should be -- the subnet's draft steps inside
-`supernet.decoding.loop.generate` on the evaluation prompts, each forward and `logits` call of
-the drafter timed with `perf_counter` (the first forward of a cycle with its first `logits`
-is the cycle's first step; each later forward with the next `logits` a later step) -- and,
-in the same rounds, the profile's step builder (`latency.steps.ModelSteps`) at the loop's mean
-context, three ways:
+The expected-speedup formula prices plain decoding by the target's one-token step and a cycle
+of gamma drafts by one first draft step (over the previous cycle's accepted tokens, right after
+the target's verify), gamma - 1 later steps and the verify over gamma + 1 positions. This
+benchmark times what those prices should be -- each prompt decoded plainly and then by the
+subnet through `supernet.decoding.loop.generate`, every target `verify` call and every forward
+and `logits` call of the drafter timed with `perf_counter` (a cycle's first forward with its
+first `logits` is its first step; each later forward with the next `logits` a later step) --
+and, in the same rounds, the profile's step builder (`latency.steps.ModelSteps`) at the loop's
+mean context:
 
 * ``hot``: the profile's ``draft`` step, timed back to back (3 warm-ups, then the repeats);
 * ``chain``: the same step with each repeat prepared (untimed) as the loop prepares a cycle's
   later step: the target's verify, then the first draft step on the same draft cache and
   memory (`ModelSteps(chain_drafts=True)`);
-* ``first``: the profile's ``draft_first`` step, each repeat prepared by the verify.
+* ``first``: the profile's ``draft_first`` step, each repeat prepared by the verify;
+* ``decode``: the profile's ``decode`` step (back to back);
+* ``verify``: the profile's ``verify`` over gamma + 1 positions, each repeat prepared by the
+  space's largest subnet's draft steps.
 
-The loop's steps are its forward and `logits` calls alone; the builder's steps add the argmax
+The loop's draft steps are its forward and `logits` calls alone; the builder's add the argmax
 and the cache crop (which the profile's ``cycle`` kind prices among the loop's own work), so
 a builder step a few per cent above the loop's is the expected agreement.
 
-Each round decodes the prompts, then times the three builder steps (`--repeats` samples each),
-so a change of the machine's speed falls on all of them. The table gives per round the p10
-and the median of each, and each builder way's ratio to the loop's step it prices (medians
-over the rounds); the last line is the same as JSON.
+Each round decodes the prompts, then times the builder's steps (`--repeats` samples each), so
+a change of the machine's speed falls on all of them. The table gives per round the p10 and
+the median of each, then each builder step's ratio to the loop's step it prices (medians over
+the rounds, and their range); the last line is the same as JSON.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, float]] = []
+        self.target: list[tuple[int, float]] = []  # (positions, ms) of each target verify
 
     def timed(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter_ns()
@@ -71,6 +76,24 @@ class _Recorder:
             elif name == "propose":  # a new cycle (an unpaired forward before it: the
                 opening, pending = True, None  # draft's pass over the prompt, not a step)
         return first, later
+
+
+class _TimedTarget:
+    """The target adapter with each `verify` call's positions and time recorded (plain
+    decoding calls it over one position, a cycle over its drafts and the last token)."""
+
+    def __init__(self, adapter: Any, recorder: _Recorder) -> None:
+        self._adapter, self._recorder = adapter, recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._adapter, name)
+
+    def verify(self, tokens: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter_ns()
+        out = self._adapter.verify(tokens, *args, **kwargs)
+        self._recorder.target.append((int(tokens.shape[1]),
+                                      (time.perf_counter_ns() - start) / 1e6))
+        return out
 
 
 class _TimedDraft:
@@ -150,13 +173,17 @@ def main(argv: list[str] | None = None) -> int:
     recorder = _Recorder()
     contexts: list[int] = []
 
+    timed_target = _TimedTarget(target, recorder)
+
     def decode_all() -> None:
-        for prompt in prompts:
+        for prompt in prompts:  # plainly, then speculatively, as the search's verification
+            generate(timed_target, dict(prompt), None,  # type: ignore[arg-type]
+                     max_new_tokens=args.max_new_tokens)
             drafter = DreamDrafter(draft, spec)
             drafter.draft = _TimedDraft(drafter.draft, recorder)  # type: ignore[assignment]
             marked = _MarkedDrafter(drafter, recorder, target, contexts)
-            generate(target, dict(prompt), marked, gamma=spec.draft_len,  # type: ignore[arg-type]
-                     max_new_tokens=args.max_new_tokens)
+            generate(timed_target, dict(prompt), marked,  # type: ignore[arg-type]
+                     gamma=spec.draft_len, max_new_tokens=args.max_new_tokens)
 
     decode_all()  # warm-up, and the loop's contexts
     context = int(round(statistics.mean(contexts)))
@@ -164,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     steps = ModelSteps(target, supernet, int(plan.get("visual_tokens", 0)),
                        seed=int(plan.get("seed", 0)), precede=space.largest())
     key = StepKey("draft", context, 1, canonical)
+    k = spec.draft_len + 1  # the loop's verify width (but where the answer's budget ends)
+
+    def chained(draft_key: Any) -> Any:
+        steps.chain_drafts = True
+        try:
+            return steps.build(draft_key)
+        finally:
+            steps.chain_drafts = False  # the profile's way
 
     def timed(step: Any) -> list[float]:
         timing = measure(step.run, warmup=3, min_repeats=args.repeats,
@@ -171,47 +206,43 @@ def main(argv: list[str] | None = None) -> int:
                          prepare=step.prepare)
         return list(timing.samples_ms)
 
-    rows = []
+    builders = {"hot": lambda: steps.build(key), "chain": lambda: chained(key),
+                "first": lambda: steps.build(StepKey("draft_first", context, 1, canonical)),
+                "decode": lambda: steps.build(StepKey("decode", context, 1)),
+                "verify": lambda: steps.build(StepKey("verify", context, k))}
+    pairs = (("hot", "loop_later"), ("chain", "loop_later"), ("first", "loop_first"),
+             ("decode", "loop_decode"), ("verify", "loop_verify"))
+    columns = ("loop_first", "loop_later", "hot", "chain", "first", "loop_decode", "decode",
+               "loop_verify", "verify")
     print(f"{spec.id} (priced as {canonical.id}) at context {context} (the loop's mean); "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens; {args.threads} thread(s); "
-          f"p10 / median ms")
-    print(f"{'round':>5} {'loop first':>14} {'loop later':>14} {'hot':>14} {'chain':>14} "
-          f"{'first':>14}")
+          f"p10 / median ms; verify over {k} positions")
+    print(f"{'round':>5} " + " ".join(f"{c:>14}" for c in columns))
+    rows = []
     for r in range(args.rounds):
         recorder.calls.clear()
+        recorder.target.clear()
         decode_all()
         loop_first, loop_later = recorder.steps()
-        steps.chain_drafts = False  # the profile's way
-        hot = timed(steps.build(key))
-        steps.chain_drafts = True
-        chain = timed(steps.build(key))
-        steps.chain_drafts = False
-        first = timed(steps.build(StepKey("draft_first", context, 1, canonical)))
-        row = {"loop_first": _stats(loop_first), "loop_later": _stats(loop_later),
-               "hot": _stats(hot), "chain": _stats(chain), "first": _stats(first),
-               "n_loop_later": len(loop_later)}
+        samples = {"loop_first": loop_first, "loop_later": loop_later,
+                   "loop_decode": [ms for n, ms in recorder.target if n == 1],
+                   "loop_verify": [ms for n, ms in recorder.target if n == k]}
+        samples.update({name: timed(build()) for name, build in builders.items()})
+        row = {name: _stats(v) for name, v in samples.items()}
         rows.append(row)
-        print(f"{r + 1:>5} " + " ".join(f"{row[n][0]:6.3f}/{row[n][1]:6.3f}" for n in
-                                        ("loop_first", "loop_later", "hot", "chain", "first")))
+        print(f"{r + 1:>5} " + " ".join(f"{row[c][0]:6.3f}/{row[c][1]:6.3f}" for c in columns))
     summary: dict[str, Any] = {"spec": spec.id, "context": context, "rounds": args.rounds,
                                "threads": args.threads}
     for stat, i in (("p10", 0), ("median", 1)):
-        ratios = {"hot_over_loop_later": [row["hot"][i] / row["loop_later"][i] for row in rows],
-                  "chain_over_loop_later": [row["chain"][i] / row["loop_later"][i]
-                                            for row in rows],
-                  "first_over_loop_first": [row["first"][i] / row["loop_first"][i]
-                                            for row in rows]}
-        for name, values in ratios.items():
-            summary[f"{name}_{stat}"] = round(statistics.median(values), 3)
-            summary[f"{name}_{stat}_range"] = [round(min(values), 3), round(max(values), 3)]
-        print(f"{stat}: hot / loop {summary[f'hot_over_loop_later_{stat}']:.2f} "
-              f"({min(ratios['hot_over_loop_later']):.2f}-{max(ratios['hot_over_loop_later']):.2f}),"
-              f" chain / loop {summary[f'chain_over_loop_later_{stat}']:.2f} "
-              f"({min(ratios['chain_over_loop_later']):.2f}-"
-              f"{max(ratios['chain_over_loop_later']):.2f}), first / loop's first "
-              f"{summary[f'first_over_loop_first_{stat}']:.2f} "
-              f"({min(ratios['first_over_loop_first']):.2f}-"
-              f"{max(ratios['first_over_loop_first']):.2f})")
+        parts = []
+        for builder, loop in pairs:
+            values = [row[builder][i] / row[loop][i] for row in rows]
+            name = f"{builder}_over_{loop}_{stat}"
+            summary[name] = round(statistics.median(values), 3)
+            summary[f"{name}_range"] = [round(min(values), 3), round(max(values), 3)]
+            parts.append(f"{builder} / {loop} {summary[name]:.2f} "
+                         f"({min(values):.2f}-{max(values):.2f})")
+        print(f"{stat}: " + ", ".join(parts))
     print(json.dumps(summary))
     return 0
 

@@ -29,3 +29,16 @@ def test_a_recorded_call_returns_the_callees_value_and_its_time() -> None:
     assert draft(1) == 2 and draft.logits(3) == 6 and draft.size == 7
     assert [name for name, _ in recorder.calls] == ["forward", "logits"]
     assert all(ms >= 0 for _, ms in recorder.calls)
+
+
+def test_the_targets_verify_calls_are_recorded_by_their_positions() -> None:
+    import torch
+
+    recorder = bench_draft_chain._Recorder()
+    adapter = type("A", (), {"verify": lambda self, tokens, layers=(): tokens.sum(),
+                             "cache_len": 12})()
+    target = bench_draft_chain._TimedTarget(adapter, recorder)
+    assert target.verify(torch.ones(1, 8, dtype=torch.long), (3,)) == 8
+    assert target.verify(torch.ones(1, 1, dtype=torch.long)) == 1
+    assert target.cache_len == 12
+    assert [n for n, _ in recorder.target] == [8, 1] and not recorder.calls
