@@ -10,8 +10,8 @@
   back to back. (With `chain_drafts` each repeat is instead prepared, untimed, by what
   precedes a cycle's later step in the loop: the target's verify and the first draft step on
   the same draft cache. `benchmarks/bench_draft_chain.py` times both beside the loop's own
-  steps: back to back the step costs what the loop's later steps cost, 1.00-1.03x at the
-  median, chained 1.10-1.13x, and a chained profile takes 1.2-1.8x as long: BENCHMARKS.md.)
+  steps: back to back the step costs what the loop's later steps cost, 0.94-1.03x at the
+  median, chained 1.10-1.17x, and a chained profile takes 1.2-1.8x as long: BENCHMARKS.md.)
 * ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
   (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
   runs the target's verify over the cycle's gamma_max + 1 positions at the same context length
@@ -249,11 +249,10 @@ class ModelSteps:
         cycle's first draft step on the *same* draft cache and cross-attention memory (which
         the verify evicted from the CPU caches and the first step brings back, as in the
         loop) -- not back to back (`chain_drafts`)."""
-        assert key.spec is not None
-        k = key.spec.draft_len + 1 if key.spec.draft_len else 8
-        verify = self._target_step(StepKey("verify", key.context_len, max(2, k)))
+        verify, k = self._cycle_verify(key)
         step, first = self._draft_steps(key, width=key.k, level=key.k > 1,
                                         first_width=first_positions(k - 1))
+        assert first is not None
 
         def chain() -> None:
             verify()
@@ -265,10 +264,15 @@ class ModelSteps:
         """The draft step of `key` over `first_positions(gamma)` positions, prepared by the
         target's verify over the canonical spec's draft_len + 1 positions (the space's largest
         gamma; 8 without a spec)."""
+        verify, k = self._cycle_verify(key)
+        return Step(self._draft_step(key, width=first_positions(k - 1)), prepare=verify)
+
+    def _cycle_verify(self, key: StepKey) -> tuple[Callable[[], object], int]:
+        """The target's verify that opens a cycle of `key`'s draft steps, and its positions k:
+        the canonical spec's draft_len + 1 (the space's largest gamma; 8 without a spec)."""
         assert key.spec is not None
         k = key.spec.draft_len + 1 if key.spec.draft_len else 8
-        verify = self._target_step(StepKey("verify", key.context_len, max(2, k)))
-        return Step(self._draft_step(key, width=first_positions(k - 1)), prepare=verify)
+        return self._target_step(StepKey("verify", key.context_len, max(2, k))), k
 
     def _extracted(self, spec: SubnetSpec) -> nn.Module:
         from dreams_nas.supernet.draft.extract import extract
@@ -295,9 +299,11 @@ class ModelSteps:
 
     @torch.inference_mode()
     def _draft_steps(self, key: StepKey, width: int = 1, level: bool = False,
-                     first_width: int = 1) -> tuple[Callable[[], object], Callable[[], object]]:
-        """`_draft_step`'s step, and a first draft step over `first_width` positions on the same
-        draft cache and memory (both crop the cache back to the prompt)."""
+                     first_width: int | None = None
+                     ) -> tuple[Callable[[], object], Callable[[], object] | None]:
+        """`_draft_step`'s step, and (only when `first_width` is given) a first draft step over
+        that many positions on the same draft cache and memory (both crop the cache back to the
+        prompt)."""
         from dreams_nas.supernet.draft.state import DraftCache
 
         assert key.spec is not None
@@ -328,17 +334,8 @@ class ModelSteps:
             feature = torch.randn(1, width, self.hidden, generator=self.generator).to(
                 dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
-        first_token = self._ids(first_width)
-        first_feature = torch.randn(1, first_width, self.hidden,
-                                    generator=self.generator).to(dev, self.dtype)
-        first_position = torch.arange(ctx, ctx + first_width, device=dev)[None]
-
-        @torch.inference_mode()
-        def first() -> torch.Tensor:
-            first_out = draft(first_token, first_feature, first_position, memory, cache=cache)
-            logits = draft.logits(first_out.feature[:, -1])
-            cache.crop(text)
-            return logits.argmax(-1)
+        first = None if first_width is None else self._first_on(
+            draft, memory, cache, text, ctx, first_width)
         if level:
             position = torch.full((1, width), ctx, device=dev)
             mask = torch.eye(width, dtype=torch.bool, device=dev)
@@ -360,3 +357,21 @@ class ModelSteps:
             return logits.argmax(-1)
 
         return step, first
+
+    def _first_on(self, draft: nn.Module, memory: Any, cache: Any, text: int, ctx: int,
+                  width: int) -> Callable[[], object]:
+        """A first draft step over `width` positions on `draft`'s given cache and memory,
+        cropped back to the `text` prompt positions after each call."""
+        dev = self.device
+        token = self._ids(width)
+        feature = torch.randn(1, width, self.hidden, generator=self.generator).to(dev, self.dtype)
+        position = torch.arange(ctx, ctx + width, device=dev)[None]
+
+        @torch.inference_mode()
+        def first() -> torch.Tensor:
+            out = draft(token, feature, position, memory, cache=cache)
+            logits = draft.logits(out.feature[:, -1])
+            cache.crop(text)
+            return logits.argmax(-1)
+
+        return first
