@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
 from dreams_nas.latency.hardware import CpuFreqProbe, HardwareInfo, cpu_throttle_probe
 from dreams_nas.latency.nvml import NvmlDevice
+from dreams_nas.latency.order import blocks, timing_order
 from dreams_nas.latency.passes import PassJournal, journal_path
 from dreams_nas.latency.plan import StepKey
 from dreams_nas.latency.store import ProfileStore, make_row
@@ -99,7 +99,9 @@ def run_profile(
 
     The keys are timed in an order shuffled by `shuffle_seed` (None: as given), so that a slow
     drift of the machine (other load, heat) spreads over the grid as noise instead of
-    correlating with one axis of it.
+    correlating with one axis of it; the target's steps of one context are shuffled as one unit
+    and timed side by side, so that the ratios between them, which every speedup divides, come
+    from the same seconds (`order.timing_order`); a block never splits a unit.
 
     A step that runs out of memory is recorded with status ``oom`` (``failed`` for other
     runtime errors) and profiling goes on.
@@ -107,10 +109,8 @@ def run_profile(
     from dreams_nas.supernet.core.progress import progress
 
     done = store.done_keys()
-    todo = [k for k in keys if k.ident not in done]
-    if shuffle_seed is not None:
-        order = np.random.default_rng(shuffle_seed).permutation(len(todo))
-        todo = [todo[i] for i in order]
+    units = timing_order([k for k in keys if k.ident not in done], shuffle_seed)
+    todo = [key for unit in units for key in unit]
     skipped = len(keys) - len(todo)
     if skipped:
         log.info("resuming: %d of %d measurements already in %s", skipped, len(keys), store.path)
@@ -133,8 +133,7 @@ def run_profile(
 
         try:
             size = 1 if passes <= 1 else (settings.chunk or max(1, len(todo)))
-            for start in range(0, len(todo), size):
-                block = todo[start:start + size]
+            for block in blocks(units, size):
                 rows = _time_block(builder, block, hw, settings, probe, journal, tick)
                 measured += store.append(rows)
                 failed += sum(row["status"] != "ok" for row in rows)
