@@ -97,7 +97,8 @@ def run_profile(
     measured (`passes.PassJournal`), so a kill loses at most the step in flight: a rerun takes
     the journaled passes back and the journal goes once every key's row is written.
 
-    The keys are timed in an order shuffled by `shuffle_seed` (None: as given), so that a slow
+    The keys are timed in an order shuffled by `shuffle_seed` (None: as given, each context's
+    target steps gathered where the first of them is), so that a slow
     drift of the machine (other load, heat) spreads over the grid as noise instead of
     correlating with one axis of it; the target's steps of one context are shuffled as one unit
     and timed side by side, so that the ratios between them, which every speedup divides, come

@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(other load, heat, clocks) hits every step alike; at most "
                              "--repeats (default: 10)")
     parser.add_argument("--chunk", type=whole(0), default=256,
-                        help="steps per interleaved block, 0 for the whole grid (default: 256); "
+                        help="steps per interleaved block, 0 for the whole grid (default: 256; a "
+                             "block ends with a whole unit of one context's target steps); "
                              "every step's pass is journaled as it is timed, so a kill loses at "
                              "most the step in flight")
     parser.add_argument("--stat", default="p10", choices=["p10", "median"],
