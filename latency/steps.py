@@ -349,14 +349,7 @@ class ModelSteps:
 
             return level_step, first
 
-        @torch.inference_mode()
-        def step() -> torch.Tensor:
-            step_out = draft(token, feature, position, memory, cache=cache)
-            logits = draft.logits(step_out.feature[:, -1])  # (1, vocab)
-            cache.crop(text)
-            return logits.argmax(-1)
-
-        return step, first
+        return _draft_forward(draft, token, feature, position, memory, cache, text), first
 
     def _first_on(self, draft: nn.Module, memory: Any, cache: Any, text: int, ctx: int,
                   width: int) -> Callable[[], object]:
@@ -366,12 +359,20 @@ class ModelSteps:
         token = self._ids(width)
         feature = torch.randn(1, width, self.hidden, generator=self.generator).to(dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
+        return _draft_forward(draft, token, feature, position, memory, cache, text)
 
-        @torch.inference_mode()
-        def first() -> torch.Tensor:
-            out = draft(token, feature, position, memory, cache=cache)
-            logits = draft.logits(out.feature[:, -1])
-            cache.crop(text)
-            return logits.argmax(-1)
 
-        return first
+def _draft_forward(draft: nn.Module, token: torch.Tensor, feature: torch.Tensor,
+                position: torch.Tensor, memory: Any, cache: Any, text: int
+                ) -> Callable[[], torch.Tensor]:
+    """One draft forward over `token`'s positions on `cache` and `memory`, the last position's
+    logits and their argmax, the cache cropped back to the `text` prompt positions after."""
+
+    @torch.inference_mode()
+    def step() -> torch.Tensor:
+        out = draft(token, feature, position, memory, cache=cache)
+        logits = draft.logits(out.feature[:, -1])  # (1, vocab)
+        cache.crop(text)
+        return logits.argmax(-1)
+
+    return step
