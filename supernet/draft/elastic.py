@@ -13,28 +13,43 @@ draft model decides it in one place (`DreamDraft.set_active`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
-from transformers.models.llama.modeling_llama import rotate_half
+
+
+@functools.cache
+def _inv_freq(head_dim: int, theta: float, device: torch.device) -> Tensor:
+    """Rotary inverse frequencies (head_dim/2,), computed once per (head_dim, theta, device):
+    a draft step would otherwise rebuild them from five ops on every call."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device,
+                                         dtype=torch.float32) / head_dim))
 
 
 def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos/sin tables for rotary position embedding.
+    """cos and signed sin tables for rotary position embedding (`apply_rotary`).
 
-    position_ids: (batch, seq) -> cos, sin: (batch, 1, seq, head_dim)
+    position_ids: (batch, seq) -> cos, sin: (batch, 1, seq, head_dim). ``cos`` is Llama's
+    table; ``sin`` carries rotate_half's sign (its first half negated), so that
+    ``apply_rotary`` rotates with one roll instead of rotate_half's two slices, negation and
+    concatenation (the same numbers: a product's sign does not change its magnitude).
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
-                                             dtype=torch.float32) / head_dim))
+    with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in training
+        inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)
     freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (batch, seq, head_dim/2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos()[:, None], emb.sin()[:, None]
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), dim=-1)[:, None], torch.cat((-sin, sin), dim=-1)[:, None]
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: (batch, heads, seq, head_dim); cos/sin: (batch, 1, seq, head_dim)."""
-    return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)
+    """x: (batch, heads, seq, head_dim); cos/sin: (batch, 1, seq, head_dim) from
+    `rotary_cos_sin`. Equals Llama's ``x * cos + rotate_half(x) * sin`` bit for bit."""
+    if cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class ElasticAttention(nn.Module):

@@ -12,6 +12,12 @@ from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
 
 
+def rms_norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
+    """`norm(x)` without the module call: the same F.rms_norm, a few microseconds less of a
+    draft step (seven norms per step of the paper's draft, where a step is ~1 ms on a CPU)."""
+    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+
+
 class SwiGLU(nn.Module):
     """SwiGLU MLP with elastic width: a call uses the first `channels` intermediate channels
     (rows of gate/up, columns of down), which importance sorting makes the most useful ones."""
@@ -71,18 +77,18 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, h: Tensor, heads: int, cos: Tensor, sin: Tensor, mask: Tensor,
+    def forward(self, h: Tensor, heads: int, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 cache: DraftCache | None, index: int, channels: int | None = None) -> Tensor:
-        """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys); channels: the MLP's
-        (None: all)."""
-        x = self.input_norm(h)
+        """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys), None where every key is
+        visible; channels: the MLP's (None: all)."""
+        x = rms_norm(self.input_norm, h)
         q = apply_rotary(self.attn.project_q(x, heads), cos, sin)
         k, v = self.attn.project_kv(x, heads)
         k = apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(index, k, v)
         h = h + self.attn.attend(q, k, v, mask)
-        return h + self.mlp(self.post_norm(h), channels)
+        return h + self.mlp(rms_norm(self.post_norm, h), channels)
 
 
 class CrossAttentionLayer(nn.Module):
@@ -100,10 +106,10 @@ class CrossAttentionLayer(nn.Module):
 
     def forward(self, h: Tensor, heads: int, memory: Memory,
                 channels: int | None = None) -> Tensor:
-        q = self.attn.project_q(self.query_norm(h), heads)
-        mask = memory.mask[:, None, None, :]  # (batch, 1, 1, mem)
-        h = h + torch.tanh(self.attn_gate) * self.attn.attend(q, memory.keys, memory.values, mask)
-        return h + torch.tanh(self.mlp_gate) * self.mlp(self.post_norm(h), channels)
+        q = self.attn.project_q(rms_norm(self.query_norm, h), heads)
+        h = h + torch.tanh(self.attn_gate) * self.attn.attend(q, memory.keys, memory.values,
+                                                              memory.attn_mask)
+        return h + torch.tanh(self.mlp_gate) * self.mlp(rms_norm(self.post_norm, h), channels)
 
 
 class LayerInput(nn.Module):

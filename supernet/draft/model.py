@@ -40,7 +40,13 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
-from dreams_nas.supernet.draft.layers import CrossAttentionLayer, DecoderLayer, LayerInput, SwiGLU
+from dreams_nas.supernet.draft.layers import (
+    CrossAttentionLayer,
+    DecoderLayer,
+    LayerInput,
+    SwiGLU,
+    rms_norm,
+)
 from dreams_nas.supernet.draft.state import (
     DraftCache,
     DraftOutput,
@@ -82,6 +88,7 @@ class DreamDraft(nn.Module):
         self._shared = shared  # plain attribute: not a submodule, not saved
         self._active = config.spec or config.largest()
         self._head_rows: dict[tuple[Any, ...], tuple[Tensor, Tensor | None]] = {}
+        self._checked: set[SubnetSpec] = set()  # the specs `set_active` accepted
         if config.has_vocab_order:
             # target token ids, most frequent in the self-distillation answers first
             # (`set_vocab_order`); an extracted subnet keeps only the ones it predicts over
@@ -97,7 +104,11 @@ class DreamDraft(nn.Module):
 
     def set_active(self, spec: SubnetSpec) -> None:
         """Make `spec` the subnet every forward uses (heads, visual_keep, inject_layer, depth,
-        mlp)."""
+        mlp). A spec checked once is not checked again (a decoding activates its subnet
+        every cycle)."""
+        if spec in self._checked:
+            self._active = spec
+            return
         cfg = self.config
         if not 1 <= spec.heads <= cfg.num_heads:
             raise InputError(f"spec {spec.id}: heads={spec.heads} is outside 1..{cfg.num_heads} "
@@ -119,6 +130,7 @@ class DreamDraft(nn.Module):
             raise InputError(f"this extracted draft is subnet {cfg.spec.id}; "
                              f"it cannot run {spec.id} "
                              "(extract that subnet from the supernet instead)")
+        self._checked.add(spec)
         self._active = spec
 
     @contextlib.contextmanager
@@ -240,7 +252,8 @@ class DreamDraft(nn.Module):
         states, mask = gather_rows(layer_hidden, keep)  # (batch, mem, hidden)
         states = self.memory_inputs[str(spec.inject_layer)](states)
         k, v = self.cross.attn.project_kv(states, spec.heads)
-        return Memory(keys=k, values=v, mask=mask)
+        # one row pads nothing (gather_rows pads each row to the longest)
+        return Memory(keys=k, values=v, mask=mask, padded=layer_hidden.shape[0] > 1)
 
     @property
     def active_layers(self) -> tuple[list[DecoderLayer], list[DecoderLayer]]:
@@ -300,10 +313,12 @@ class DreamDraft(nn.Module):
         x = self.embed(input_ids).to(prev_hidden.dtype)
         h = linear(torch.cat((x, prev_hidden), dim=-1), self.fuse.weight)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
-        mask = self._self_mask(input_ids.shape[1], cache, attention_mask, h.device)
-        if tree_mask is not None:
-            mask = mask.clone()
-            mask[..., mask.shape[-1] - tree_mask.shape[-1]:] = tree_mask.to(h.device)
+        mask: Tensor | None = None  # one new position sees every cached one and itself
+        if input_ids.shape[1] > 1 or attention_mask is not None or tree_mask is not None:
+            mask = self._self_mask(input_ids.shape[1], cache, attention_mask, h.device)
+            if tree_mask is not None:
+                mask = mask.clone()
+                mask[..., mask.shape[-1] - tree_mask.shape[-1]:] = tree_mask.to(h.device)
         before, after = self.active_layers
         channels = self.active_channels
         for i, layer in enumerate(before):  # cache slots: 0..d-1 before, d..2d-1 after
@@ -316,7 +331,7 @@ class DreamDraft(nn.Module):
             cross_out = h
         for i, layer in enumerate(after):
             h = layer(h, heads, cos, sin, mask, cache, len(before) + i, channels)
-        return DraftOutput(feature=self.norm(h), cross_out=cross_out)
+        return DraftOutput(feature=rms_norm(self.norm, h), cross_out=cross_out)
 
     @staticmethod
     def _self_mask(seq: int, cache: DraftCache | None, attention_mask: Tensor | None,

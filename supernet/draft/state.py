@@ -18,6 +18,14 @@ class Memory:
     keys: Tensor  # (batch, heads, mem, head_dim)
     values: Tensor  # (batch, heads, mem, head_dim)
     mask: Tensor  # bool (batch, mem): True = a real (not padded) memory slot
+    # whether `mask` may hold padding (False: every slot is real, as one request's memory,
+    # and the cross-attention applies no mask)
+    padded: bool = True
+
+    @property
+    def attn_mask(self) -> Tensor | None:
+        """bool (batch, 1, 1, mem) for the attention, or None where every slot is real."""
+        return self.mask[:, None, None, :] if self.padded else None
 
     @property
     def length(self) -> int:

@@ -83,6 +83,8 @@ def _product(x: Tensor, w: Tensor, b: Tensor | None, dtype: torch.dtype) -> Tens
 
 def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     """F.linear(x, w, b), without the slow 16-bit kernels of CPUs lacking native bfloat16."""
+    if x.dtype not in _HALF and w.dtype not in _HALF and not torch.is_autocast_enabled("cpu"):
+        return F.linear(x, w, b)  # no 16-bit product: the common case, decided in ~1 us
     dtype = emulated_dtype(x, w)
     if dtype is None:
         return F.linear(x, w, b)

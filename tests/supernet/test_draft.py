@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from _support.drafts import HIDDEN, tiny_draft, tiny_prompt
@@ -67,6 +69,38 @@ def test_cached_incremental_forward_equals_one_pass_and_crop_rolls_back(heads):
         cache.crop(99)
 
 
+def test_a_one_position_step_without_a_mask_equals_the_masked_step_bit_for_bit():
+    # a single new position sees every cached position and itself: the step applies no mask
+    # to its self-attention, nor to its cross-attention over one request's memory (no padding)
+    model = tiny_draft()
+    spec = SubnetSpec(3, 0.5, 1, 3)
+    layer_hidden, visual, scores = tiny_prompt()
+    ids, prev, pos = _inputs(6)
+    with model.using(spec), torch.inference_mode():
+        memory = model.memory(layer_hidden, visual, scores)
+        assert not memory.padded and memory.attn_mask is None
+        padded = dataclasses.replace(memory, padded=True)
+        assert padded.attn_mask is not None
+        assert padded.attn_mask.shape == (1, 1, 1, memory.length)
+        features = []
+        for mem, everything in ((memory, None), (padded, torch.ones(1, 1, dtype=torch.bool))):
+            cache = DraftCache()
+            model(ids[:, :5], prev[:, :5], pos[:, :5], mem, cache=cache)
+            # a tree mask of one visible node forces the mask path with the same visibility
+            features.append(model(ids[:, 5:], prev[:, 5:], pos[:, 5:], mem, cache=cache,
+                                  tree_mask=everything).feature)
+    assert torch.equal(features[0], features[1])
+
+
+def test_a_batch_memory_keeps_its_padding_mask():
+    model = tiny_draft()
+    layer_hidden, visual, scores = tiny_prompt()
+    with model.using(SubnetSpec(4, 0.5, 1, 3)):
+        memory = model.memory(layer_hidden.repeat(2, 1, 1), visual.repeat(2, 1),
+                              scores.repeat(2, 1))
+    assert memory.padded and memory.attn_mask is not None
+
+
 def test_padding_does_not_change_real_positions():
     model = tiny_draft()
     layer_hidden, visual, scores = (t.expand(2, *t.shape[1:]) for t in tiny_prompt())
@@ -101,6 +135,9 @@ def test_active_subnet_is_validated_and_restored():
         model.set_active(SubnetSpec(2, 0.5, 3, 3))
     with pytest.raises(InputError, match="heads=8 is outside 1..4"):
         model.set_active(SubnetSpec(8, 0.5, 1, 3))
+    with pytest.raises(InputError, match="heads=8 is outside 1..4"):  # refused every time
+        model.set_active(SubnetSpec(8, 0.5, 1, 3))
+    assert model.active == full
 
 
 def test_shared_modules_are_not_parameters():

@@ -50,3 +50,30 @@ def test_bad_head_count_and_bad_permutation_are_refused():
         attn.project_q(torch.randn(1, 2, 16), 5)
     with pytest.raises(ValueError, match="not a permutation"):
         attn.permute_heads(torch.tensor([0, 0, 1, 2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_equals_llamas_rotate_half_bit_for_bit(dtype):
+    from dreams_nas.supernet.draft.elastic import apply_rotary, rotary_cos_sin
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    gen = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, 4000, (2, 9), generator=gen)
+    x = torch.randn(2, 3, 9, 32, generator=gen).to(dtype)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+    ours = apply_rotary(x, *rotary_cos_sin(positions, 32, 10000.0))
+    assert ours.dtype == dtype
+    assert torch.equal(ours, x * cos + rotate_half(x) * sin)
+
+
+def test_rotary_tables_made_in_inference_mode_serve_training():
+    from dreams_nas.supernet.draft.elastic import apply_rotary, rotary_cos_sin
+
+    with torch.inference_mode():  # the inverse frequencies are cached here first
+        rotary_cos_sin(torch.arange(4)[None], 8, 500.0)
+    x = torch.randn(1, 2, 4, 8, requires_grad=True)
+    apply_rotary(x, *rotary_cos_sin(torch.arange(4)[None], 8, 500.0)).sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
