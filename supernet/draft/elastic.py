@@ -24,9 +24,11 @@ from torch import Tensor, nn
 @functools.cache
 def _inv_freq(head_dim: int, theta: float, device: torch.device) -> Tensor:
     """Rotary inverse frequencies (head_dim/2,), computed once per (head_dim, theta, device):
-    a draft step would otherwise rebuild them from five ops on every call."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device,
-                                         dtype=torch.float32) / head_dim))
+    a draft step would otherwise rebuild them from five ops on every call. A plain tensor even
+    when first asked for in inference mode, so training can use it too."""
+    with torch.inference_mode(False), torch.no_grad():
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device,
+                                             dtype=torch.float32) / head_dim))
 
 
 def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -37,8 +39,7 @@ def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[T
     ``apply_rotary`` rotates with one roll instead of rotate_half's two slices, negation and
     concatenation (the same numbers: a product's sign does not change its magnitude).
     """
-    with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable in training
-        inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)
+    inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)
     freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (batch, seq, head_dim/2)
     cos, sin = freqs.cos(), freqs.sin()
     return torch.cat((cos, cos), dim=-1)[:, None], torch.cat((-sin, sin), dim=-1)[:, None]
