@@ -37,8 +37,10 @@ def _rank(rank: int, size: int, threads: int, init: str, run_root: str, prompts:
         dist.join("gloo", init_method=f"file://{init}", rank=rank, size=size)
     try:
         _work(rank, run_root, prompts, steps, out)
-    finally:
+    except BaseException:
         dist.leave()
+        raise
+    dist.leave(synchronize=True)
 
 
 def _work(rank: int, run_root: str, prompts: int, steps: int, out: str) -> None:

@@ -189,11 +189,17 @@ def join(backend: str, *, init_method: str | None = None, rank: int | None = Non
     return world
 
 
-def leave() -> None:
+def leave(synchronize: bool = False) -> None:
+    """Destroy the process group. `synchronize` (a rank that ended its work normally) waits
+    for every rank first, so that no rank tears down its connections while a peer's last
+    messages to it are in flight (gloo aborts the process then); a rank leaving on an error
+    does not wait, since a peer may be gone."""
     global _CONTROL
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if synchronize and dist.get_world_size() > 1:
+            dist.barrier(group=_CONTROL)
         dist.destroy_process_group()
     _CONTROL = None
 
@@ -208,5 +214,7 @@ def process_group(device: str) -> Iterator[World]:
     world = join(backend_for(device))
     try:
         yield world
-    finally:
+    except BaseException:
         leave()
+        raise
+    leave(synchronize=True)

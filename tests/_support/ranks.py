@@ -38,8 +38,10 @@ def _entry(rank: int, task: Callable[..., Any], size: int, init: str, args: tupl
     dist.join("gloo", init_method=f"file://{init}", rank=rank, size=size, timeout_s=120)
     try:
         task(rank, *args)
-    finally:
+    except BaseException:
         dist.leave()
+        raise
+    dist.leave(synchronize=True)
 
 
 def _kill_after(module: Any, name: str, calls: int) -> None:
