@@ -4,6 +4,9 @@ across hardware. Each returns None when the run lacks what it shows."""
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Sequence
+
 import matplotlib
 from dreams_nas.reports.plotting import BEST_COLOR, make_axes
 from dreams_nas.reports.values import KindAccuracy, ReportData
@@ -12,10 +15,14 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 
 def parity_figure(data: ReportData) -> Figure | None:
+    """Measured against predicted step time on the held-out rows, one colour per step kind,
+    with the predictor's summary and each kind's accuracy in a panel beside the plot (a space
+    with trees and elastic depth has eight kinds: their lines do not fit inside the axes)."""
     pred = data.predictor
     if pred is None or not pred.holdout:
         return None
-    fig, ax = make_axes()
+    fig = Figure(figsize=(9.6, 4.6), layout="constrained")
+    ax, side = fig.subplots(1, 2, width_ratios=[1.15, 1])
     lo = min(min(p.measured_ms, p.predicted_ms) for p in pred.holdout)
     hi = max(max(p.measured_ms, p.predicted_ms) for p in pred.holdout)
     span = [lo * 0.85, hi * 1.15]
@@ -26,7 +33,7 @@ def parity_figure(data: ReportData) -> Figure | None:
     for i, kind in enumerate(sorted({p.kind for p in pred.holdout})):
         pts = [p for p in pred.holdout if p.kind == kind]
         ax.scatter([p.measured_ms for p in pts], [p.predicted_ms for p in pts], s=22,
-                   color=cmap(i), label=kind, zorder=3, alpha=0.85)
+                   color=cmap(i % cmap.N), label=kind, zorder=3, alpha=0.85)
     if hi / max(lo, 1e-9) > 5:  # draft steps and target steps differ by an order of magnitude
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -36,9 +43,25 @@ def parity_figure(data: ReportData) -> Figure | None:
             axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(span)
     ax.set_ylim(span)
+    ax.set_aspect("equal", adjustable="box")
     ax.set_xlabel("measured (ms)")
     ax.set_ylabel("predicted (ms)")
-    lines = [f"{pred.regressor}"]
+    ax.set_title(f"Latency predictor on held-out rows — {data.hardware_id}", loc="left")
+    side.axis("off")
+    side.text(0.0, 1.0, parity_summary(data), transform=side.transAxes, va="top",
+              fontsize=8.5, family="monospace")
+    handles, labels = ax.get_legend_handles_labels()
+    side.legend(handles, labels, loc="lower left", ncols=2, frameon=False, fontsize=8.5,
+                borderaxespad=0.0)
+    return fig
+
+
+def parity_summary(data: ReportData) -> str:
+    """The parity panel's text: the regressor (wrapped), the pooled held-out accuracy and
+    each step kind's."""
+    pred = data.predictor
+    assert pred is not None
+    lines = textwrap.wrap(pred.regressor, width=46) or ["?"]
     if pred.mape is not None:
         lines.append(f"MAPE {100 * pred.mape:.1f}%")
     if pred.kendall_tau is not None:
@@ -46,12 +69,10 @@ def parity_figure(data: ReportData) -> Figure | None:
     if pred.within_10pct is not None:
         lines.append(f"within 10%: {100 * pred.within_10pct:.0f}%")
     lines.append(f"{pred.n_holdout or len(pred.holdout)} held-out rows")
+    if pred.by_kind:
+        lines.append("")
     lines += [kind_line(k) for k in pred.by_kind]
-    ax.text(0.03, 0.97, "\n".join(lines), transform=ax.transAxes, va="top", fontsize=8.5,
-            bbox={"boxstyle": "round,pad=0.4", "fc": "white", "ec": "#ccc"})
-    ax.set_title(f"Latency predictor on held-out rows — {data.hardware_id}", loc="left")
-    ax.legend(loc="lower right")
-    return fig
+    return "\n".join(lines)
 
 
 def kind_line(acc: KindAccuracy) -> str:
@@ -159,16 +180,21 @@ def verified_figure(data: ReportData) -> Figure | None:
     ax.plot(span, span, color="#444", lw=1.0, label="measured = predicted")
     ax.fill_between(span, [v * 0.85 for v in span], [v * 1.15 for v in span], color="#999",
                     alpha=0.15, lw=0, label="±15%")
-    ordered = sorted(data.verified, key=lambda v: v.predicted_speedup)
-    for k, v in enumerate(ordered):
+    height_pt = 0.8 * fig.get_figheight() * 72  # the axes' height, about, in points
+    offsets = label_offsets([(m - span[0]) / (span[1] - span[0]) * height_pt for m in meas],
+                            gap=10.0)
+    for v, dy in zip(data.verified, offsets, strict=True):
         is_best = v.spec_id == data.best.spec_id
         ax.scatter([v.predicted_speedup], [v.measured_speedup], s=160 if is_best else 36,
                    marker="*" if is_best else "o", color=BEST_COLOR if is_best else "#1f77b4",
                    zorder=4, edgecolors="white" if is_best else "none")
-        # Alternate above/below so neighbouring labels do not overprint each other.
+        # Beside the point, on the side with room (the left half's labels run right), moved
+        # up or down as `label_offsets` spaced them so that close points' labels do not overprint.
+        left = (v.predicted_speedup - span[0]) < 0.6 * (span[1] - span[0])
         ax.annotate(v.spec_id, (v.predicted_speedup, v.measured_speedup),
-                    xytext=(-6, 7 if k % 2 == 0 else -12), textcoords="offset points",
-                    fontsize=8, ha="right", color=BEST_COLOR if is_best else "#333")
+                    xytext=(8 if left else -8, dy - 3), textcoords="offset points",
+                    fontsize=8, ha="left" if left else "right",
+                    color=BEST_COLOR if is_best else "#333")
     ax.set_xlim(span)
     ax.set_ylim(span)
     ax.set_xlabel("predicted speedup (×)")
@@ -176,6 +202,35 @@ def verified_figure(data: ReportData) -> Figure | None:
     ax.set_title("Verified subnets: measured vs predicted", loc="left")
     ax.legend(loc="upper left")
     return fig
+
+
+def label_offsets(heights: Sequence[float], gap: float) -> list[float]:
+    """Vertical offsets (points) that put each label at least `gap` points from the others,
+    near its own point's height (`heights`, points): in height order each label is pushed up
+    past the one below; a run of pushed labels is then moved down by its mean push (so a
+    cluster spreads around its points rather than above them), and a last pass restores the
+    gap where that move closed it."""
+    order = sorted(range(len(heights)), key=lambda i: heights[i])
+    placed = [0.0] * len(heights)
+    last = float("-inf")
+    for i in order:
+        last = max(heights[i], last + gap)
+        placed[i] = last
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and placed[order[end]] - placed[order[end - 1]] <= gap + 1e-9:
+            end += 1
+        run = order[start:end]
+        mean = sum(placed[i] - heights[i] for i in run) / len(run)
+        for i in run:
+            placed[i] -= mean
+        start = end
+    last = float("-inf")
+    for i in order:
+        placed[i] = max(placed[i], last + gap)
+        last = placed[i]
+    return [placed[i] - heights[i] for i in range(len(heights))]
 
 
 def cross_hardware_figure(data: ReportData) -> Figure | None:

@@ -72,7 +72,7 @@ def load_predictor(run_dir: Path, hardware_id: str) -> PredictorInfo | None:
     for item in raw.get("holdout") or []:
         m, p = num(item.get("measured_ms")), num(item.get("predicted_ms"))
         if m is not None and p is not None:
-            points.append(HoldoutPoint(str(item.get("kind") or "?"), item.get("spec_id"), m, p))
+            points.append(HoldoutPoint(holdout_kind(item), item.get("spec_id"), m, p))
     by_kind = raw.get("metrics_by_kind")
     kinds = [KindAccuracy(str(kind), integer(m.get("n")), num(m.get("mape")),
                           num(m.get("within_10pct")), num(m.get("kendall_tau")))
@@ -86,6 +86,14 @@ def load_predictor(run_dir: Path, hardware_id: str) -> PredictorInfo | None:
         n_train=integer(raw.get("n_train")), n_holdout=integer(raw.get("n_holdout")),
         holdout=tuple(points), by_kind=tuple(kinds),
     )
+
+
+def holdout_kind(item: Mapping[str, Any]) -> str:
+    """A held-out row's label as `metrics_by_kind` counts it: its kind, ``draft_tree`` for a
+    draft step over a tree level (k > 1), so the plot's colours match the accuracy lines."""
+    kind = str(item.get("kind") or "?")
+    k = integer(item.get("k"))
+    return "draft_tree" if kind == "draft" and k is not None and k > 1 else kind
 
 
 def load_aifd(run: Mapping[str, Any]) -> AifdInfo | None:

@@ -149,5 +149,5 @@ def acceptance_figure(data: ReportData) -> Figure | None:
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Per-position acceptance, Pareto front"
                  + (f" ({data.acceptance_dataset})" if data.acceptance_dataset else ""), loc="left")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)  # the curves fall from ~1: usually lower left
     return fig
