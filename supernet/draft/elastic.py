@@ -72,7 +72,8 @@ class ElasticAttention(nn.Module):
         self.v_proj = nn.Linear(hidden_size, inner, bias=False)
         self.o_proj = nn.Linear(inner, hidden_size, bias=False)
 
-    def _check(self, heads: int) -> int:
+    def checked_inner(self, heads: int) -> int:
+        """heads * head_dim, after checking `heads` is one of this attention's."""
         if not 1 <= heads <= self.num_heads:
             raise ValueError(
                 f"heads={heads} is outside this attention's 1..{self.num_heads} heads; "
@@ -86,12 +87,12 @@ class ElasticAttention(nn.Module):
 
     def project_q(self, x: Tensor, heads: int) -> Tensor:
         """x: (batch, seq, hidden) -> (batch, heads, seq, head_dim), first `heads` heads only."""
-        inner = self._check(heads)
+        inner = self.checked_inner(heads)
         return self._split(linear(x, self.q_proj.weight[:inner]), heads)
 
     def project_kv(self, x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
         """x: (batch, seq, hidden) -> keys, values: (batch, heads, seq, head_dim)."""
-        inner = self._check(heads)
+        inner = self.checked_inner(heads)
         k = linear(x, self.k_proj.weight[:inner])
         v = linear(x, self.v_proj.weight[:inner])
         return self._split(k, heads), self._split(v, heads)
@@ -100,7 +101,7 @@ class ElasticAttention(nn.Module):
         """q: (batch, heads, seq, head_dim); k, v: (batch, heads, keys, head_dim);
         mask: bool (batch, 1, seq, keys), True = may attend. Returns (batch, seq, hidden)."""
         heads = q.shape[1]
-        inner = self._check(heads)
+        inner = self.checked_inner(heads)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, inner)
@@ -109,7 +110,7 @@ class ElasticAttention(nn.Module):
     def output(self, heads_out: Tensor) -> Tensor:
         """(batch, heads, seq, head_dim) per-head outputs -> (batch, seq, hidden) via o_proj."""
         b, heads, t, _ = heads_out.shape
-        inner = self._check(heads)
+        inner = self.checked_inner(heads)
         return linear(heads_out.transpose(1, 2).reshape(b, t, inner),
                         self.o_proj.weight[:, :inner])
 

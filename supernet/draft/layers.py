@@ -1,7 +1,16 @@
 """The DREAM draft's layers: SwiGLU (elastic width), the decoder layer, the cross-attention
-layer and the injected-feature input (each with an elastic attention)."""
+layer and the injected-feature input (each with an elastic attention).
+
+A layer's arithmetic is a function of its weights for one subnet (`decoder_step`,
+`cross_step`): the first `heads` heads and MLP channels, as views of the layer's parameters
+(`DecoderLayer.weights`, `CrossAttentionLayer.weights`). A module call slices them on every
+call; `DreamDraft` keeps them per subnet for its forwards without gradients (a draft step of a
+small draft is mostly per-call overhead, and slicing is part of it). Both run the same
+function on the same numbers, so they agree bit for bit."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -12,10 +21,87 @@ from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
 
 
-def rms_norm(norm: nn.RMSNorm, x: Tensor) -> Tensor:
-    """`norm(x)` without the module call: the same F.rms_norm, a few microseconds less of a
-    draft step (seven norms per step of the paper's draft, where a step is ~1 ms on a CPU)."""
-    return F.rms_norm(x, norm.normalized_shape, norm.weight, norm.eps)
+def swiglu(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+    """down(silu(gate x) * up x) with the given (possibly sliced) weights."""
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+
+
+def split_heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)."""
+    b, t, _ = x.shape
+    return x.view(b, t, heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim)."""
+    b, heads, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, heads * d)
+
+
+class DecoderWeights(NamedTuple):
+    """A decoder layer's weights for one subnet: views of its parameters (the first `heads`
+    heads' rows of q/k/v and columns of o, the first MLP channels)."""
+
+    input_norm: Tensor
+    input_eps: float | None
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    post_norm: Tensor
+    post_eps: float | None
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+    heads: int
+    head_dim: int
+
+
+class CrossWeights(NamedTuple):
+    """The cross-attention layer's weights for one subnet (its keys/values come with the
+    memory); the gates are the parameters, their tanh taken per call."""
+
+    query_norm: Tensor
+    query_eps: float | None
+    q: Tensor
+    o: Tensor
+    attn_gate: Tensor
+    post_norm: Tensor
+    post_eps: float | None
+    mlp_gate: Tensor
+    gate: Tensor
+    up: Tensor
+    down: Tensor
+    heads: int
+    head_dim: int
+
+
+def decoder_step(h: Tensor, w: DecoderWeights, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                 cache: DraftCache | None, index: int) -> Tensor:
+    """A pre-norm Llama-style layer. h: (batch, seq, hidden); cos/sin from `rotary_cos_sin`;
+    mask: bool (batch, 1, seq, keys), None where every key is visible; cache: the draft's KV
+    cache (slot `index` gets the new keys/values)."""
+    n1, e1, wq, wk, wv, wo, n2, e2, gate, up, down, heads, head_dim = w
+    shape = (h.shape[-1],)
+    x = F.rms_norm(h, shape, n1, e1)
+    q = apply_rotary(split_heads(linear(x, wq), heads, head_dim), cos, sin)
+    k = apply_rotary(split_heads(linear(x, wk), heads, head_dim), cos, sin)
+    v = split_heads(linear(x, wv), heads, head_dim)
+    if cache is not None:
+        k, v = cache.update(index, k, v)
+    h = h + linear(merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=mask)), wo)
+    return h + swiglu(F.rms_norm(h, shape, n2, e2), gate, up, down)
+
+
+def cross_step(h: Tensor, w: CrossWeights, memory: Memory) -> Tensor:
+    """Queries from the draft, keys/values from the memory, each branch behind its tanh gate."""
+    qn, qe, wq, wo, attn_gate, n2, e2, mlp_gate, gate, up, down, heads, head_dim = w
+    shape = (h.shape[-1],)
+    q = split_heads(linear(F.rms_norm(h, shape, qn, qe), wq), heads, head_dim)
+    out = F.scaled_dot_product_attention(q, memory.keys, memory.values,
+                                         attn_mask=memory.attn_mask)
+    h = h + torch.tanh(attn_gate) * linear(merge_heads(out), wo)
+    return h + torch.tanh(mlp_gate) * swiglu(F.rms_norm(h, shape, n2, e2), gate, up, down)
 
 
 class SwiGLU(nn.Module):
@@ -30,15 +116,18 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, x: Tensor, channels: int | None = None) -> Tensor:
+        return swiglu(x, *self.weights(channels))
+
+    def weights(self, channels: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """gate, up and down for the first `channels` (None: all): the parameters themselves
+        at full width, else views of their first rows/columns."""
         if channels is None or channels == self.inner:
-            return linear(F.silu(linear(x, self.gate_proj.weight)) * linear(x, self.up_proj.weight),
-                          self.down_proj.weight)
+            return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
         if not 1 <= channels <= self.inner:
             raise ValueError(f"channels={channels} is outside this MLP's 1..{self.inner}; "
                              "pick a subnet from the supernet's search space")
-        inner = F.silu(linear(x, self.gate_proj.weight[:channels])) * linear(
-            x, self.up_proj.weight[:channels])
-        return linear(inner, self.down_proj.weight[:, :channels])
+        return (self.gate_proj.weight[:channels], self.up_proj.weight[:channels],
+                self.down_proj.weight[:, :channels])
 
     # --- importance sorting (as `ElasticAttention`'s heads) --------------------------
     def channel_importance(self) -> Tensor:
@@ -80,15 +169,18 @@ class DecoderLayer(nn.Module):
     def forward(self, h: Tensor, heads: int, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 cache: DraftCache | None, index: int, channels: int | None = None) -> Tensor:
         """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys), None where every key is
-        visible; channels: the MLP's (None: all)."""
-        x = rms_norm(self.input_norm, h)
-        q = apply_rotary(self.attn.project_q(x, heads), cos, sin)
-        k, v = self.attn.project_kv(x, heads)
-        k = apply_rotary(k, cos, sin)
-        if cache is not None:
-            k, v = cache.update(index, k, v)
-        h = h + self.attn.attend(q, k, v, mask)
-        return h + self.mlp(rms_norm(self.post_norm, h), channels)
+        visible; channels: the MLP's (None: all). `decoder_step` with `weights`."""
+        return decoder_step(h, self.weights(heads, channels), cos, sin, mask, cache, index)
+
+    def weights(self, heads: int, channels: int | None = None) -> DecoderWeights:
+        """This layer's weights for `heads` heads and `channels` MLP channels (None: all)."""
+        a = self.attn
+        inner = a.checked_inner(heads)
+        return DecoderWeights(
+            self.input_norm.weight, self.input_norm.eps, a.q_proj.weight[:inner],
+            a.k_proj.weight[:inner], a.v_proj.weight[:inner], a.o_proj.weight[:, :inner],
+            self.post_norm.weight, self.post_norm.eps, *self.mlp.weights(channels), heads,
+            a.head_dim)
 
 
 class CrossAttentionLayer(nn.Module):
@@ -106,10 +198,17 @@ class CrossAttentionLayer(nn.Module):
 
     def forward(self, h: Tensor, heads: int, memory: Memory,
                 channels: int | None = None) -> Tensor:
-        q = self.attn.project_q(rms_norm(self.query_norm, h), heads)
-        h = h + torch.tanh(self.attn_gate) * self.attn.attend(q, memory.keys, memory.values,
-                                                              memory.attn_mask)
-        return h + torch.tanh(self.mlp_gate) * self.mlp(rms_norm(self.post_norm, h), channels)
+        """`cross_step` with `weights`."""
+        return cross_step(h, self.weights(heads, channels), memory)
+
+    def weights(self, heads: int, channels: int | None = None) -> CrossWeights:
+        """This layer's weights for `heads` heads and `channels` MLP channels (None: all)."""
+        a = self.attn
+        inner = a.checked_inner(heads)
+        return CrossWeights(
+            self.query_norm.weight, self.query_norm.eps, a.q_proj.weight[:inner],
+            a.o_proj.weight[:, :inner], self.attn_gate, self.post_norm.weight,
+            self.post_norm.eps, self.mlp_gate, *self.mlp.weights(channels), heads, a.head_dim)
 
 
 class LayerInput(nn.Module):

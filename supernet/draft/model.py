@@ -33,19 +33,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
 from dreams_nas.supernet.draft.layers import (
     CrossAttentionLayer,
+    CrossWeights,
     DecoderLayer,
+    DecoderWeights,
     LayerInput,
     SwiGLU,
-    rms_norm,
+    cross_step,
+    decoder_step,
 )
 from dreams_nas.supernet.draft.state import (
     DraftCache,
@@ -66,6 +70,17 @@ def _version(tensor: Tensor) -> int:
 
 
 # --- the draft ------------------------------------------------------------------------
+class ActiveWeights(NamedTuple):
+    """The weights one subnet's forward reads: views of the draft's parameters."""
+
+    fuse: Tensor
+    before: tuple[DecoderWeights, ...]
+    cross: CrossWeights | None
+    after: tuple[DecoderWeights, ...]
+    norm: Tensor
+    norm_eps: float | None
+
+
 def skipped_layers(num_layers: int, depth: int) -> tuple[str, ...]:
     """State-dict prefixes of the decoder layers a subnet of `depth` does not run (of a
     supernet with `num_layers` a side): layers_in.{depth..}, layers_out.{..num_layers-depth-1}."""
@@ -89,6 +104,8 @@ class DreamDraft(nn.Module):
         self._active = config.spec or config.largest()
         self._head_rows: dict[tuple[Any, ...], tuple[Tensor, Tensor | None]] = {}
         self._checked: set[SubnetSpec] = set()  # the specs `set_active` accepted
+        # (heads, depth, mlp) -> (the fuse weight's address, the weights): `active_weights`
+        self._weights: dict[tuple[int, int, float], tuple[int, ActiveWeights]] = {}
         if config.has_vocab_order:
             # target token ids, most frequent in the self-distillation answers first
             # (`set_vocab_order`); an extracted subnet keeps only the ones it predicts over
@@ -132,6 +149,44 @@ class DreamDraft(nn.Module):
                              "(extract that subnet from the supernet instead)")
         self._checked.add(spec)
         self._active = spec
+
+    def active_weights(self) -> ActiveWeights:
+        """The active subnet's weights: its decoder layers' and cross-attention's (the first
+        `heads` heads, the MLP's first channels), the fuse and the final norm.
+
+        Without gradients (drafting, profiling, scoring) they are kept per (heads, depth,
+        mlp), so a draft step does not slice ~30 weights again; views follow in-place changes
+        of the parameters (an optimizer step, a channel permutation, `load_state_dict`), and
+        moving the draft (`.to`) or replacing its parameters drops them. With gradients they
+        are sliced for each forward, so each graph has its own views."""
+        spec = self._active
+        if torch.is_grad_enabled():
+            return self._slice_weights(spec)
+        key = (spec.heads, spec.depth, spec.mlp)
+        anchor = self.fuse.weight.data_ptr()
+        kept = self._weights.get(key)
+        if kept is None or kept[0] != anchor:
+            kept = self._weights[key] = (anchor, self._slice_weights(spec))
+        return kept[1]
+
+    def _slice_weights(self, spec: SubnetSpec) -> ActiveWeights:
+        d = spec.depth
+        channels = self.channels_of(spec)
+        before = tuple(layer.weights(spec.heads, channels) for layer in self.layers_in[:d])
+        after = tuple(layer.weights(spec.heads, channels)
+                      for layer in self.layers_out[len(self.layers_out) - d:])
+        cross = None if self.cross is None else self.cross.weights(spec.heads, channels)
+        return ActiveWeights(self.fuse.weight, before, cross, after, self.norm.weight,
+                             self.norm.eps)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> DreamDraft:
+        self._weights.clear()  # views of the tensors `fn` replaces
+        return super()._apply(fn, recurse)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False
+                        ) -> Any:
+        self._weights.clear()  # `assign` replaces the parameters
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @contextlib.contextmanager
     def using(self, spec: SubnetSpec) -> Iterator[DreamDraft]:
@@ -309,29 +364,30 @@ class DreamDraft(nn.Module):
                         each new position sees (its ancestors and itself); every earlier
                         cache position stays visible. None: causal.
         """
-        heads = self._active.heads
+        w = self.active_weights()
         x = self.embed(input_ids).to(prev_hidden.dtype)
-        h = linear(torch.cat((x, prev_hidden), dim=-1), self.fuse.weight)
+        h = linear(torch.cat((x, prev_hidden), dim=-1), w.fuse)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        if cos.dtype != h.dtype:  # once for every layer (`apply_rotary` would per call)
+            cos, sin = cos.to(h.dtype), sin.to(h.dtype)
         mask: Tensor | None = None  # one new position sees every cached one and itself
         if input_ids.shape[1] > 1 or attention_mask is not None or tree_mask is not None:
             mask = self._self_mask(input_ids.shape[1], cache, attention_mask, h.device)
             if tree_mask is not None:
                 mask = mask.clone()
                 mask[..., mask.shape[-1] - tree_mask.shape[-1]:] = tree_mask.to(h.device)
-        before, after = self.active_layers
-        channels = self.active_channels
-        for i, layer in enumerate(before):  # cache slots: 0..d-1 before, d..2d-1 after
-            h = layer(h, heads, cos, sin, mask, cache, i, channels)
+        for i, layer in enumerate(w.before):  # cache slots: 0..d-1 before, d..2d-1 after
+            h = decoder_step(h, layer, cos, sin, mask, cache, i)
         cross_out = None
-        if self.cross is not None:
+        if w.cross is not None:
             if memory is None:
                 raise ValueError("this draft has a cross-attention layer: pass its memory")
-            h = self.cross(h, heads, memory, channels)
+            h = cross_step(h, w.cross, memory)
             cross_out = h
-        for i, layer in enumerate(after):
-            h = layer(h, heads, cos, sin, mask, cache, len(before) + i, channels)
-        return DraftOutput(feature=rms_norm(self.norm, h), cross_out=cross_out)
+        for i, layer in enumerate(w.after, start=len(w.before)):
+            h = decoder_step(h, layer, cos, sin, mask, cache, i)
+        return DraftOutput(feature=F.rms_norm(h, (h.shape[-1],), w.norm, w.norm_eps),
+                           cross_out=cross_out)
 
     @staticmethod
     def _self_mask(seq: int, cache: DraftCache | None, attention_mask: Tensor | None,

@@ -58,8 +58,8 @@ class DraftCache:
         """Keep the first `length` positions (drop drafted positions after a verify)."""
         if length < 0 or length > self.length:
             raise ValueError(f"cannot crop a draft cache of {self.length} positions to {length}")
-        self.keys = [None if k is None else k[:, :, :length] for k in self.keys]
-        self.values = [None if v is None else v[:, :, :length] for v in self.values]
+        self.keys = [None if k is None else k.narrow(2, 0, length) for k in self.keys]
+        self.values = [None if v is None else v.narrow(2, 0, length) for v in self.values]
 
 
 @dataclass

@@ -141,7 +141,8 @@ def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
     spec = SubnetSpec(4, 1.0, 2, 1)
     before = evaluate_losses(draft, batches, spec, aifd.chosen)
     seen: set[torch.dtype | None] = set()  # the autocast dtype each forward of the draft ran in
-    hook = draft.layers_in[0].register_forward_pre_hook(lambda module, args: seen.add(
+    # the draft's forward runs its layers as functions of their weights (no module calls)
+    hook = draft.register_forward_pre_hook(lambda module, args: seen.add(
         torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
     out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False,
                          compute_dtype=dtype)

@@ -1,0 +1,109 @@
+"""`DreamDraft.active_weights`: a forward without gradients reads the subnet's weights kept per
+(heads, depth, mlp); with gradients it slices them anew. Both run the same layer functions,
+so they agree bit for bit, and the kept views never go stale: they follow in-place changes of
+the parameters and are dropped when the draft moves or its parameters are replaced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _support.drafts import HIDDEN, tiny_draft, tiny_prompt
+from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.draft.state import DraftCache
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SPECS = [SubnetSpec(1, 0.5, 1, 3, depth=1, mlp=0.25), SubnetSpec(4, 1.0, 2, 3, depth=2, mlp=1.0),
+         SubnetSpec(2, 0.25, 2, 3, depth=2, mlp=0.5)]
+
+
+def _model():
+    return tiny_draft(num_layers=2, mlp_shares=(0.25, 0.5, 1.0))
+
+
+def _inputs(seq: int, batch: int = 1, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 50, (batch, seq), generator=gen),
+            torch.randn(batch, seq, HIDDEN, generator=gen), torch.arange(10, 10 + seq)[None])
+
+
+def _run(model, spec, grad: bool):
+    """A prefill of 5 positions, a one-position step and a tree level of two nodes."""
+    layer_hidden, visual, scores = tiny_prompt()
+    ids, prev, pos = _inputs(8)
+    tree = torch.tensor([[True, False], [False, True]])
+    context = torch.enable_grad() if grad else torch.inference_mode()
+    with model.using(spec), context:
+        memory = model.memory(layer_hidden, visual, scores)
+        cache = DraftCache()
+        a = model(ids[:, :5], prev[:, :5], pos[:, :5], memory, cache=cache).feature
+        b = model(ids[:, 5:6], prev[:, 5:6], pos[:, 5:6], memory, cache=cache).feature
+        c = model(ids[:, 6:], prev[:, 6:], pos[:, 6:], memory, cache=cache,
+                  tree_mask=tree).feature
+    return [t.detach() for t in (a, b, c)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_the_kept_weights_give_the_sliced_weights_numbers_bit_for_bit(spec):
+    model = _model()
+    for kept, sliced in zip(_run(model, spec, grad=False), _run(model, spec, grad=True),
+                            strict=True):
+        assert torch.equal(kept, sliced)
+
+
+def test_a_forward_with_gradients_slices_and_trains_every_weight_it_reads():
+    model = _model()
+    spec = SPECS[2]
+    with model.using(spec), torch.inference_mode():
+        model.active_weights()  # kept views exist; the graph must not use them
+    layer_hidden, visual, scores = tiny_prompt()
+    ids, prev, pos = _inputs(6)
+    with model.using(spec):
+        memory = model.memory(layer_hidden, visual, scores)
+        model(ids, prev, pos, memory).feature.square().sum().backward()
+    layer = model.layers_out[-1]
+    assert layer.attn.q_proj.weight.grad is not None
+    inner = spec.heads * layer.attn.head_dim
+    assert layer.attn.q_proj.weight.grad[inner:].abs().sum() == 0  # heads it does not run
+    assert layer.attn.q_proj.weight.grad[:inner].abs().sum() > 0
+
+
+def test_kept_weights_follow_in_place_changes_of_the_parameters():
+    model = _model()
+    spec = SPECS[1]
+    before = _run(model, spec, grad=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1)  # as an optimizer step: in place
+    after = _run(model, spec, grad=False)
+    fresh = _run(model, spec, grad=True)
+    assert not torch.equal(before[1], after[1])
+    assert all(torch.equal(x, y) for x, y in zip(after, fresh, strict=True))
+
+
+def test_moving_or_replacing_the_parameters_drops_the_kept_weights():
+    model = _model()
+    spec = SPECS[1]
+    _run(model, spec, grad=False)
+    model.to(torch.float64)  # .to replaces every parameter's tensor
+    assert model._weights == {}
+    with model.using(spec), torch.inference_mode():
+        assert model.active_weights().fuse.dtype == torch.float64
+    other = _model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.5)
+    model = _model()
+    _run(model, spec, grad=False)
+    model.load_state_dict(other.state_dict(), assign=True)
+    assert all(torch.equal(x, y) for x, y in zip(_run(model, spec, grad=False),
+                                                 _run(other, spec, grad=False), strict=True))
+
+
+def test_weights_are_kept_per_architecture_not_per_spec():
+    model = _model()
+    with torch.inference_mode():
+        for spec in (SPECS[0], SubnetSpec(1, 1.0, 2, 7, depth=1, mlp=0.25), SPECS[1]):
+            with model.using(spec):
+                model.active_weights()
+    assert len(model._weights) == 2  # visual_keep, inject_layer and gamma share the weights
