@@ -45,6 +45,13 @@ from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from torch import nn
 
+# How this program runs the steps it times, as a number raised whenever a change makes a timed
+# step cost differently: 1, every profile before it was recorded; 2, the draft's weights kept
+# per subnet (a draft step ~0.7x of revision 1's on the CPU). A profile records it in its
+# fingerprint (predictor.json), and a search on a profile of another revision warns that its
+# prices are another program's (`nas.stages.search.stale_profile_note`).
+STEP_REVISION = 2
+
 
 def first_positions(gamma: int) -> int:
     """Positions the first draft step of a cycle is timed over.

@@ -74,7 +74,7 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
     ),
     "latency/<hardware-id>/predictor.json": (
         "regressor", "metrics", "metrics.mape", "metrics.rmse", "metrics.within_10pct",
-        "metrics.kendall_tau", "holdout", "holdout[].kind", "holdout[].spec_id",
+        "metrics.kendall_tau", "holdout", "holdout[].kind", "holdout[].k", "holdout[].spec_id",
         "holdout[].measured_ms", "holdout[].predicted_ms", "n_train", "n_holdout",
         # every kind's entry alike (the report reads whichever are there)
         "metrics_by_kind", *(f"metrics_by_kind.{kind}.{key}"

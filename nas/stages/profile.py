@@ -309,9 +309,11 @@ def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict
     """What the predictor of these rows answers for: the hardware id, dtype, software stack
     (`FINGERPRINT`) and the target's architecture hash."""
     info = hw.to_dict()
+    from dreams_nas.latency.steps import STEP_REVISION
+
     return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,
             **{key: info.get(key) for key in FINGERPRINT},
-            "architecture_hash": architecture_hash}
+            "architecture_hash": architecture_hash, "step_revision": STEP_REVISION}
 
 
 def _check_same_target(folder: Path, target: str) -> None:

@@ -190,6 +190,9 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         unpriced = cycle_overhead_note(latency, space, hardware_id)
         if unpriced:
             log.warning("warning: %s", unpriced)
+        stale = stale_profile_note(latency, run, hardware_id)
+        if stale:
+            log.warning("warning: %s", stale)
         result = _search(
             space, cached, latency, draft_params_fn(run), draft_memory=memory,
             front=options.front, context_len=context_len, objective=options.objective,
@@ -235,7 +238,7 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
         "measured": measured, "n_evaluations": result.n_evaluations,
         "space_size": result.space_size, "n_scored": result.n_scored,
         "front": [c.spec.id for c in result.front], "best_json": str(paths["best"]),
-        "warnings": ([unpriced] if unpriced else []) + warnings,
+        "warnings": [note for note in (unpriced, stale) if note] + warnings,
     }
     if measured is not None:
         summary["gap_pct"] = round(measured["gap_pct"], 2)
@@ -262,6 +265,24 @@ def cycle_overhead_note(latency: Any, space: Any, hardware_id: str) -> str | Non
             "before the speculative cycle's own work was timed): its expected speedups price "
             "that work as 0 ms and run high; rerun `dreams-nas profile` (it times only the "
             "missing rows) to price it")
+
+
+def stale_profile_note(latency: Any, run: RunFolder, hardware_id: str) -> str | None:
+    """None when the predictor's rows were timed by this program's way of running the steps
+    (`latency.steps.STEP_REVISION`, a profile before it recorded one: 1); else the one line
+    that says its prices are another program's and how to profile again."""
+    from dreams_nas.latency.steps import STEP_REVISION
+
+    fingerprint = getattr(latency, "fingerprint", None)
+    if not isinstance(fingerprint, dict) or not fingerprint:
+        return None  # a model fitted without a profile's fingerprint (tests, replays)
+    have = fingerprint.get("step_revision") or 1
+    if have == STEP_REVISION:
+        return None
+    return (f"the latency profile of {hardware_id} was timed by another dreams-nas (step "
+            f"revision {have}; this one runs revision {STEP_REVISION}, whose steps cost "
+            "differently): its prices, and the speedups predicted with them, are stale; move "
+            f"{run.latency_dir(hardware_id)} aside and rerun `dreams-nas profile`")
 
 
 def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
