@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from dreams_nas.latency.steps import draft_forward
     from dreams_nas.supernet.core.space import DEFAULT_DRAFT_VOCAB, LARGE_VOCAB, SubnetSpec
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.draft.config import DraftConfig
@@ -108,18 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         drafter = DreamDrafter(extract(supernet, spec), spec)
         drafter.draft.attach(shared)
         drafter.start(None, prefill)  # type: ignore[arg-type]
-        draft, cache, memory = drafter.draft, drafter._cache, drafter._memory
-        token = torch.tensor([[1]])
-        feature = prefill.last_hidden[:, -1:]
-        pos = torch.tensor([[context]])
-        length = cache.length
-
-        @torch.inference_mode()
-        def step() -> None:
-            with draft.using(spec):
-                out = draft(token, feature, pos, memory, cache=cache).feature
-                draft.logits(out)[:, -1].float().argmax(-1)
-            cache.crop(length)
+        cache = drafter._cache
+        # the step the profile's `draft` kind times (`latency.steps.draft_forward`)
+        step = draft_forward(drafter.draft, torch.tensor([[1]]), prefill.last_hidden[:, -1:],
+                             torch.tensor([[context]]), drafter._memory, cache, cache.length)
 
         for _ in range(10):
             step()

@@ -356,7 +356,7 @@ class ModelSteps:
 
             return level_step, first
 
-        return _draft_forward(draft, token, feature, position, memory, cache, text), first
+        return draft_forward(draft, token, feature, position, memory, cache, text), first
 
     def _first_on(self, draft: nn.Module, memory: Any, cache: Any, text: int, ctx: int,
                   width: int) -> Callable[[], object]:
@@ -366,12 +366,12 @@ class ModelSteps:
         token = self._ids(width)
         feature = torch.randn(1, width, self.hidden, generator=self.generator).to(dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
-        return _draft_forward(draft, token, feature, position, memory, cache, text)
+        return draft_forward(draft, token, feature, position, memory, cache, text)
 
 
-def _draft_forward(draft: nn.Module, token: torch.Tensor, feature: torch.Tensor,
-                position: torch.Tensor, memory: Any, cache: Any, text: int
-                ) -> Callable[[], torch.Tensor]:
+def draft_forward(draft: nn.Module, token: torch.Tensor, feature: torch.Tensor,
+                  position: torch.Tensor, memory: Any, cache: Any, text: int
+                  ) -> Callable[[], torch.Tensor]:
     """One draft forward over `token`'s positions on `cache` and `memory`, the last position's
     logits and their argmax, the cache cropped back to the `text` prompt positions after."""
 

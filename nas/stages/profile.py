@@ -308,9 +308,9 @@ FINGERPRINT = ("torch", "transformers", "driver", "cuda", "mig_profile", "power_
 def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict[str, Any]:
     """What the predictor of these rows answers for: the hardware id, dtype, software stack
     (`FINGERPRINT`) and the target's architecture hash."""
-    info = hw.to_dict()
     from dreams_nas.latency.steps import STEP_REVISION
 
+    info = hw.to_dict()
     return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,
             **{key: info.get(key) for key in FINGERPRINT},
             "architecture_hash": architecture_hash, "step_revision": STEP_REVISION}

@@ -53,6 +53,18 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
+def split_heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)."""
+    b, t, _ = x.shape
+    return x.view(b, t, heads, head_dim).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim)."""
+    b, heads, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, heads * d)
+
+
 class ElasticAttention(nn.Module):
     """Multi-head attention whose head count is chosen per call (a prefix of the heads).
 
@@ -81,38 +93,29 @@ class ElasticAttention(nn.Module):
             )
         return heads * self.head_dim
 
-    def _split(self, x: Tensor, heads: int) -> Tensor:
-        b, t, _ = x.shape  # (batch, seq, heads * head_dim)
-        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
-
     def project_q(self, x: Tensor, heads: int) -> Tensor:
         """x: (batch, seq, hidden) -> (batch, heads, seq, head_dim), first `heads` heads only."""
         inner = self.checked_inner(heads)
-        return self._split(linear(x, self.q_proj.weight[:inner]), heads)
+        return split_heads(linear(x, self.q_proj.weight[:inner]), heads, self.head_dim)
 
     def project_kv(self, x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
         """x: (batch, seq, hidden) -> keys, values: (batch, heads, seq, head_dim)."""
         inner = self.checked_inner(heads)
         k = linear(x, self.k_proj.weight[:inner])
         v = linear(x, self.v_proj.weight[:inner])
-        return self._split(k, heads), self._split(v, heads)
+        return split_heads(k, heads, self.head_dim), split_heads(v, heads, self.head_dim)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         """q: (batch, heads, seq, head_dim); k, v: (batch, heads, keys, head_dim);
         mask: bool (batch, 1, seq, keys), True = may attend. Returns (batch, seq, hidden)."""
-        heads = q.shape[1]
-        inner = self.checked_inner(heads)
+        inner = self.checked_inner(q.shape[1])
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, inner)
-        return linear(out, self.o_proj.weight[:, :inner])
+        return linear(merge_heads(out), self.o_proj.weight[:, :inner])
 
     def output(self, heads_out: Tensor) -> Tensor:
         """(batch, heads, seq, head_dim) per-head outputs -> (batch, seq, hidden) via o_proj."""
-        b, heads, t, _ = heads_out.shape
-        inner = self.checked_inner(heads)
-        return linear(heads_out.transpose(1, 2).reshape(b, t, inner),
-                        self.o_proj.weight[:, :inner])
+        inner = self.checked_inner(heads_out.shape[1])
+        return linear(merge_heads(heads_out), self.o_proj.weight[:, :inner])
 
     # --- importance sorting ---------------------------------------------------------
     def head_importance(self) -> Tensor:

@@ -15,7 +15,12 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from dreams_nas.supernet.draft.config import DraftConfig
-from dreams_nas.supernet.draft.elastic import ElasticAttention, apply_rotary
+from dreams_nas.supernet.draft.elastic import (
+    ElasticAttention,
+    apply_rotary,
+    merge_heads,
+    split_heads,
+)
 from dreams_nas.supernet.draft.state import DraftCache, Memory
 from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
@@ -24,18 +29,6 @@ from torch import Tensor, nn
 def swiglu(x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
     """down(silu(gate x) * up x) with the given (possibly sliced) weights."""
     return linear(F.silu(linear(x, gate)) * linear(x, up), down)
-
-
-def split_heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
-    """(batch, seq, heads * head_dim) -> (batch, heads, seq, head_dim)."""
-    b, t, _ = x.shape
-    return x.view(b, t, heads, head_dim).transpose(1, 2)
-
-
-def merge_heads(x: Tensor) -> Tensor:
-    """(batch, heads, seq, head_dim) -> (batch, seq, heads * head_dim)."""
-    b, heads, t, d = x.shape
-    return x.transpose(1, 2).reshape(b, t, heads * d)
 
 
 class DecoderWeights(NamedTuple):

@@ -104,8 +104,8 @@ class DreamDraft(nn.Module):
         self._active = config.spec or config.largest()
         self._head_rows: dict[tuple[Any, ...], tuple[Tensor, Tensor | None]] = {}
         self._checked: set[SubnetSpec] = set()  # the specs `set_active` accepted
-        # (heads, depth, mlp) -> (the fuse weight's address, the weights): `active_weights`
-        self._weights: dict[tuple[int, int, float], tuple[int, ActiveWeights]] = {}
+        # (heads, depth, mlp) -> the weights of those subnets: `active_weights`
+        self._weights: dict[tuple[int, int, float], ActiveWeights] = {}
         if config.has_vocab_order:
             # target token ids, most frequent in the self-distillation answers first
             # (`set_vocab_order`); an extracted subnet keeps only the ones it predicts over
@@ -155,37 +155,35 @@ class DreamDraft(nn.Module):
         `heads` heads, the MLP's first channels), the fuse and the final norm.
 
         Without gradients (drafting, profiling, scoring) they are kept per (heads, depth,
-        mlp), so a draft step does not slice ~30 weights again; views follow in-place changes
-        of the parameters (an optimizer step, a channel permutation, `load_state_dict`), and
-        moving the draft (`.to`) or replacing its parameters drops them. With gradients they
-        are sliced for each forward, so each graph has its own views."""
-        spec = self._active
+        mlp), so a draft step does not slice its weights again; views follow in-place changes
+        of the parameters (an optimizer step, a channel permutation), and moving the draft
+        (`.to`) or loading a state dict drops them. With gradients they are sliced for each
+        forward, so each graph has its own views."""
         if torch.is_grad_enabled():
-            return self._slice_weights(spec)
+            return self._slice_weights()
+        spec = self._active
         key = (spec.heads, spec.depth, spec.mlp)
-        anchor = self.fuse.weight.data_ptr()
         kept = self._weights.get(key)
-        if kept is None or kept[0] != anchor:
-            kept = self._weights[key] = (anchor, self._slice_weights(spec))
-        return kept[1]
+        if kept is None:
+            kept = self._weights[key] = self._slice_weights()
+        return kept
 
-    def _slice_weights(self, spec: SubnetSpec) -> ActiveWeights:
-        d = spec.depth
-        channels = self.channels_of(spec)
-        before = tuple(layer.weights(spec.heads, channels) for layer in self.layers_in[:d])
-        after = tuple(layer.weights(spec.heads, channels)
-                      for layer in self.layers_out[len(self.layers_out) - d:])
-        cross = None if self.cross is None else self.cross.weights(spec.heads, channels)
-        return ActiveWeights(self.fuse.weight, before, cross, after, self.norm.weight,
-                             self.norm.eps)
+    def _slice_weights(self) -> ActiveWeights:
+        heads, channels = self._active.heads, self.active_channels
+        before, after = self.active_layers
+        return ActiveWeights(
+            self.fuse.weight, tuple(layer.weights(heads, channels) for layer in before),
+            None if self.cross is None else self.cross.weights(heads, channels),
+            tuple(layer.weights(heads, channels) for layer in after),
+            self.norm.weight, self.norm.eps)
 
     def _apply(self, fn: Any, recurse: bool = True) -> DreamDraft:
-        self._weights.clear()  # views of the tensors `fn` replaces
+        self._weights.clear()  # views of the tensors `fn` replaces (.to, .half, .cuda, ...)
         return super()._apply(fn, recurse)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False
                         ) -> Any:
-        self._weights.clear()  # `assign` replaces the parameters
+        self._weights.clear()  # `assign=True` replaces the parameters
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     @contextlib.contextmanager
