@@ -9,7 +9,7 @@ predicted subnet when the search may choose
   * all three architecture dimensions (heads, visual_keep, inject_layer),
   * none of them (the largest subnet at the middle inject layer: only the draft's shape),
   * each one alone (the other two as in "none"),
-always with the draft's shape (gamma, or a token tree) free. Each pick is then measured by real
+always with the draft's shape (draft_len, or a token tree) free. Each pick is then measured by real
 speculative decoding against plain decoding, all picks interleaved in one run, `--repeats`
 times (medians and ranges), every output checked token for token against greedy.
 """

@@ -1,5 +1,5 @@
 """One rank vs two: wall time of the target's side (self-distilled answers, AIFD, feature store)
-and of data-parallel draft training on the demo target, as `torchrun` runs them.
+and of data-parallel draft training on the built-in target, as `torchrun` runs them.
 
     python benchmarks/bench_distributed.py [--prompts 64] [--steps 40] [--repeats 3]
 
@@ -9,8 +9,8 @@ group torchrun would build; one process: no group), in a fresh run folder, with 
 answers, `--steps` optimizer steps (half warm-up, half sandwich rule), batch 8, no held-out
 prompts. Configurations: 1 rank x 1 thread, 1 rank x 2 threads (what one process gets of this
 machine) and 2 ranks x 1 thread; repeats interleave them. One JSON line per run with the two
-phases' seconds; a summary line with medians and ranges. The demo target must be in the cache
-(`dreams-nas target build-demo`).
+phases' seconds; a summary line with medians and ranges. The built-in target must be in the cache
+(`dreams-nas target build-builtin`).
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@
         [--prompts 8] [--max-new-tokens 64] [--rounds 5] [--repeats 40] [--threads 1]
 
 The expected-speedup formula prices plain decoding by the target's one-token step and a cycle
-of gamma drafts by one first draft step (over the previous cycle's accepted tokens, right after
-the target's verify), gamma - 1 later steps and the verify over gamma + 1 positions. This
+of draft_len drafts by one first draft step (over the previous cycle's accepted tokens, right after
+the target's verify), draft_len - 1 later steps and the verify over draft_len + 1 positions. This
 benchmark times what those prices should be -- each prompt decoded plainly and then by the
 subnet through `supernet.decoding.loop.generate`, every target `verify` call and every forward
 and `logits` call of the drafter timed with `perf_counter` (a cycle's first forward with its
 first `logits` is its first step; each later forward with the next `logits` a later step) --
-and, in the same rounds, the profile's step builder (`latency.steps.ModelSteps`) at the loop's
-mean context:
+and, in the same rounds, the profile's step builder (`latency.measure.steps.ModelSteps`) at the
+loop's mean context:
 
 * ``hot``: the profile's ``draft`` step, timed back to back (3 warm-ups, then the repeats);
 * ``chain``: the same step with each repeat prepared (untimed) as the loop prepares a cycle's
@@ -20,7 +20,7 @@ mean context:
   memory (`ModelSteps(chain_drafts=True)`);
 * ``first``: the profile's ``draft_first`` step, each repeat prepared by the verify;
 * ``decode``: the profile's ``decode`` step (back to back);
-* ``verify``: the profile's ``verify`` over gamma + 1 positions, each repeat prepared by the
+* ``verify``: the profile's ``verify`` over draft_len + 1 positions, each repeat prepared by the
   space's largest subnet's draft steps.
 
 The loop's draft steps are its forward and `logits` calls alone; the builder's add the argmax
@@ -144,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from dreams_nas.latency.plan import StepKey
-    from dreams_nas.latency.steps import ModelSteps
-    from dreams_nas.latency.timing import measure
+    from dreams_nas.latency.measure.plan import StepKey
+    from dreams_nas.latency.measure.steps import ModelSteps
+    from dreams_nas.latency.measure.timing import measure
     from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples, resolve_hardware
     from dreams_nas.supernet.core.runfolder import RunFolder
     from dreams_nas.supernet.core.space import SubnetSpec
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             drafter.draft = _TimedDraft(drafter.draft, recorder)  # type: ignore[assignment]
             marked = _MarkedDrafter(drafter, recorder, target, contexts)
             generate(timed_target, dict(prompt), marked,  # type: ignore[arg-type]
-                     gamma=spec.draft_len, max_new_tokens=args.max_new_tokens)
+                     shape=spec.draft_len, max_new_tokens=args.max_new_tokens)
 
     decode_all()  # warm-up, and the loop's contexts
     context = int(round(statistics.mean(contexts)))

@@ -1,12 +1,12 @@
 """A draft step's cost over an elastic space, at a target's geometry, with random weights.
 
-    python benchmarks/bench_draft_range.py --geometry demo          # the demo target's draft
+    python benchmarks/bench_draft_range.py --geometry builtin       # the built-in target's draft
     python benchmarks/bench_draft_range.py --geometry proxy-llava   # LLaVA-1.5's image geometry
         [--depth 3] [--mlp 0.25,0.5,1] [--context 700] [--visual 576] [--dtype float32]
         [--threads 1] [--repeats 200] [--rounds 3]
 
 What the elastic dimensions do to the cost of one draft step needs no trained draft: the step's
-work is set by the shapes. This builds the supernet draft of a target geometry (the demo
+work is set by the shapes. This builds the supernet draft of a target geometry (the built-in
 target's, or `proxy-llava`'s: hidden 1024, 16 heads of 64, MLP 2816, a 32,000-token head; the
 visual tokens of a 336-pixel image), extracts every subnet of (heads in quarters, visual_keep
 0.25 / 1, every depth, every MLP share, and the draft vocabularies of the default space: a
@@ -33,14 +33,14 @@ import torch
 
 GEOMETRIES = {
     # (hidden, heads, head_dim, intermediate, vocab, target layers)
-    "demo": (128, 4, 32, 384, 132, 16),
+    "builtin": (128, 4, 32, 384, 132, 16),
     "proxy-llava": (1024, 16, 64, 2816, 32_000, 20),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="demo")
+    parser.add_argument("--geometry", choices=sorted(GEOMETRIES), default="builtin")
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--mlp", default="0.25,0.5,1")
     parser.add_argument("--context", type=int, default=None,
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from dreams_nas.latency.steps import draft_forward
+    from dreams_nas.latency.measure.steps import draft_forward
     from dreams_nas.supernet.core.space import DEFAULT_DRAFT_VOCAB, LARGE_VOCAB, SubnetSpec
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.draft.config import DraftConfig
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from dreams_nas.supernet.target.adapter import PrefillOutput
 
     hidden, heads, head_dim, inner, vocab, layers = GEOMETRIES[args.geometry]
-    proxy = args.geometry != "demo"
+    proxy = args.geometry != "builtin"
     context = args.context or (700 if proxy else 80)
     visual = args.visual if args.visual is not None else (576 if proxy else 36)
     if not 0 <= visual < context:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         drafter.draft.attach(shared)
         drafter.start(None, prefill)  # type: ignore[arg-type]
         cache = drafter._cache
-        # the step the profile's `draft` kind times (`latency.steps.draft_forward`)
+        # the step the profile's `draft` kind times (`latency.measure.steps.draft_forward`)
         step = draft_forward(drafter.draft, torch.tensor([[1]]), prefill.last_hidden[:, -1:],
                              torch.tensor([[context]]), drafter._memory, cache, cache.length)
 

@@ -6,12 +6,12 @@
 On the proxy target (LLaVA-1.5 geometry, a 32,000-token vocabulary, hidden 1024; or any target
 `--target` names), a DREAM-S supernet offering draft vocabularies 0.25 and 1.0 of the target's
 tokens is built from the target's config (a step's cost does not depend on the weights). The
-draft steps the profile times (`latency.steps.ModelSteps`, kinds ``draft`` and ``draft_first``
-of the extracted subnet: its layers, its head rows, the argmax) are timed for the largest and
-the smallest heads at both vocabularies, interleaved over `--passes` passes of `--repeats`
-repeats each with `latency.timing.measure`; medians and the range of the pass medians are
-printed with the ratio full / draft vocabulary. Then `--prompts` built-in prompts are decoded
-greedily by the target alone and with the draft-vocabulary subnet (its order ranked by the
+draft steps the profile times (`latency.measure.steps.ModelSteps`, kinds ``draft`` and
+``draft_first`` of the extracted subnet: its layers, its head rows, the argmax) are timed for the
+largest and the smallest heads at both vocabularies, interleaved over `--passes` passes of
+`--repeats` repeats each with `latency.measure.timing.measure`; medians and the range of the pass
+medians are printed with the ratio full / draft vocabulary. Then `--prompts` built-in prompts are
+decoded greedily by the target alone and with the draft-vocabulary subnet (its order ranked by the
 plain answers' token frequency): the outputs must be identical token for token.
 """
 
@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from dreams_nas.latency.plan import StepKey
-    from dreams_nas.latency.steps import ModelSteps, build_supernet, visual_tokens_of
-    from dreams_nas.latency.timing import measure
+    from dreams_nas.latency.measure.plan import StepKey
+    from dreams_nas.latency.measure.steps import ModelSteps, build_supernet, visual_tokens_of
+    from dreams_nas.latency.measure.timing import measure
     from dreams_nas.supernet.core.space import SearchSpace, vocab_rows
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
@@ -107,7 +107,7 @@ def lossless(adapter, supernet, space, layer: int, args: argparse.Namespace) -> 
     compact = extract(supernet, spec)
     same = []
     for prompt, ref in zip(prompts, plain, strict=True):
-        out = generate(adapter, prompt, DreamDrafter(compact, spec), gamma=spec.draft_len,
+        out = generate(adapter, prompt, DreamDrafter(compact, spec), shape=spec.draft_len,
                        max_new_tokens=args.max_new_tokens)
         same.append(out.tokens.tolist() == ref.tokens.tolist())
     rows = supernet.vocab_rows_of(spec)

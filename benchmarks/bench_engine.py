@@ -90,7 +90,7 @@ def main() -> dict:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--gamma", type=int, default=5)
+    parser.add_argument("--draft_len", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
@@ -104,7 +104,7 @@ def main() -> dict:
     model, inputs = build_target(args.layers, args.hidden, args.seed)
     adapter = TargetAdapter.from_model(model)
     adapter.eos_token_ids = set()  # fixed-length runs: every method produces new_tokens tokens
-    n, gamma, reps = args.new_tokens, args.gamma, args.repeats
+    n, draft_len, reps = args.new_tokens, args.draft_len, args.repeats
     prompt_len = inputs["input_ids"].shape[1]
 
     def hf():
@@ -117,9 +117,9 @@ def main() -> dict:
     timed = _interleaved({
         "hf": hf,
         "plain": lambda: plain_generate(adapter, inputs, max_new_tokens=n, timed=True),
-        "replay": lambda: generate(adapter, inputs, ReplayDrafter(ref), gamma=gamma,
+        "replay": lambda: generate(adapter, inputs, ReplayDrafter(ref), shape=draft_len,
                                    max_new_tokens=n, timed=True),
-        "lookup": lambda: generate(adapter, inputs, PromptLookupDrafter(), gamma=gamma,
+        "lookup": lambda: generate(adapter, inputs, PromptLookupDrafter(), shape=draft_len,
                                    max_new_tokens=n, timed=True),
     }, reps)
     t_hf = timed["hf"][0]
@@ -131,11 +131,11 @@ def main() -> dict:
 
     context = prompt_len + n // 2
     t_decode = step_times(adapter, inputs, context, 1, reps)
-    t_verify = step_times(adapter, inputs, context, gamma + 1, reps)
-    ceiling = (gamma + 1) * t_decode / t_verify
+    t_verify = step_times(adapter, inputs, context, draft_len + 1, reps)
+    ceiling = (draft_len + 1) * t_decode / t_verify
     rows = [("HF generate (greedy)", t_hf, 1.0), ("ours: plain decoding", t_plain, plain.stats.tau),
-            (f"ours: replay, gamma={gamma}", t_replay, replay.stats.tau),
-            (f"ours: prompt lookup, gamma={gamma}", t_lookup, lookup.stats.tau)]
+            (f"ours: replay, draft_len={draft_len}", t_replay, replay.stats.tau),
+            (f"ours: prompt lookup, draft_len={draft_len}", t_lookup, lookup.stats.tau)]
     print(f"target: LLaVA arch, {args.layers} layers x {args.hidden} hidden, "
           f"prompt {prompt_len} tokens "
           f"({(112 // 14) ** 2} visual), {n} new tokens, median of {reps}, torch threads "
@@ -146,7 +146,7 @@ def main() -> dict:
     # The ceiling is per decoding step, so compare the phase after the prefill (same n-1 tokens in
     # both runs); the end-to-end ratio above also carries the shared prefill.
     replay_speedup = d_plain / d_replay
-    print(f"T_decode {t_decode * 1e3:.2f} ms, T_verify({gamma + 1}) {t_verify * 1e3:.2f} ms "
+    print(f"T_decode {t_decode * 1e3:.2f} ms, T_verify({draft_len + 1}) {t_verify * 1e3:.2f} ms "
           f"at context {context}; replay ceiling {ceiling:.2f}x plain; after the prefill replay "
           f"runs {replay_speedup:.2f}x plain = {replay_speedup / ceiling:.0%} of the ceiling "
           f"(target >= 80%)")

@@ -93,7 +93,7 @@ def measure(hardware: list[Hardware], prompts: int, repeats: int, max_new_tokens
             ) -> list[str]:
     """The distinct choices measured on this machine for each CPU hardware profiled here."""
     import torch
-    from dreams_nas.latency.hardware import detect_hardware
+    from dreams_nas.latency.measure.hardware import detect_hardware
     from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples
     from dreams_nas.nas.stages.verify import measure_end_to_end
     from dreams_nas.supernet.core.device import torch_threads

@@ -9,23 +9,23 @@
    at every context length, hot and right after a verify (draft_first), over each tree level's
    width for the largest and smallest subnet; the target's decode step, its verify step for
    k = 2..8 and its tree verify for each tree size), and reports the wall time taken.
-2. Splits the rows by grid point (`latency.validation.grid_groups`: one draft architecture at
+2. Splits the rows by grid point (`latency.model.validation.grid_groups`: one draft architecture at
    one context with all its draft, draft_first and tree-level rows; one target (kind, k) at one
    context), never a point on both sides. Draft points: exactly those ``--budget 0.3`` would
-   time (`latency.plan.build_plan`: the largest and smallest subnets at every context, then a
-   discrete Latin hypercube over the draft axes x context); as the plan always times the tree
-   levels, draft_tree rows are all fitted on unless ``--tree-holdout`` moves a share of those
-   points to the predicted side. Target points (a profile times them all): 70 % held out within
-   each (kind, k), each keeping >= 2 contexts (`latency.validation.holdout_split`), since the
-   predictor interpolates a target step per k from its own measurements. It fits the predictor
-   on the training rows and predicts every other row, measured in the same run.
+   time (`latency.measure.plan.build_plan`: the largest and smallest subnets at every context, then
+   a discrete Latin hypercube over the draft axes x context); as the plan always times the tree
+   levels, draft_tree rows are all fitted on unless ``--tree-holdout`` moves a share of those points
+   to the predicted side. Target points (a profile times them all): 70 % held out within each (kind,
+   k), each keeping >= 2 contexts (`latency.model.validation.holdout_split`), since the predictor
+   interpolates a target step per k from its own measurements. It fits the predictor on the training
+   rows and predicts every other row, measured in the same run.
 3. Prints MAPE, share within +-10 %, RMSE and Kendall's tau pooled and per kind of step
-   (`latency.validation.metrics_by_kind`: draft, draft_tree, draft_first, decode, verify,
+   (`latency.model.validation.metrics_by_kind`: draft, draft_tree, draft_first, decode, verify,
    verify_tree), and whether the pooled targets hold (MAPE <= 5 %, >= 95 % within 10 %,
    tau >= 0.9), for the rows' medians and, on a shared machine, their 10th percentiles; then
    one JSON line of it all.
 
-Target: ``builtin`` if the demo target is already cached, else ``random-demo``: the demo
+Target: ``builtin`` if the built-in target is already cached, else ``random-demo``: the demo
 target's exact architecture and processor with random weights (latency does not depend on the
 weights' values, and building the trained target takes minutes). ``random-wide``: an
 8-layer x 512-hidden LLaVA, wide enough that heads and visual tokens change a draft step's cost.
@@ -45,10 +45,10 @@ import numpy as np
 import pandas as pd
 
 
-def random_demo_target(folder: Path) -> str:
+def random_builtin_target(folder: Path) -> str:
     import torch
-    from dreams_nas.supernet.demo.build import build_config, build_processor
-    from dreams_nas.supernet.demo.variants import get_variant
+    from dreams_nas.supernet.builtin.build import build_config, build_processor
+    from dreams_nas.supernet.builtin.variants import get_variant
     from transformers import LlavaForConditionalGeneration
 
     torch.manual_seed(0)
@@ -63,7 +63,7 @@ def random_wide_target(folder: Path) -> str:
     """A LLaVA with an 8-layer x 512-hidden Llama (the engine benchmark's size), random weights:
     wide enough that a draft's heads and kept visual tokens visibly change its cost on a CPU."""
     import torch
-    from dreams_nas.supernet.demo.build import build_processor
+    from dreams_nas.supernet.builtin.build import build_processor
     from transformers import (
         CLIPVisionConfig,
         LlamaConfig,
@@ -89,15 +89,15 @@ def random_wide_target(folder: Path) -> str:
 
 def pick_target(name: str, scratch: Path) -> str:
     if name == "builtin":
-        from dreams_nas.supernet.demo.cache import demo_target_dir, read_complete_marker
+        from dreams_nas.supernet.builtin.cache import builtin_target_dir, read_complete_marker
 
-        if read_complete_marker(demo_target_dir()) is not None:
-            return str(demo_target_dir())
-        print("builtin demo target not cached: using its architecture with random weights",
+        if read_complete_marker(builtin_target_dir()) is not None:
+            return str(builtin_target_dir())
+        print("builtin built-in target not cached: using its architecture with random weights",
               file=sys.stderr)
         name = "random-demo"
     if name == "random-demo":
-        return random_demo_target(scratch / "random-demo")
+        return random_builtin_target(scratch / "random-demo")
     if name == "random-wide":
         return random_wide_target(scratch / "random-wide")
     return name
@@ -126,7 +126,8 @@ def plan_draft_points(rows: pd.DataFrame, fraction: float, seed: int) -> set[tup
     at every context, then a Latin hypercube over heads x visual_keep x depth x mlp x
     draft_vocab x context,
     ceil(fraction x grid) points in all), each point timed as draft and draft_first."""
-    from dreams_nas.latency.plan import DRAFT_KINDS, build_plan
+    from dreams_nas.latency.kinds import DRAFT_KINDS
+    from dreams_nas.latency.measure.plan import build_plan
     from dreams_nas.supernet.core.space import SearchSpace
 
     points = draft_points(rows[rows["kind"].isin(DRAFT_KINDS)])
@@ -177,8 +178,8 @@ def training_mask(rows: pd.DataFrame, fraction: float, seed: int,
       least 2 contexts in training -- the predictor interpolates a target step per k from its
       own measurements and refuses a k with none.
     """
-    from dreams_nas.latency.plan import DRAFT_KINDS
-    from dreams_nas.latency.validation import holdout_split
+    from dreams_nas.latency.kinds import DRAFT_KINDS
+    from dreams_nas.latency.model.validation import holdout_split
 
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"train fraction {fraction} must be in (0, 1)")
@@ -201,8 +202,8 @@ def training_mask(rows: pd.DataFrame, fraction: float, seed: int,
 def split_summary(rows: pd.DataFrame, train: np.ndarray) -> dict[str, int]:
     """Grid points and rows on each side of the split: draft points (each timed as draft,
     draft_first and, for the extremes, over tree levels) and target points."""
-    from dreams_nas.latency.plan import DRAFT_KINDS
-    from dreams_nas.latency.validation import grid_groups
+    from dreams_nas.latency.kinds import DRAFT_KINDS
+    from dreams_nas.latency.model.validation import grid_groups
 
     groups = grid_groups(rows)
     drafted = rows["kind"].isin(DRAFT_KINDS).to_numpy()
@@ -221,9 +222,9 @@ def evaluate(rows: pd.DataFrame, train: np.ndarray, hardware_id: str, *,
     metrics}), each `estimators.latency_metrics` (MAPE, RMSE, within 10 %, Kendall's tau) plus
     ``n``, the kinds `validation.metrics_by_kind`'s (draft, draft_tree, draft_first, decode,
     verify, verify_tree) that hold predicted rows."""
-    from dreams_nas.latency.estimators import latency_metrics
-    from dreams_nas.latency.predictor import LatencyPredictor
-    from dreams_nas.latency.validation import metrics_by_kind
+    from dreams_nas.latency.model.draft_regression import latency_metrics
+    from dreams_nas.latency.model.predictor import LatencyPredictor
+    from dreams_nas.latency.model.validation import metrics_by_kind
 
     pred = LatencyPredictor.fit(rows[train], hardware_id, stat=stat,
                                 visual_tokens=visual_tokens, holdout=0.0, seed=seed)
@@ -238,7 +239,7 @@ def evaluate(rows: pd.DataFrame, train: np.ndarray, hardware_id: str, *,
 def report_lines(rows: pd.DataFrame, train: np.ndarray, stat: str,
                  report: dict[str, dict[str, float]]) -> list[str]:
     """The metric table: pooled, then each metric kind (one with no predicted rows says so)."""
-    from dreams_nas.latency.validation import METRIC_KINDS, metric_kinds
+    from dreams_nas.latency.model.validation import METRIC_KINDS, metric_kinds
 
     kinds = metric_kinds(rows)
     measured = rows[stat].to_numpy(dtype=float)
@@ -284,8 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.tree_holdout < 1.0:
         parser.error(f"--tree-holdout {args.tree_holdout} must be in [0, 1)")
 
-    from dreams_nas.latency.store import ProfileStore
-    from dreams_nas.latency.validation import METRIC_KINDS, grid_groups, metric_kinds
+    from dreams_nas.latency.measure.profile_store import ProfileStore
+    from dreams_nas.latency.model.validation import METRIC_KINDS, grid_groups, metric_kinds
     from dreams_nas.nas.stages.profile import ProfileOptions, profile
     from dreams_nas.supernet.core.runfolder import RunFolder
 

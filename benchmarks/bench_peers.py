@@ -8,10 +8,11 @@ Methods, all on the run's target and the same built-in evaluation prompts (the o
 scored), interleaved per prompt within each repeat:
   1. HF `model.generate(do_sample=False)`: the target alone, the 1.0x reference;
   2. HF prompt-lookup decoding (`prompt_lookup_num_tokens`);
-  3. HF assisted generation (`assistant_model=`) with the demo target's 2-layer "assistant"
+  3. HF assisted generation (`assistant_model=`) with the built-in target's 2-layer "assistant"
      variant (same vision tower, processor and width, trained on the same synthetic data);
   4. our prompt-lookup drafter, 5. a fixed EAGLE-like DREAM draft (all heads, all visual tokens,
-     last inject layer, gamma 5), 6. the full supernet draft at its best predicted gamma, and
+     last inject layer, draft_len 5), 6. the full supernet draft at its best predicted draft_len,
+and
      7. the NAS-chosen subnet loaded from specs/<id>/ like `dreams-nas generate --drafter`; all
      four through `supernet.decoding.generate`, the code path of `dreams-nas generate`.
 Tokens/s = new tokens over the wall time of the whole generate calls (prefill included), median

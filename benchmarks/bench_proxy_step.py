@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
-    from dreams_nas.supernet.training.store import build_store
+    from dreams_nas.supernet.training.feature_store import build_store
     from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -16,6 +16,8 @@ import statistics
 import sys
 
 import numpy as np
+from dreams_nas.nas.search.candidate import DraftCost, Pricing
+from dreams_nas.nas.search.config import SearchConfig
 from dreams_nas.nas.search.replay import RecordedAcceptance, RecordedLatency
 from dreams_nas.nas.search.strategies import search
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
@@ -92,14 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         space, rows, latency, context = synthetic_tables()
         source = "synthetic recorded tables"
     params = lambda s: 1000 * s.heads  # noqa: E731 - cost axis only
-    exhaustive = search(space, RecordedAcceptance(rows), latency, params, context_len=context,
-                        show_progress=False)
+    pricing = Pricing(latency, context, DraftCost(params))
+    exhaustive = search(space, RecordedAcceptance(rows), pricing,
+                        SearchConfig(show_progress=False))
     target = 0.98 * exhaustive.best.speedup
     budget = max(1, int(round(args.budget * space.size)))
     needed, finals = [], []
     for seed in range(args.seeds):
-        res = search(space, RecordedAcceptance(rows), latency, params, context_len=context,
-                     method="optuna", n_trials=budget, seed=seed, show_progress=False)
+        res = search(space, RecordedAcceptance(rows), pricing,
+                     SearchConfig(method="optuna", n_trials=budget, seed=seed,
+                                  show_progress=False))
         n = evaluations_to_reach(res.history, target)
         needed.append(n if n is not None else float("inf"))
         finals.append(res.best.speedup / exhaustive.best.speedup)

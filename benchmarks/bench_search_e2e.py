@@ -8,7 +8,7 @@ Measures, in one interleaved run against plain decoding of the same prompts:
   * the search's best subnet (best.json),
   * the full supernet draft (all heads, all visual tokens, last inject layer) at its own best
     draft length by the same prediction,
-  * a fixed EAGLE-like configuration: all heads, all visual tokens, last layer, gamma = 5,
+  * a fixed EAGLE-like configuration: all heads, all visual tokens, last layer, draft_len = 5,
 and prints predicted and measured speedups (target: predicted within 10% of measured for the
 best subnet), the searched best over the better of the two fixed configurations, and the cost
 range of a draft step across the space (the slowest over the fastest subnet the profile timed,
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     trials = {r["spec_id"]: r for r in _read_csv(run.trials_csv(hw))}
     full_best, eagle = full_and_eagle_specs(run.space(), predicted)
     chosen = {"searched best": SubnetSpec.from_dict(best["spec"]), "full draft": full_best,
-              "EAGLE-like (gamma 5)": eagle}
+              "EAGLE-like (draft_len 5)": eagle}
     models = RunModels(run, "cpu")
     examples = load_eval_examples("builtin", args.prompts, 0)  # the eval prompts the search scored
     prompts = [models.target.build_inputs(ex.image_path, ex.prompt) for ex in examples]

@@ -3,15 +3,15 @@
     .venv/bin/python benchmarks/bench_search_scale.py                 # 10^6 subnets, 1 thread
     .venv/bin/python benchmarks/bench_search_scale.py --subnets 100000 --old-points 5000
 
-A synthetic table of subnets with recorded shapes: tau grows with heads, visual_keep and gamma
-(diminishing returns, noise), clipped to [1, gamma + 1]; latencies from the real
+A synthetic table of subnets with recorded shapes: tau grows with heads, visual_keep and draft_len
+(diminishing returns, noise), clipped to [1, draft_len + 1]; latencies from the real
 `LatencyPredictor` fitted on synthetic profile rows (draft step linear in heads and visual
 tokens, a colder first step, a verify pass growing slowly with k).
 
 Parts, each in its own process (so each peak RSS, `ru_maxrss`, is its own), medians of
 `--repeats`:
 
-* ``exhaustive_arrays``: `evaluate_fields` over every subnet (a fresh `LatencyCache` each
+* ``exhaustive_arrays``: `evaluate_fields` over every subnet (a fresh `MemoizedLatency` each
   repeat, so the three predictor calls are timed too), the Pareto front of the feasible ones
   in (speedup max, draft parameters min) and the best. This is the vectorised path `evaluate`
   runs; the subnets are numpy columns (`SubnetFields`), never 10^6 objects.
@@ -83,7 +83,7 @@ def fields_of(space):
 def tau_of(fields, seed: int = 0) -> np.ndarray:
     """Recorded shapes: per-position acceptance rises with heads, visual tokens and mid-deep
     features, decays along the draft; tau = 1 + sum of the cumulative products; noise;
-    clipped to [1, gamma + 1]."""
+    clipped to [1, draft_len + 1]."""
     rng = np.random.default_rng(seed)
     depth = fields.inject_layer / max(1, int(fields.inject_layer.max()))
     a0 = (0.45 + 0.25 * (1 - np.exp(-fields.heads / 12)) + 0.12 * np.sqrt(fields.visual_keep)
@@ -106,7 +106,7 @@ def draft_params_of(heads: np.ndarray) -> np.ndarray:
 def fitted_predictor():
     """The real predictor, fitted on synthetic profile rows of a coarse grid."""
     import pandas as pd
-    from dreams_nas.latency.predictor import LatencyPredictor
+    from dreams_nas.latency.model.predictor import LatencyPredictor
 
     rows = []
     for ctx in (320, 640, 960):
@@ -155,7 +155,8 @@ def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float
 
 
 def part_exhaustive_arrays(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.nas.search.candidate import LatencyCache, evaluate_fields
+    from dreams_nas.latency.model.query import MemoizedLatency
+    from dreams_nas.nas.search.candidate import DraftCost, Pricing, evaluate_fields
     from dreams_nas.nas.search.pareto import is_pareto_front
 
     space = space_of(args.subnets)
@@ -167,8 +168,9 @@ def part_exhaustive_arrays(args: argparse.Namespace) -> dict[str, Any]:
     calls: list[int] = []
 
     def run() -> tuple[int, int]:
-        cache = LatencyCache(predictor, CONTEXT)
-        arrays = evaluate_fields(tau, fields, cache, max_draft_ms=args.max_draft_ms)
+        cache = MemoizedLatency(predictor)
+        arrays = evaluate_fields(tau, fields, Pricing(cache, CONTEXT, DraftCost(lambda _: 0)),
+                                 max_draft_ms=args.max_draft_ms)
         calls.append(cache.n_calls)
         feasible = np.flatnonzero(arrays.feasible)
         values = np.stack([arrays.speedup[feasible], params[feasible]], axis=1)  # (f, 2)
@@ -191,6 +193,8 @@ def space_spec_id(fields, i: int) -> str:
 
 
 def part_exhaustive_objects(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.nas.search.candidate import DraftCost, Pricing
+    from dreams_nas.nas.search.config import SearchConfig
     from dreams_nas.nas.search.replay import RecordedAcceptance
     from dreams_nas.nas.search.strategies import search
     from dreams_nas.supernet.acceptance.table import AcceptanceRow
@@ -209,8 +213,9 @@ def part_exhaustive_objects(args: argparse.Namespace) -> dict[str, Any]:
         return 2_000_000 + 250_000 * spec.heads
 
     def run():
-        result = search(space, RecordedAcceptance(rows), predictor, params, context_len=CONTEXT,
-                        max_draft_ms=args.max_draft_ms, show_progress=False)
+        result = search(space, RecordedAcceptance(rows), Pricing(predictor, CONTEXT,
+                                                                   DraftCost(params)),
+                        SearchConfig(max_draft_ms=args.max_draft_ms, show_progress=False))
         return len(result.front), result.best.spec.id
 
     median, times, (front, best) = _median_time(run, args.repeats)
@@ -249,9 +254,11 @@ def write_search_run(run_dir: Path, subnets: int, max_draft_ms: float) -> dict[s
     """A run folder holding an exhaustive search of the synthetic table, written as
     `dreams-nas search` writes one: `search(...)` (the real evaluate path) then `export_result`.
     Returns the seconds each step took and the search's sizes."""
+    from dreams_nas.nas.search.candidate import DraftCost, Pricing
+    from dreams_nas.nas.search.config import SearchConfig
     from dreams_nas.nas.search.replay import RecordedAcceptance
     from dreams_nas.nas.search.strategies import search
-    from dreams_nas.nas.stages.export import export_result
+    from dreams_nas.nas.stages.export import SearchRecord, export_result
     from dreams_nas.supernet.acceptance.table import AcceptanceRow
     from dreams_nas.supernet.core.runfolder import RunFolder
 
@@ -276,16 +283,18 @@ def write_search_run(run_dir: Path, subnets: int, max_draft_ms: float) -> dict[s
         kv = 2 * spec.heads * 64 * (2 * CONTEXT + round(CONTEXT - 576 * (1 - spec.visual_keep)))
         return 2 * (params(spec) + kv)
 
-    result = search(space, RecordedAcceptance(rows), predictor, params, draft_memory=memory,
-                    context_len=CONTEXT, max_draft_ms=max_draft_ms, show_progress=False)
+    result = search(space, RecordedAcceptance(rows),
+                    Pricing(predictor, CONTEXT, DraftCost(params, memory)),
+                    SearchConfig(max_draft_ms=max_draft_ms, show_progress=False))
     times["search_s"] = time.perf_counter() - start
     del rows
 
     start = time.perf_counter()
     hardware = {"hardware_id": HARDWARE_ID, "kind": "cpu", "name": "synthetic", "threads": 1,
                 "dtype": "float32"}
-    export_result(RunFolder(run_dir), result, hardware_id=HARDWARE_ID, hardware=hardware,
-                  target={"id": "synthetic"}, supernet_hash="synthetic", dtype="float32")
+    export_result(RunFolder(run_dir), result,
+                  SearchRecord(HARDWARE_ID, hardware, "synthetic", "float32",
+                               target={"id": "synthetic"}))
     times["export_s"] = time.perf_counter() - start
     trials = run_dir / "search" / HARDWARE_ID / "trials.csv"
     return {**times, "subnets": len(result.candidates), "front_size": len(result.front),

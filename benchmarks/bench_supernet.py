@@ -28,7 +28,7 @@ AIFD, the target's features), then every variant trains through `train_run` -- t
 
 Each supernet is scored teacher-forced (at temperature 0 this is the tau of real speculative
 decoding; tests check it) on the demo's 32 evaluation prompts: the largest and the smallest
-subnet at gamma = 5, inject layer in the middle of the space. Per variant: the mean over seeds
+subnet at draft_len = 5, inject layer in the middle of the space. Per variant: the mean over seeds
 with a 95 % t-interval and the spread (max - min) / mean; against ours, a paired t-test over
 seeds and a Wilcoxon signed-rank test over the (seed, prompt) pairs of per-prompt tau.
 
@@ -63,11 +63,11 @@ N_EVAL = 32  # the demo's evaluation prompts (seed 0): the default evaluation
 
 
 def _target():
-    from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
-    from dreams_nas.supernet.demo.variants import builtin_variant
+    from dreams_nas.supernet.builtin.cache import ensure_builtin_target_with_metrics
+    from dreams_nas.supernet.builtin.variants import builtin_variant
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    folder, _, _ = ensure_demo_target_with_metrics(variant=builtin_variant(), progress=False)
+    folder, _, _ = ensure_builtin_target_with_metrics(variant=builtin_variant(), progress=False)
     return TargetAdapter.load(str(folder))
 
 
@@ -124,14 +124,14 @@ def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = Non
 
 
 def per_prompt_tau(draft, traces, spec) -> list[tuple[int, int]]:
-    """(tokens, target verify forwards) per prompt of a gamma chain of `spec`."""
+    """(tokens, target verify forwards) per prompt of a draft_len chain of `spec`."""
     from dreams_nas.supernet.acceptance.teacher_forced import batched_ranks
-    from dreams_nas.supernet.decoding.cycles import accepted_depths, simulate_cycles
+    from dreams_nas.supernet.decoding.cycles import accepted_levels, simulate_cycles
 
     ranks = batched_ranks(draft, traces, spec, (1,) * spec.draft_len)
     out = []
     for trace, rank in zip(traces, ranks, strict=True):
-        lengths, _ = simulate_cycles(accepted_depths(rank, (1,) * spec.draft_len),
+        lengths, _ = simulate_cycles(accepted_levels(rank, (1,) * spec.draft_len),
                                      spec.draft_len, trace.max_new_tokens, trace.eos_index)
         out.append((sum(lengths), len(lengths)))
     return out

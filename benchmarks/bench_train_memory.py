@@ -5,7 +5,7 @@
 
 Each count runs in a process of its own (its peak RSS, `ru_maxrss`, is its own) and does what
 `dreams-nas train` does after the target's answers: the target's features of every prompt go
-to a feature store on disk (`supernet.training.store.build_store`, shards of 8 prompts, each
+to a feature store on disk (`supernet.training.feature_store.build_store`, shards of 8 prompts, each
 written and dropped), then `train_supernet` trains a DREAM-S draft of the proxy target's shape
 (`proxy-llava`: hidden 1024, 16 heads, a 32,000-token LM head, the draft's own sequence holding
 the 576 visual tokens) for `--steps` steps reading the store, autocast to bfloat16 as on the
@@ -76,7 +76,7 @@ def one(n: int, steps: int, batch: int, in_memory: bool, folder: Path) -> dict:
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
-    from dreams_nas.supernet.training.store import build_store
+    from dreams_nas.supernet.training.feature_store import build_store
     from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 
     start = time.perf_counter()

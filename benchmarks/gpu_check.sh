@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check: the CUDA paths end to end on one device, a few minutes on one GPU.
 #
-#   benchmarks/gpu_check.sh                 # cuda:0, the default demo target
-#   benchmarks/gpu_check.sh --device cpu    # the dry run: the tiny demo target on the CPU
+#   benchmarks/gpu_check.sh                 # cuda:0, the default built-in target
+#   benchmarks/gpu_check.sh --device cpu    # the dry run: the tiny built-in target on the CPU
 #
 # 1. the cuda-marked tests (skipped where torch sees no GPU);
-# 2. on the device: build the demo target (cached), train a supernet briefly in the 16-bit
+# 2. on the device: build the built-in target (cached), train a supernet briefly in the 16-bit
 #    dtype the device runs natively (--dtype auto: bfloat16 from compute capability 8.0,
 #    float16 before; bfloat16 in the CPU dry run), profile, score, search and verify the best
 #    subnet end to end against plain greedy decoding; then the same supernet's weights in a
@@ -15,7 +15,7 @@
 #    and the draft and target step times; then checks the one-line error for a device that is
 #    not there.
 # Record what it prints in BENCHMARKS.md with the GPU's name. On an H200 it should take about 8
-# minutes (estimated from the stage times of the first GPU run, with the demo target carried in
+# minutes (estimated from the stage times of the first GPU run, with the built-in target carried in
 # a built $DREAMS_NAS_CACHE; building it there adds minutes).
 set -euo pipefail
 DEVICE=cuda:0
@@ -93,10 +93,10 @@ if best["dtype"] == "float32" and measured.get("identical_prompts") != measured.
 PYEOF
 }
 
-"${CLI[@]}" target build-demo --variant "$VARIANT" --json
+"${CLI[@]}" target build-builtin --variant "$VARIANT" --json
 HALF_RUN=$OUT/run-16bit
 FP32_RUN=$OUT/run-fp32
-echo "== on $DEVICE (demo target variant $VARIANT, --dtype $HALF) into $HALF_RUN"
+echo "== on $DEVICE (built-in target variant $VARIANT, --dtype $HALF) into $HALF_RUN"
 stage train "${CLI[@]}" train --run "$HALF_RUN" --device "$DEVICE" --dtype "$HALF" \
     --n-train "$PROMPTS" --warmup-steps "$STEPS" --multires-steps "$STEPS" \
     --max-new-tokens "$TOKENS" --json -q

@@ -68,7 +68,7 @@ def full_and_eagle_specs(space: SearchSpace, predicted_speedup: Mapping[str, flo
     inject layer -- at the draft length of its best predicted speedup -- the draft length
     nearest 5 when the search predicted none of them (an Optuna search may skip them) -- and
     the fixed EAGLE-like configuration: all heads, all visual tokens, the last inject layer,
-    one decoder layer a side, the whole MLP, gamma = 5)."""
+    one decoder layer a side, the whole MLP, draft_len = 5)."""
     heads, layer = max(space.heads), max(space.inject_layer)
     largest = space.largest().arch.replace(inject_layer=layer)
     full = [s for s in space.enumerate() if not s.tree  # its chains (bench_trees: the trees)
@@ -197,14 +197,14 @@ def hf_method(name: str, model: Any, prompts: Sequence[Mapping[str, Any]], max_n
 
 
 def engine_method(name: str, target: Any, prompts: Sequence[Mapping[str, Any]],
-                  make_drafter: Callable[[], Any] | None, gamma: int, max_new_tokens: int,
+                  make_drafter: Callable[[], Any] | None, draft_len: int, max_new_tokens: int,
                   note: str = "") -> Method:
     """Our engine (`supernet.decoding.generate`, as `dreams-nas generate` runs it)."""
     from dreams_nas.supernet.decoding.loop import generate
 
     def decode(i: int) -> Decoded:
         drafter = make_drafter() if make_drafter is not None else None
-        out = generate(target, dict(prompts[i]), drafter, gamma=gamma,
+        out = generate(target, dict(prompts[i]), drafter, shape=draft_len,
                        max_new_tokens=max_new_tokens)
         return Decoded(out.tokens.tolist(), out.stats.target_forwards - 1)
 
@@ -241,7 +241,7 @@ def read_setup(run: Any, hardware_id: str) -> PeerSetup:
 
 def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence[Mapping[str, Any]],
                  *, assistant: Any | None, max_new_tokens: int, hf_lookup_tokens: int = 10,
-                 lookup_gamma: int = 5) -> list[Method]:
+                 lookup_draft_len: int = 5) -> list[Method]:
     """The seven methods of the peer benchmark (HF greedy first, the reference) and our plain
     decoding, which separates the engine's own overhead from what drafting gains."""
     from dreams_nas.supernet.decoding.dream import DreamDrafter
@@ -270,16 +270,18 @@ def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence
                       note="no drafter: our loop's own cost, for reading the rows below"),
         engine_method("ours: prompt lookup", target, prompts,
                       lambda: load_drafter("lookup", target),
-                      lookup_gamma, n, note=f"gamma={lookup_gamma}"),
+                      lookup_draft_len, n, note=f"draft_len={lookup_draft_len}"),
         engine_method("ours: EAGLE-like draft", target, prompts,
                       lambda: DreamDrafter(drafts["eagle"], setup.eagle_spec), 5, n,
                       note=f"{setup.eagle_spec.id}: all heads, all visual tokens, last layer, "
-                           "gamma=5"),
+                           "draft_len=5"),
         engine_method("ours: full supernet", target, prompts,
                       lambda: DreamDrafter(drafts["full"], setup.full_spec),
                       setup.full_spec.draft_len, n,
-                      note=f"{setup.full_spec.id}: the largest subnet at its best predicted gamma"),
-        engine_method("ours: NAS-chosen subnet", target, prompts, lambda: nas, nas.default_gamma, n,
+                      note=f"{setup.full_spec.id}: the largest subnet at its best predicted "
+                           "draft_len"),
+        engine_method("ours: NAS-chosen subnet", target, prompts, lambda: nas,
+                      nas.default_draft_len, n,
                       note=f"{setup.best_spec.id}: {setup.best_dir.name}/ from best.json "
                            f"({setup.hardware_id})"),
     ]
@@ -310,18 +312,18 @@ def vision_calls(model: Any | None) -> list[int]:
 
 
 def load_assistant(where: str, target: Any, *, device: str = "cpu") -> Any | None:
-    """The HF assistant model: `none`, a checkpoint folder, or `builtin` — the demo target's
-    "assistant" variant, built (about a minute) into the same cache as the run's demo target."""
+    """The HF assistant model: `none`, a checkpoint folder, or `builtin` — the built-in target's
+    "assistant" variant, built (about a minute) into the same cache as the run's built-in target."""
     if where == "none":
         return None
     from dreams_nas.supernet.core.errors import InputError
 
     if where == "builtin":
-        from dreams_nas.supernet.demo.cache import ensure_demo_target
+        from dreams_nas.supernet.builtin.cache import ensure_builtin_target
 
         path = Path(getattr(target, "path", None) or "")
-        cache = path.parent.parent if path.parent.name == "demo-target" else None
-        folder = ensure_demo_target(cache, variant="assistant")
+        cache = path.parent.parent if path.parent.name == "builtin-target" else None
+        folder = ensure_builtin_target(cache, variant="assistant")
     else:
         folder = Path(where).expanduser()
         if not folder.is_dir():

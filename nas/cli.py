@@ -43,6 +43,28 @@ COMMANDS: dict[str, str] = {
 # The commands that split their work over the ranks of a torchrun launch.
 DISTRIBUTED = ("train", "score")
 
+# Spellings retired by a rename (one name per idea, docs/glossary.md) -> what to write now.
+RETIRED_OPTIONS: dict[str, str] = {
+    "--run-dir": "--run DIR (under torchrun: `-m dreams_nas.nas.cli -- COMMAND --run DIR`)",
+}
+RETIRED_ACTIONS: dict[tuple[str, str], str] = {
+    ("target", "build-demo"): "`dreams-nas target build-builtin`",
+}
+
+
+def retired_spelling(argv: Sequence[str]) -> str | None:
+    """The one-line error for the first retired spelling in `argv` (an option as ``--old`` or
+    ``--old=VALUE``; a command's action word right after the command), else None."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return None
+        old = arg.split("=", 1)[0]
+        if old in RETIRED_OPTIONS:
+            return f"{old} was renamed: write {RETIRED_OPTIONS[old]}"
+        if i and (argv[i - 1], arg) in RETIRED_ACTIONS:
+            return f"{argv[i - 1]} {arg} was renamed: write {RETIRED_ACTIONS[argv[i - 1], arg]}"
+    return None
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2) instead of usage + message."""
@@ -55,10 +77,10 @@ class _Parser(argparse.ArgumentParser):
 def _common_options() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
     group = common.add_argument_group("common options")
-    group.add_argument("--run", "--run-dir", dest="run", default=None, metavar="DIR",
+    group.add_argument("--run", dest="run", default=None, metavar="DIR",
                        help=f"run folder holding every artefact (default: ./{DEFAULT_RUN_DIR}); "
-                            "under torchrun write --run-dir (torchrun reads --run as its own "
-                            "--run-path)")
+                            "under torchrun put `--` after `-m dreams_nas.nas.cli` (torchrun's "
+                            "own parser reads --run as its --run-path)")
     group.add_argument("--json", action="store_true",
                        help="print a one-line JSON summary on stdout (logs stay on stderr)")
     group.add_argument("-v", "--verbose", action="count", default=0,
@@ -138,6 +160,10 @@ def _finish(summary: dict[str, Any], as_json: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns 0 on success, 2 on bad input, 1 on an internal error."""
     parser = build_parser()
+    retired = retired_spelling(sys.argv[1:] if argv is None else argv)
+    if retired is not None:
+        sys.stderr.write(f"{PROG}: error: {retired}\n")
+        return 2
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

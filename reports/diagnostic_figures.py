@@ -139,7 +139,7 @@ def training_figure(data: ReportData) -> Figure | None:
             ax2.annotate(label, xy=(curve.best_step, 0.04), xycoords=("data", "axes fraction"),
                          xytext=(-6, 0), textcoords="offset points", ha="right",
                          color=BEST_COLOR, fontweight="bold", fontsize=9)
-        ax2.set_ylabel(f"held-out τ (γ = {curve.gamma or '?'})")
+        ax2.set_ylabel(f"held-out τ (γ = {curve.draft_len or '?'})")
         ax2.legend(loc="upper left")
     else:
         ax2.text(0.5, 0.5, "no held-out evaluation (trained to the step cap)",

@@ -47,8 +47,8 @@ def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str |
                 continue
             if dtype and row.get("dtype") not in (None, dtype):
                 continue
-            gamma = integer(row.get("draft_len")) or 0
-            rates = [num(row.get(f"accept_rate_{i}")) for i in range(1, gamma + 1)]
+            draft_len = integer(row.get("draft_len")) or 0
+            rates = [num(row.get(f"accept_rate_{i}")) for i in range(1, draft_len + 1)]
             rates = [r for r in rates if r is not None]
             if rates:
                 curves[sid] = AcceptanceCurve(sid, tuple(rates), num(row.get("tau")))
@@ -137,4 +137,4 @@ def load_training(run: Mapping[str, Any]) -> TrainingCurve | None:
         warmup_steps=integer(train.get("warmup_steps")),
         best_step=best_step, best_score=num(best.get("score")),
         stopped=str(conv["stopped"]) if conv.get("stopped") else None,
-        gamma=integer(conv.get("gamma")))
+        draft_len=integer(conv.get("draft_len")))

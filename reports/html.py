@@ -156,7 +156,7 @@ def _header(data: ReportData) -> str:
     curve = data.training
     if curve is not None and curve.best_step is not None and curve.best_score is not None:
         supernet += (f", kept step {curve.best_step}: held-out τ {curve.best_score:.2f} "
-                     f"(γ {curve.gamma}, mean of the largest and smallest subnet)")
+                     f"(γ {curve.draft_len}, mean of the largest and smallest subnet)")
     versions = ", ".join(f"{_e(k)} {_e(v)}" for k, v in data.versions.items()
                          if k in {"dreams-nas", "torch", "transformers", "optuna", "scikit-learn",
                                   "python"})

@@ -222,11 +222,11 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         raise MissingResultsError(f"no best subnet in {path}; run `dreams-nas search` first")
     spec = raw.get("spec") or {}
     heads, keep = integer(spec.get("heads")), num(spec.get("visual_keep"))
-    layer, gamma = integer(spec.get("inject_layer")), integer(spec.get("draft_len"))
+    layer, draft_len = integer(spec.get("inject_layer")), integer(spec.get("draft_len"))
     pred = raw.get("predicted") or {}
     predicted_speedup = num(pred.get("speedup"))
     missing = [k for k in ("spec_id", "spec_dir") if not raw.get(k)]
-    missing += [f"spec.{k}" for k, v in zip(SPEC_FIELDS, (heads, keep, layer, gamma),
+    missing += [f"spec.{k}" for k, v in zip(SPEC_FIELDS, (heads, keep, layer, draft_len),
                                             strict=True) if v is None]
     missing += ["predicted.speedup"] if predicted_speedup is None else []
     if missing:
@@ -236,7 +236,7 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
     spec_dir = str(raw["spec_dir"])
     best = BestSubnet(
         spec_id=str(raw["spec_id"]), heads=heads, visual_keep=keep, inject_layer=layer,
-        draft_len=gamma, objective=str(raw.get("objective") or "speedup"),
+        draft_len=draft_len, objective=str(raw.get("objective") or "speedup"),
         method=str(raw.get("method") or "?"), spec_dir=spec_dir,
         predicted_speedup=predicted_speedup, predicted_tau=num(pred.get("tau")),
         tau_ci=_interval(ci),

@@ -334,7 +334,7 @@ class TrainingCurve:
     best_step: int | None
     best_score: float | None
     stopped: str | None
-    gamma: int | None
+    draft_len: int | None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """dreams_nas.supernet: what a subnet is, the target adapter, the elastic draft, decoding,
-training, acceptance scoring, prompt data and the built-in demo target.
+training, acceptance scoring, prompt data and the built-in target.
 
 Rooms, bottom to top (a room imports only those below it; `lint-imports` holds this):
 `core` (no torch), `data`, `demo`, `target`, `draft`, `decoding`, `training`, `acceptance`.
@@ -26,9 +26,9 @@ _EXPORTS = {
     "SharedTargetModules": "dreams_nas.supernet.draft.state",
     "CompactDraft": "dreams_nas.supernet.draft.extract",
     "extract": "dreams_nas.supernet.draft.extract",
-    "load_supernet": "dreams_nas.supernet.draft.store",
-    "save_supernet": "dreams_nas.supernet.draft.store",
-    "read_supernet_config": "dreams_nas.supernet.draft.store",
+    "load_supernet": "dreams_nas.supernet.draft.saving",
+    "save_supernet": "dreams_nas.supernet.draft.saving",
+    "read_supernet_config": "dreams_nas.supernet.draft.saving",
     "DreamDrafter": "dreams_nas.supernet.decoding.dream",
     "AifdResult": "dreams_nas.supernet.training.aifd",
     "TrainConfig": "dreams_nas.supernet.training.tppt",

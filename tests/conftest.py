@@ -91,17 +91,17 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
-def demo_cache(tmp_path_factory):
-    """A DREAMS_NAS_CACHE folder holding the tiny demo target, built once per session."""
-    from _support.demo import build_demo_cache
+def builtin_cache(tmp_path_factory):
+    """A DREAMS_NAS_CACHE folder holding the tiny built-in target, built once per session."""
+    from _support.demo import build_builtin_cache
 
-    return build_demo_cache(tmp_path_factory.mktemp("demo-cache"))
+    return build_builtin_cache(tmp_path_factory.mktemp("demo-cache"))
 
 
 @pytest.fixture(scope="session")
-def tiny_demo(demo_cache, tmp_path_factory):
-    """`dreams-nas demo` at test size (`_support.demo.DEMO_ARGS`) on the tiny demo target, run
+def tiny_demo(builtin_cache, tmp_path_factory):
+    """`dreams-nas demo` at test size (`_support.demo.DEMO_ARGS`) on the tiny built-in target, run
     once per session: a `_support.demo.TinyDemo`. Read its folder; copy it to write."""
     from _support.demo import build_tiny_demo
 
-    return build_tiny_demo(demo_cache, tmp_path_factory.mktemp("tiny-demo") / "run")
+    return build_tiny_demo(builtin_cache, tmp_path_factory.mktemp("tiny-demo") / "run")

@@ -20,7 +20,7 @@ from dreams_nas.nas.search.strategies import (
     history_of,
     pareto_front,
 )
-from dreams_nas.nas.stages.export import export_result
+from dreams_nas.nas.stages.export import SearchRecord, export_result
 from dreams_nas.reports import build_report_data, layout, searched_hardware_ids
 from dreams_nas.reports.pareto import pareto_mask
 from dreams_nas.supernet.core.runfolder import RunFolder
@@ -114,13 +114,14 @@ def test_dataset_ids_are_read_back_as_written(tmp_path) -> None:
 def _candidates() -> list[Candidate]:
     out = []
     grid = itertools.product((2, 4, 8), (0.5, 1.0), (12,), (3, 5))
-    for number, (heads, keep, layer, gamma) in enumerate(grid):
+    for number, (heads, keep, layer, draft_len) in enumerate(grid):
         draft_ms = 1.0 + 0.2 * heads + 0.5 * keep
-        tau = 1.0 + 0.3 * gamma * (0.5 + 0.05 * heads + 0.2 * keep)
-        verify_ms, decode_ms = 20.0 + gamma, 20.0
-        speedup = tau * decode_ms / (1.1 * draft_ms + (gamma - 1) * draft_ms + verify_ms)
+        tau = 1.0 + 0.3 * draft_len * (0.5 + 0.05 * heads + 0.2 * keep)
+        verify_ms, decode_ms = 20.0 + draft_len, 20.0
+        speedup = tau * decode_ms / (1.1 * draft_ms + (draft_len - 1) * draft_ms + verify_ms)
         out.append(Candidate(
-            spec=SubnetSpec(heads, keep, layer, gamma), tau=tau, tau_ci=(0.95 * tau, 1.05 * tau),
+            spec=SubnetSpec(heads, keep, layer, draft_len), tau=tau,
+            tau_ci=(0.95 * tau, 1.05 * tau),
             draft_ms=draft_ms, first_draft_ms=1.1 * draft_ms, verify_ms=verify_ms,
             decode_ms=decode_ms, speedup=speedup, draft_params=1_000_000 + 100_000 * heads,
             feasible=draft_ms < 2.5, number=number))
@@ -134,8 +135,7 @@ def test_the_report_reads_what_the_search_writes_where_it_writes_it(tmp_path) ->
         objective="pareto", method="optuna", candidates=tuple(candidates),
         front=tuple(pareto_front(candidates)), best=best_candidate(candidates),
         space_size=len(candidates), n_scored=0, history=history_of(candidates))
-    written = export_result(run, result, hardware_id=HW, hardware={}, target={},
-                            supernet_hash="0123456789abcdef", dtype="float32")
+    written = export_result(run, result, SearchRecord(HW, {}, "0123456789abcdef", "float32"))
     best_id = result.best.spec.id
     assert written["trials"] == layout.trials_csv(run.root, HW)
     assert written["pareto"] == layout.pareto_csv(run.root, HW)

@@ -2,7 +2,7 @@
 the report reads.
 
 The fast tests read the document and the code; the slow ones build one tiny run folder with the
-real commands (`dreams-nas demo` on the tiny demo target, then an Optuna search) and check every
+real commands (`dreams-nas demo` on the tiny built-in target, then an Optuna search) and check every
 file in it against the document.
 """
 
@@ -67,7 +67,7 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
         "supernet.train.convergence.evals[].tau_full",
         "supernet.train.convergence.evals[].tau_smallest",
         "supernet.train.convergence.evals[].score", "supernet.train.convergence.best_step",
-        "supernet.train.convergence.stopped", "supernet.train.convergence.gamma",
+        "supernet.train.convergence.stopped", "supernet.train.convergence.draft_len",
     ),
     "latency/<hardware-id>/hardware.json": (
         "name", "kind", "memory_gb", "cuda", "driver", "threads", "dtype",
@@ -134,8 +134,8 @@ def test_a_malformed_table_is_refused() -> None:
 
 
 def test_csv_columns_are_the_writers_columns() -> None:
-    from dreams_nas.latency.predictor import TRAIN_COLUMNS
-    from dreams_nas.latency.store import PROFILE_COLUMNS
+    from dreams_nas.latency.measure.profile_store import PROFILE_COLUMNS
+    from dreams_nas.latency.model.persist import TRAIN_COLUMNS
     from dreams_nas.nas.stages.export import HISTORY_COLUMNS, TRIAL_COLUMNS
     from dreams_nas.supernet.acceptance.table import ACCEPTANCE_COLUMNS
     from dreams_nas.supernet.training.recipe import CURVE_COLUMNS
@@ -161,16 +161,15 @@ def _constant(owner: type, name: str) -> Any:
 
 
 def test_schema_versions_are_the_codes() -> None:
-    from dreams_nas.latency import LatencyPredictor
+    from dreams_nas.latency.model import persist
     from dreams_nas.supernet import DraftConfig, RunFolder, SearchSpace, SubnetSpec
-    from dreams_nas.supernet.training.store import FeatureStore
+    from dreams_nas.supernet.training.feature_store import FeatureStore
 
     config = _constant(DraftConfig, "CONFIG_SCHEMA_VERSION")
     spec = _constant(SubnetSpec, "SPEC_SCHEMA_VERSION")
     expected = {
         "run.json": _constant(RunFolder, "RUN_SCHEMA_VERSION"), "supernet/config.json": config,
-        "latency/<hardware-id>/predictor.json": _constant(LatencyPredictor,
-                                                          "PREDICTOR_SCHEMA_VERSION"),
+        "latency/<hardware-id>/predictor.json": persist.PREDICTOR_SCHEMA_VERSION,
         "specs/<spec-id>/spec.json": spec, "specs/<spec-id>/config.json": config,
         "{SearchSpace}": _constant(SearchSpace, "SPACE_SCHEMA_VERSION"), "{SubnetSpec}": spec,
         "{DraftConfig}": config,
@@ -215,7 +214,7 @@ def test_report_reads_list_covers_the_reports_code() -> None:
 # --- a tiny real run ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_run(tiny_demo, tmp_path_factory) -> dict[str, Any]:
-    """The demo on the tiny demo target (train, profile, score, exhaustive search with
+    """The demo on the tiny built-in target (train, profile, score, exhaustive search with
     verification, report: a copy of the session's `tiny_demo`), then an Optuna search (study.db,
     history.csv, best.json unmeasured). Returns the run folder and the demo's best.json
     (overwritten by the Optuna search)."""

@@ -1,4 +1,4 @@
-"""`dreams-nas demo`: the whole pipeline on the built-in demo target, every artefact reused."""
+"""`dreams-nas demo`: the whole pipeline on the built-in target, every artefact reused."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, 
 from dreams_nas.nas.commands.train import shares
 from dreams_nas.supernet.core.targets import BUILTIN, NAMED_TARGETS
 
-HELP = ("the whole pipeline on the built-in demo target: build it, train, profile, score, "
+HELP = ("the whole pipeline on the built-in target: build it, train, profile, score, "
         "search, verify, report (a rerun reuses every artefact)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=NAMED_TARGETS, default=BUILTIN,
-                        help="builtin: the trained demo target (default); proxy-llava: the "
+                        help="builtin: the trained built-in target (default); proxy-llava: the "
                              "real-shaped random-weight proxy (576 visual tokens, a 32k "
                              "vocabulary, a 0.3B LM: real costs, meaningless tau; give small "
                              "stage options)")
@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads(parser, "while profiling", default="physical cores")
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
-        "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size demo target)")
+        "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size built-in target)")
     small.add_argument("--train-prompts", type=whole(1), default=None, metavar="N",
                        help="supernet training prompts (default 384)")
     small.add_argument("--train-steps", type=whole(0), default=None, metavar="N",

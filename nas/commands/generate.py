@@ -18,7 +18,7 @@ _NAMED_DRAFTERS = ("lookup", "oracle", "none")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="ID|PATH",
-                        help="hub id, checkpoint folder, builtin (the demo target) or "
+                        help="hub id, checkpoint folder, builtin (the built-in target) or "
                              "proxy-llava (the real-shaped random-weight proxy) "
                              "(default: builtin)")
     parser.add_argument("--image", required=True, metavar="FILE", help="PNG/JPEG image")
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-len", type=whole(1, 64), default=None, metavar="N",
                         help="tokens drafted per cycle (default: the spec's draft_len, else 5)")
     parser.add_argument("--tree", default=None, metavar="SHAPE",
-                        help="draft a token tree each cycle: children per depth, e.g. 4x2x1 "
+                        help="draft a token tree each cycle: children per level, e.g. 4x2x1 "
                              "(default: the spec's tree; a chain otherwise)")
     parser.add_argument("--temperature", type=real(0.0), default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=real(0.0, 1.0, low_open=True), default=1.0,
@@ -54,9 +54,9 @@ def _check_args(args: argparse.Namespace) -> Any:
         from dreams_nas.supernet.core.tree import TokenTree
 
         tree = TokenTree.parse(args.tree)
-        if args.draft_len is not None and args.draft_len != tree.depth:
-            raise InputError(f"--draft-len {args.draft_len} and --tree {tree.label} (depth "
-                             f"{tree.depth}) disagree; give one of them")
+        if args.draft_len is not None and args.draft_len != tree.draft_len:
+            raise InputError(f"--draft-len {args.draft_len} and --tree {tree.label} (draft_len "
+                             f"{tree.draft_len}) disagree; give one of them")
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
         raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
                          "of a spec folder (specs/<spec_id>/ in the run folder)")
@@ -71,8 +71,8 @@ def check_positions(prompt_len: int, max_new_tokens: int, max_positions: int | N
     the output is garbage, or an index error deep in the model. None: no stated limit."""
     if max_positions is None or prompt_len + max_new_tokens <= max_positions:
         return
-    room = max_positions - prompt_len
-    fix = (f"give --max-new-tokens {room} or fewer" if room >= 1
+    left = max_positions - prompt_len
+    fix = (f"give --max-new-tokens {left} or fewer" if left >= 1
            else "shorten the prompt (or use a smaller image)")
     raise InputError(f"the prompt's {prompt_len} tokens (image included) + --max-new-tokens "
                      f"{max_new_tokens} = {prompt_len + max_new_tokens} exceeds the target's "
@@ -113,11 +113,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     drafter = None if args.drafter == "none" else load_drafter(args.drafter, target,
                                                                max_new_tokens=args.max_new_tokens)
     tree = _tree_of(args, drafter)
-    gamma = (tree.depth if tree is not None
-             else args.draft_len or getattr(drafter, "default_gamma", None) or 5)
+    draft_len = (tree.draft_len if tree is not None
+                 else args.draft_len or getattr(drafter, "default_draft_len", None) or 5)
     generator = torch.Generator(device=target.device).manual_seed(args.seed)
-    result = generate(target, inputs, drafter, gamma=gamma, max_new_tokens=args.max_new_tokens,
-                      sampling=sampling, generator=generator, tree=tree)
+    result = generate(target, inputs, drafter, shape=tree or draft_len,
+                      max_new_tokens=args.max_new_tokens, sampling=sampling, generator=generator)
     tokens = result.tokens.tolist()
     text = target.tokenizer.decode(tokens, skip_special_tokens=True) if target.tokenizer else ""
     if not args.json:
@@ -126,9 +126,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "text": text, "tokens": tokens, "tau": round(stats.tau, 4),
         "target_forwards": stats.target_forwards, "tokens_per_s": round(stats.tokens_per_s, 2),
-        "new_tokens": stats.new_tokens, "drafter": args.drafter, "draft_len": gamma,
+        "new_tokens": stats.new_tokens, "drafter": args.drafter, "draft_len": draft_len,
         "tree": tree.label if tree is not None and not tree.is_chain else "",
-        "accept_rates": stats.accept_rates(gamma) if drafter is not None else [],
+        "accept_rates": stats.accept_rates(draft_len) if drafter is not None else [],
         "target": target.describe(), "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
     }

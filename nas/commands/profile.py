@@ -20,7 +20,7 @@ HELP = ("time draft subnets and the target's decode/verify steps on this device;
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, metavar="builtin|proxy-llava|PATH",
-                        help="target VLM checkpoint folder, builtin (the demo target) or "
+                        help="target VLM checkpoint folder, builtin (the built-in target) or "
                              "proxy-llava (the real-shaped random-weight proxy) (default: the "
                              "run's target, else builtin)")
     add_device(parser, "to time on")

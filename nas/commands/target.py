@@ -1,4 +1,4 @@
-"""`dreams-nas target build-demo|build-proxy`: build (once) and cache a built-in target."""
+"""`dreams-nas target build-builtin|build-proxy`: build (once) and cache a built-in target."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from typing import Any
 from dreams_nas.nas.commands.options import add_threads
 from dreams_nas.supernet.core.targets import PROXY_TARGETS
 
-HELP = ("the built-in targets: `target build-demo` trains the demo target once and caches it; "
+HELP = ("the built-in targets: `target build-builtin` trains the built-in target once and "
+        "caches it; "
         "`target build-proxy` builds a real-shaped random-weight proxy (seconds)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("build-demo", "build-proxy"),
-                        help="build-demo: train the built-in demo target (a small LLaVA on the "
+    parser.add_argument("action", choices=("build-builtin", "build-proxy"),
+                        help="build-builtin: train the built-in target (a small LLaVA on the "
                              "synthetic tasks) into $DREAMS_NAS_CACHE (default "
                              "~/.cache/dreams-nas) once; later calls return the cached one at "
                              "once. build-proxy: build the proxy named by --proxy the same way")
@@ -33,14 +34,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dreams_nas.supernet.builtin.cache import ensure_builtin_target_with_metrics
     from dreams_nas.supernet.core.errors import InputError
-    from dreams_nas.supernet.demo.cache import ensure_demo_target_with_metrics
 
     if args.threads is not None and args.threads < 1:
         raise InputError(f"--threads {args.threads} must be at least 1")
     if args.action == "build-proxy":
         return _build_proxy(args)
-    folder, metrics, cached = ensure_demo_target_with_metrics(
+    folder, metrics, cached = ensure_builtin_target_with_metrics(
         args.cache_dir, variant=args.variant, seed=args.seed, progress=not args.quiet,
         threads=args.threads, rebuild=args.rebuild)
     keys = ("exact_match", "exact_match_per_task", "num_params", "decode_ms_target",
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _build_proxy(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.supernet.demo.cache import ensure_proxy_target
+    from dreams_nas.supernet.builtin.cache import ensure_proxy_target
 
     folder, metrics, cached = ensure_proxy_target(args.proxy, args.cache_dir, seed=args.seed,
                                                   rebuild=args.rebuild)

@@ -23,7 +23,7 @@ HELP = "train the DREAM-S supernet draft on a target (self-distillation, AIFD, t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="builtin", metavar="builtin|ID|PATH",
-                        help="the target VLM: builtin (the demo target), proxy-llava (the "
+                        help="the target VLM: builtin (the built-in target), proxy-llava (the "
                              "real-shaped random-weight proxy: 576 visual tokens, a 32k "
                              "vocabulary, a 0.3B LM), a hub id or a checkpoint folder")
     add_data(parser, "training prompts")
@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unroll", type=whole(0, 15), default=None, metavar="N",
                         help="drafting steps after the first trained on the draft's own "
                              "features (training-time test; default: the space's deepest "
-                             "chain or tree minus 1, 6 for gamma 7)")
+                             "chain or tree minus 1, 6 for draft_len 7)")
     parser.add_argument("--lr", type=real(0.0, low_open=True), default=None,
                         help="peak learning rate (default 2e-3)")
     parser.add_argument("--inplace-distill", type=real(0.0, 1.0), default=None, metavar="W",

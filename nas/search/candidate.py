@@ -1,24 +1,14 @@
-"""What a search evaluates (`Candidate`) and the two things it needs to evaluate one.
-
-The search is written against two small protocols so it runs with the real acceptance
-scorer and latency predictor as well as with deterministic ones in tests:
+"""What a search evaluates (`Candidate`), and how: tau from an acceptance scorer, the steps'
+milliseconds from a latency model, both asked for whole tables at once.
 
 * `AcceptanceScorer.score(specs) -> [AcceptanceRow]`: tau of each subnet (the expensive part;
   hardware independent).
-* `LatencyModel.predict_ms(kind, spec, context_len, k) -> ms` for kind "draft" (one draft
-  step of `spec`), "draft_first" (the cycle's first draft step, right after the target's
-  verify), "verify" (one target pass over k positions) or "decode" (one plain target step);
-  `spec` is None for the target's kinds. `dreams_nas.latency.LatencyPredictor` is the real one.
-
-A model that also predicts many steps per call (`BatchLatencyModel`: `draft_ms(specs, ...)`,
-`first_draft_ms(specs, ...)`, `target_ms(ks, ...)`, as `LatencyPredictor` does) is asked once
-per kind for every distinct step a table of subnets needs, so evaluating 10^6 subnets costs
-three predictor calls; any other `LatencyModel` is asked once per distinct step.
-
-A model with a ``cycle_ms(ks, context_len, tree=False)`` method (`LatencyPredictor`) also
-prices the speculative cycle's own work outside the forwards (acceptance, cache rollback,
-bookkeeping: the profile's ``cycle`` / ``cycle_tree`` kinds) per chain gamma and tree size;
-without one, or from a profile without those rows, the overhead is priced 0 ms.
+* `latency.model.query.LatencyModel`: `draft_ms`, `target_ms` and `prices` of one device
+  (`LatencyPredictor` is the real one). `evaluate_fields` asks it once per kind for every
+  distinct step a table of subnets needs -- a draft step by the fields the model's cost
+  depends on (`draft_fields`), a target step by k -- so evaluating 10^6 subnets costs a handful
+  of calls. A model that does not price the cycle's own work (`prices("cycle")` false: a profile
+  without those rows) prices it at 0 ms.
 """
 
 from __future__ import annotations
@@ -28,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from dreams_nas.latency.model.query import LatencyModel
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
@@ -40,28 +31,6 @@ from numpy.typing import ArrayLike
 class AcceptanceScorer(Protocol):
     def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
         """One row per spec, in the order given."""
-        ...
-
-
-@runtime_checkable
-class LatencyModel(Protocol):
-    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
-        ...
-
-
-@runtime_checkable
-class BatchLatencyModel(LatencyModel, Protocol):
-    """A latency model that also predicts many steps in one call. Its draft steps depend on a spec's
-    heads, visual_keep, depth, mlp and draft_vocab only (not inject_layer, not draft_len), which
-    is what lets the cache share one prediction between every subnet with the same five."""
-
-    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
-        ...
-
-    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
-        ...
-
-    def target_ms(self, k: Sequence[int], context_len: int) -> np.ndarray | float:
         ...
 
 
@@ -98,7 +67,7 @@ class Candidate:
     spec: SubnetSpec
     tau: float
     tau_ci: tuple[float, float]
-    draft_ms: float  # one draft step (hot: the cycle's 2nd..gamma-th)
+    draft_ms: float  # one draft step (hot: the cycle's 2nd..draft_len-th)
     first_draft_ms: float  # the cycle's first draft step (right after the verify)
     verify_ms: float  # one target pass over draft_len + 1 positions
     decode_ms: float  # one plain target step
@@ -230,149 +199,43 @@ class SubnetFields:
                             depth=self.depth[index], mlp=self.mlp[index],
                             draft_vocab=self.draft_vocab[index])
 
+    def spec(self, i: int) -> SubnetSpec:
+        """Subnet i's architecture as a spec (draft_len 1, a chain: what one draft step is)."""
+        return SubnetSpec(heads=int(self.heads[i]), visual_keep=float(self.visual_keep[i]),
+                          inject_layer=int(self.inject_layer[i]), draft_len=1,
+                          depth=int(self.depth[i]), mlp=float(self.mlp[i]),
+                          draft_vocab=float(self.draft_vocab[i]))
 
-class LatencyCache:
-    """Memoises step predictions by what they depend on.
 
-    A `BatchLatencyModel`'s draft step depends on (heads, visual_keep, depth, mlp, draft_vocab)
-    and a target pass on k only, so a whole space needs one prediction per distinct draft size
-    and per gamma, asked in one call per kind. Any other `LatencyModel` gets the whole
-    architecture (`SubnetSpec.arch`: draft_len 1) and is asked once per distinct architecture:
-    its `predict_ms` may read inject_layer (recorded tables do), so collapsing it would make
-    answers order-dependent.
-    """
+@dataclass(frozen=True)
+class Pricing:
+    """What a search prices subnets with: a latency model asked at one context (the mean
+    decoding context) and what a draft costs besides time."""
 
-    def __init__(self, predictor: LatencyModel, context_len: int) -> None:
-        self.predictor = predictor
-        self.context_len = int(context_len)
-        self._batch = predictor if isinstance(predictor, BatchLatencyModel) else None
-        self.n_calls = 0  # predictor calls made so far (tests and benchmarks read it)
-        self._memo: dict[tuple[Any, ...], float] = {}
+    latency: LatencyModel
+    context_len: int
+    cost: DraftCost
 
-    @property
-    def batched(self) -> bool:
-        """Whether the predictor is asked for many steps per call."""
-        return self._batch is not None
-
-    # --- tables -------------------------------------------------------------------------
     def draft_steps(self, fields: SubnetFields, kind: str = "draft", k: int = 1) -> np.ndarray:
         """(n,) ms of one draft step of each subnet; kind ``draft`` (a hot step, over `k`
-        nodes: a token tree's level) or ``draft_first`` (the cycle's first, right after the
-        verify)."""
-        if kind not in ("draft", "draft_first"):
-            raise ValueError(f"draft kind {kind!r} is not one of draft, draft_first")
-        columns = [fields.heads, fields.visual_keep, fields.depth, fields.mlp, fields.draft_vocab]
-        if not self.batched:
-            columns.append(fields.inject_layer)
-        first, inverse = _distinct(columns)
-        keys = [(kind, int(fields.heads[i]), float(fields.visual_keep[i]), int(k),
-                 int(fields.depth[i]), float(fields.mlp[i]), float(fields.draft_vocab[i]))
-                + (() if self.batched else (int(fields.inject_layer[i]),)) for i in first]
-        missing = [(key, int(i)) for key, i in zip(keys, first, strict=True)
-                   if key not in self._memo]
-        if missing:
-            specs = [SubnetSpec(heads=int(fields.heads[i]),
-                                visual_keep=float(fields.visual_keep[i]),
-                                inject_layer=int(fields.inject_layer[i]), draft_len=1,
-                                depth=int(fields.depth[i]), mlp=float(fields.mlp[i]),
-                                draft_vocab=float(fields.draft_vocab[i]))
-                     for _, i in missing]
-            values = self._predict_draft(kind, specs, k)
-            self._memo.update(zip((key for key, _ in missing), values, strict=True))
-        per_key = np.array([self._memo[key] for key in keys], dtype=np.float64)
-        return per_key[inverse]
+        nodes: a token tree's level) or ``draft_first`` (the cycle's first, after the verify);
+        one spec per distinct `draft_fields` row is asked."""
+        first, inverse = _distinct([getattr(fields, f) for f in self.latency.draft_fields])
+        specs = [fields.spec(int(i)) for i in first]
+        values = np.asarray(self.latency.draft_ms(specs, self.context_len, kind=kind, k=k),
+                            dtype=np.float64)
+        return values[inverse]
 
-    def tree_steps(self, ks: ArrayLike) -> np.ndarray:
-        """(len(ks),) ms of the target's verify of a token tree over k positions."""
+    def target_steps(self, kind: str, ks: ArrayLike) -> np.ndarray:
+        """(len(ks),) ms of one `kind` target step (or cycle) over each k positions; 0 for a
+        cycle kind the model does not price."""
         ks = np.asarray(ks, dtype=np.int64).reshape(-1)
-        distinct, inverse = np.unique(ks, return_inverse=True)
-        missing = [int(k) for k in distinct if ("tree", int(k)) not in self._memo]
-        if missing:
-            if self._batch is not None and hasattr(self._batch, "tree_verify_ms"):
-                self.n_calls += 1
-                values = _as_floats(self._batch.tree_verify_ms(missing, self.context_len),
-                                    len(missing), "verify_tree")
-            else:
-                self.n_calls += len(missing)
-                values = [float(self.predictor.predict_ms("verify_tree", None, self.context_len,
-                                                          k)) for k in missing]
-            self._memo.update(zip((("tree", k) for k in missing), values, strict=True))
-        per_key = np.array([self._memo[("tree", int(k))] for k in distinct], dtype=np.float64)
-        return per_key[inverse]
-
-    @property
-    def cycle_priced(self) -> dict[str, bool]:
-        """{``chain``/``tree``: whether the model prices that cycle's own work}; False for a
-        model without ``cycle_ms`` or a profile without ``cycle`` (``cycle_tree``) rows."""
-        profiled = getattr(self.predictor, "cycle_profiled", None)
-        has = callable(getattr(self.predictor, "cycle_ms", None))
-        return {shape: bool(has and (profiled is None or profiled(shape == "tree")))
-                for shape in ("chain", "tree")}
-
-    def cycle_steps(self, ks: ArrayLike, tree: bool = False) -> np.ndarray:
-        """(len(ks),) ms of a speculative cycle's own work outside the forwards: k = gamma + 1
-        of a chain, or a tree's nodes + 1 (`tree`); 0 where the model does not price it
-        (`cycle_priced`)."""
-        ks = np.asarray(ks, dtype=np.int64).reshape(-1)
-        if not len(ks) or not self.cycle_priced["tree" if tree else "chain"]:
+        if not len(ks) or (kind.startswith("cycle") and not self.latency.prices(kind)):
             return np.zeros(len(ks))
-        cycle_ms = self.predictor.cycle_ms  # type: ignore[attr-defined]
-        name = "cycle_tree" if tree else "cycle"
         distinct, inverse = np.unique(ks, return_inverse=True)
-        missing = [int(k) for k in distinct if (name, int(k)) not in self._memo]
-        if missing:
-            self.n_calls += 1
-            values = _as_floats(cycle_ms(missing, self.context_len, tree=tree), len(missing),
-                                name)
-            self._memo.update(zip(((name, k) for k in missing), values, strict=True))
-        per_key = np.array([self._memo[(name, int(k))] for k in distinct], dtype=np.float64)
-        return per_key[inverse]
-
-    def target_steps(self, ks: ArrayLike) -> np.ndarray:
-        """(len(ks),) ms of one target pass over k positions: k = 1 a plain decoding step,
-        k = gamma + 1 the verify of gamma drafted tokens."""
-        ks = np.asarray(ks, dtype=np.int64).reshape(-1)
-        distinct, inverse = np.unique(ks, return_inverse=True)
-        missing = [int(k) for k in distinct if ("target", int(k)) not in self._memo]
-        if missing:
-            values = self._predict_target(missing)
-            self._memo.update(zip((("target", k) for k in missing), values, strict=True))
-        per_key = np.array([self._memo[("target", int(k))] for k in distinct], dtype=np.float64)
-        return per_key[inverse]
-
-    # --- one step -----------------------------------------------------------------------
-    def draft(self, spec: SubnetSpec) -> float:
-        return float(self.draft_steps(SubnetFields.of([spec]))[0])
-
-    def first_draft(self, spec: SubnetSpec) -> float:
-        return float(self.draft_steps(SubnetFields.of([spec]), kind="draft_first")[0])
-
-    def verify(self, draft_len: int) -> float:
-        return float(self.target_steps([draft_len + 1])[0])
-
-    def decode(self) -> float:
-        return float(self.target_steps([1])[0])
-
-    # --- the predictor ------------------------------------------------------------------
-    def _predict_draft(self, kind: str, specs: list[SubnetSpec], k: int = 1) -> list[float]:
-        if self._batch is not None:
-            self.n_calls += 1
-            if kind == "draft":
-                values = (self._batch.draft_ms(specs, self.context_len) if k == 1
-                          else self._batch.draft_ms(specs, self.context_len, k=k))
-            else:
-                values = self._batch.first_draft_ms(specs, self.context_len)
-            return _as_floats(values, len(specs), kind)
-        self.n_calls += len(specs)
-        return [float(self.predictor.predict_ms(kind, s, self.context_len, k)) for s in specs]
-
-    def _predict_target(self, ks: list[int]) -> list[float]:
-        if self._batch is not None:
-            self.n_calls += 1
-            return _as_floats(self._batch.target_ms(ks, self.context_len), len(ks), "target")
-        self.n_calls += len(ks)
-        return [float(self.predictor.predict_ms("decode" if k == 1 else "verify", None,
-                                                self.context_len, k)) for k in ks]
+        values = np.asarray(self.latency.target_ms(kind, distinct.tolist(), self.context_len),
+                            dtype=np.float64)
+        return values[inverse.reshape(-1)]
 
 
 def _distinct(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -385,14 +248,6 @@ def _distinct(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         code = np.unique(code, return_inverse=True)[1].reshape(-1)  # keep the code small
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     return first, inverse.reshape(-1)
-
-
-def _as_floats(values: Any, n: int, kind: str) -> list[float]:
-    out = np.atleast_1d(np.asarray(values, dtype=np.float64))
-    if out.shape != (n,):
-        raise ValueError(f"the latency model returned {out.shape} {kind} predictions for {n} "
-                         "steps; a batched model must return one per step asked")
-    return out.tolist()
 
 
 @dataclass(frozen=True)
@@ -409,15 +264,10 @@ class CandidateArrays:
     cycle_overhead_ms: np.ndarray | None = None  # (n,) the cycle's work outside the forwards
 
 
-def evaluate_fields(
-    tau: ArrayLike,
-    fields: SubnetFields,
-    latency: LatencyCache,
-    *,
-    max_draft_ms: float | None = None,
-) -> CandidateArrays:
-    """Latencies, expected speedup and feasibility of n subnets, all vectorised: the
-    predictor is asked for every distinct step at once (`LatencyCache`).
+def evaluate_fields(tau: ArrayLike, fields: SubnetFields, pricing: Pricing, *,
+                    max_draft_ms: float | None = None) -> CandidateArrays:
+    """Latencies, expected speedup and feasibility of n subnets, all vectorised: the latency
+    model is asked for every distinct step at once (`Pricing`).
 
     tau: (n,) tokens per cycle of each subnet (its acceptance row's tau).
     """
@@ -425,15 +275,15 @@ def evaluate_fields(
     if tau.shape != (len(fields),):
         raise InputError(f"{tau.shape[0] if tau.ndim else 0} tau value(s) for {len(fields)} "
                          "subnets; give one per subnet")
-    draft = latency.draft_steps(fields)  # (n,)
-    first = latency.draft_steps(fields, kind="draft_first")  # (n,)
-    target = latency.target_steps(np.concatenate([[1], fields.draft_len + 1]))  # (1 + n,)
-    decode, verify = float(target[0]), target[1:].copy()
-    hot = (fields.draft_len - 1) * draft  # a chain's gamma - 1 hot steps
-    overhead = latency.cycle_steps(fields.draft_len + 1)  # (n,) a chain's; trees' below
+    draft = pricing.draft_steps(fields)  # (n,)
+    first = pricing.draft_steps(fields, kind="draft_first")  # (n,)
+    decode = float(pricing.target_steps("decode", [1])[0])
+    verify = pricing.target_steps("verify", fields.draft_len + 1)  # (n,) a chain's
+    hot = (fields.draft_len - 1) * draft  # a chain's draft_len - 1 hot steps
+    overhead = pricing.target_steps("cycle", fields.draft_len + 1)  # (n,) a chain's
     is_tree = fields.tree_index >= 0
     if is_tree.any():
-        _tree_costs(fields, is_tree, latency, hot, verify, overhead)
+        _tree_costs(fields, is_tree, pricing, hot, verify, overhead)
     speedup = expected_speedup(tau, fields.draft_len, draft, verify, decode,
                                first_draft_ms=first, hot_draft_ms=hot,
                                cycle_overhead_ms=overhead)  # (n,)
@@ -444,40 +294,35 @@ def evaluate_fields(
                            hot_draft_ms=hot, cycle_overhead_ms=overhead)
 
 
-def _tree_costs(fields: SubnetFields, is_tree: np.ndarray, latency: LatencyCache,
+def _tree_costs(fields: SubnetFields, is_tree: np.ndarray, pricing: Pricing,
                 hot: np.ndarray, verify: np.ndarray, overhead: np.ndarray) -> None:
     """Fill the token trees' cycle costs in place: the draft's steps over each level after
-    the root (one step per depth, as wide as the level), the target's tree verify over
+    the root (one step per level, as wide as the level), the target's tree verify over
     the nodes and the root, and the tree cycle's own work."""
     sub = fields.rows(is_tree)
     trees = [TokenTree(t) for t in fields.trees]
     tree_hot = np.zeros(len(sub))
     for width in sorted({w for t in trees for w in t.widths[:-1]}):
         count = np.array([sum(w == width for w in t.widths[:-1]) for t in trees])
-        tree_hot += count[sub.tree_index] * latency.draft_steps(sub, k=width)
+        tree_hot += count[sub.tree_index] * pricing.draft_steps(sub, k=width)
     hot[is_tree] = tree_hot
     nodes = np.array([t.nodes for t in trees])
-    verify[is_tree] = latency.tree_steps(nodes[sub.tree_index] + 1)
-    overhead[is_tree] = latency.cycle_steps(nodes[sub.tree_index] + 1, tree=True)
+    verify[is_tree] = pricing.target_steps("verify_tree", nodes[sub.tree_index] + 1)
+    overhead[is_tree] = pricing.target_steps("cycle_tree", nodes[sub.tree_index] + 1)
 
 
-def evaluate(
-    rows: Sequence[AcceptanceRow],
-    latency: LatencyCache,
-    draft_params: DraftParams,
-    *,
-    max_draft_ms: float | None = None,
-    numbers: Sequence[int] | None = None,
-    draft_memory: DraftMemory | None = None,
-) -> list[Candidate]:
-    """Candidates for acceptance rows, vectorised over the rows (`evaluate_fields`);
-    `draft_memory` fills `draft_bytes` (0 without it)."""
+def evaluate(rows: Sequence[AcceptanceRow], pricing: Pricing, *,
+             max_draft_ms: float | None = None,
+             numbers: Sequence[int] | None = None) -> list[Candidate]:
+    """Candidates for acceptance rows, vectorised over the rows (`evaluate_fields`); the
+    pricing's `DraftCost` fills `draft_params` and `draft_bytes` (0 without a memory)."""
     if not rows:
         return []
     specs = [r.spec for r in rows]
-    arrays = evaluate_fields([r.tau for r in rows], SubnetFields.of(specs), latency,
+    arrays = evaluate_fields([r.tau for r in rows], SubnetFields.of(specs), pricing,
                              max_draft_ms=max_draft_ms)
     numbers = list(numbers) if numbers is not None else list(range(len(rows)))
+    memory = pricing.cost.memory
     columns = zip(rows, arrays.draft_ms.tolist(), arrays.first_draft_ms.tolist(),
                   arrays.verify_ms.tolist(), arrays.speedup.tolist(), arrays.feasible.tolist(),
                   numbers, arrays.hot_draft_ms.tolist(), arrays.cycle_overhead_ms.tolist(),
@@ -486,9 +331,9 @@ def evaluate(
         Candidate(
             spec=r.spec, tau=float(r.tau), tau_ci=(float(r.tau_lo), float(r.tau_hi)),
             draft_ms=draft, first_draft_ms=first, verify_ms=verify,
-            decode_ms=arrays.decode_ms, speedup=speedup, draft_params=int(draft_params(r.spec)),
+            decode_ms=arrays.decode_ms, speedup=speedup, draft_params=pricing.cost(r.spec),
             feasible=feasible, number=int(number),
-            draft_bytes=int(draft_memory(r.spec)) if draft_memory is not None else 0,
+            draft_bytes=int(memory(r.spec)) if memory is not None else 0,
             hot_draft_ms=hot, cycle_overhead_ms=overhead,
         )
         for r, draft, first, verify, speedup, feasible, number, hot, overhead in columns

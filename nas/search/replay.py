@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from dreams_nas.latency.model.query import ScalarLatency
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
@@ -45,8 +46,8 @@ def _arch_key(key: Sequence[Any]) -> tuple[int, float, int, int, float, float]:
     return int(h), float(v), int(lyr), int(depth), float(mlp), float(vocab)
 
 
-class RecordedLatency:
-    """A `LatencyModel` over a table.
+class RecordedLatency(ScalarLatency):
+    """A `LatencyModel` over a table (no cycle kinds: a replay prices no cycle overhead).
 
     draft:  (heads, visual_keep, inject_layer[, depth, mlp[, draft_vocab]]) -> ms of one draft
             step (also served for "draft_first", the cycle's first step, unless `first_draft`
@@ -65,7 +66,10 @@ class RecordedLatency:
         self.verify = {int(k): float(ms) for k, ms in verify.items()}
         self.decode = float(decode)
 
-    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+    def prices(self, kind: str) -> bool:
+        return kind in ("draft", "draft_first", "decode", "verify")
+
+    def step_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
         if kind == "decode":
             return self.decode
         if kind == "verify":

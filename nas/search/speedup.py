@@ -1,18 +1,18 @@
 """Expected speedup of speculative decoding over plain decoding (pure, vectorised).
 
-Per speculative cycle the draft runs gamma steps and the target verifies gamma+1 positions in
-one forward pass; the cycle yields tau tokens on average (tau counts the bonus token, so
-1 <= tau <= gamma+1). Plain decoding yields one token per target step of T_decode, hence
+Per speculative cycle the draft runs γ = draft_len steps and the target verifies γ + 1 positions
+in one forward pass; the cycle yields tau tokens on average (tau counts the bonus token, so
+1 <= tau <= γ + 1). Plain decoding yields one token per target step of T_decode, hence
 
-    speedup = tau * T_decode / ((gamma - 1) * T_draft_step + T_draft_first + T_verify(gamma + 1)
-                               + T_cycle(gamma + 1))
+    speedup = tau * T_decode / ((γ - 1) * T_draft_step + T_draft_first + T_verify(γ + 1)
+                               + T_cycle(γ + 1))
 
 T_draft_first is the cycle's first draft step, which runs right after the target's verify
 pass: that pass evicts the draft's weights from the CPU caches (on a GPU, the launch queue
 drains at its synchronisation), so the first step costs more than the later ones, timed back
 to back. Likewise T_verify is timed right after a cycle's draft steps, and T_decode back to
 back, as each runs in its own loop. Without a first-step time, T_draft_first = T_draft_step:
-tau * T_decode / (gamma * T_draft_step + T_verify(gamma + 1) + T_cycle).
+tau * T_decode / (γ * T_draft_step + T_verify(γ + 1) + T_cycle).
 
 T_cycle is the cycle's own work outside the two models' forward passes -- acceptance, the
 target's and the draft's cache rollback (a tree's KV compaction), the next inputs, the loop's
@@ -43,18 +43,18 @@ def expected_speedup(
     """Expected speedup for each element.
 
     tau:       mean tokens accepted per cycle, bonus token included (>= 1).
-    draft_len: gamma, tokens drafted per cycle (>= 1).
+    draft_len: γ, tokens drafted per cycle (>= 1).
     draft_ms:  one draft step (ms).
-    verify_ms: one target pass over gamma + 1 positions (ms).
+    verify_ms: one target pass over draft_len + 1 positions (ms).
     decode_ms: one plain target decoding step (ms).
     first_draft_ms: the cycle's first draft step, right after the verify (ms); None: draft_ms.
     hot_draft_ms: the cycle's draft steps after the first, in all (ms); None: a chain's
-                  (gamma - 1) * draft_ms. A token tree's: one step per level after the root,
+                  (draft_len - 1) * draft_ms. A token tree's: one step per level after the root,
                   each over that level's nodes; its verify_ms covers its nodes + 1 positions.
     cycle_overhead_ms: the cycle's work outside the forwards (ms); 0: not priced.
     """
     tau_a = np.asarray(tau, dtype=np.float64)
-    gamma = np.asarray(draft_len, dtype=np.float64)
+    length = np.asarray(draft_len, dtype=np.float64)
     t_draft = np.asarray(draft_ms, dtype=np.float64)
     t_verify = np.asarray(verify_ms, dtype=np.float64)
     t_decode = np.asarray(decode_ms, dtype=np.float64)
@@ -64,13 +64,13 @@ def expected_speedup(
     if first_draft_ms is not None:
         t_first = np.asarray(first_draft_ms, dtype=np.float64)
         _check_nonnegative("first_draft_ms", t_first)
-    if np.any(gamma < 1):
+    if np.any(length < 1):
         raise InputError(
-            f"draft_len={_first(gamma, gamma < 1)} must be at least 1 (tokens drafted per cycle)"
+            f"draft_len={_first(length, length < 1)} must be at least 1 (tokens drafted per cycle)"
         )
     if np.any(tau_a < 0):
         raise InputError(f"tau={_first(tau_a, tau_a < 0)} must be >= 0 (tokens per cycle)")
-    hot = (gamma - 1) * t_draft
+    hot = (length - 1) * t_draft
     if hot_draft_ms is not None:
         hot = np.asarray(hot_draft_ms, dtype=np.float64)
         _check_nonnegative("hot_draft_ms", hot)
@@ -79,7 +79,7 @@ def expected_speedup(
     cycle_ms = hot + (t_draft if first_draft_ms is None else t_first) + t_verify + t_cycle
     if np.any(cycle_ms <= 0):
         raise InputError(
-            "a speculative cycle of (gamma - 1) * draft_ms + first_draft_ms + verify_ms "
+            "a speculative cycle of (draft_len - 1) * draft_ms + first_draft_ms + verify_ms "
             "+ cycle_overhead_ms <= 0 ms cannot be; the "
             "latency predictor returned non-positive times: refit it with `dreams-nas profile`"
         )

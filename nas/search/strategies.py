@@ -19,29 +19,25 @@ its pair; ``max_draft_ms`` makes subnets whose draft step is slower infeasible.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from dreams_nas.latency.model.query import MemoizedLatency
 from dreams_nas.nas.search.candidate import (
     DEFAULT_FRONT,
     FRONTS,
     AcceptanceScorer,
     Candidate,
-    DraftCost,
-    DraftMemory,
-    DraftParams,
-    LatencyCache,
-    LatencyModel,
+    Pricing,
 )
 from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
+from dreams_nas.nas.search.config import SearchConfig, check_front
 from dreams_nas.nas.search.pareto import is_pareto_front
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace
 
-OBJECTIVES = ("speedup", "pareto")
-METHODS = ("exhaustive", "optuna")
 FRONT_DIRECTIONS = ("maximize", "minimize")
 
 
@@ -62,12 +58,6 @@ class SearchResult:
     @property
     def n_evaluations(self) -> int:
         return len(self.candidates)
-
-
-def check_front(front: str) -> str:
-    if front not in FRONTS:
-        raise InputError(f"front {front!r} is not one of {list(FRONTS)}")
-    return front
 
 
 def pareto_front(candidates: Sequence[Candidate], front: str = DEFAULT_FRONT) -> list[Candidate]:
@@ -101,91 +91,50 @@ def history_of(candidates: Sequence[Candidate]) -> tuple[tuple[int, float, float
     return tuple(out)
 
 
-def search(
-    space: SearchSpace,
-    acceptance: AcceptanceScorer | CachedAcceptance,
-    latency: LatencyModel,
-    draft_params: DraftParams,
-    *,
-    context_len: int,
-    objective: str = "speedup",
-    method: str = "exhaustive",
-    max_draft_ms: float | None = None,
-    n_trials: int | None = None,
-    storage: str | None = None,
-    study_name: str | None = None,
-    seed: int = 0,
-    show_progress: bool | None = None,
-    wait_s: float = 600.0,
-    study_key: Mapping[str, Any] | None = None,
-    front: str = DEFAULT_FRONT,
-    draft_memory: DraftMemory | None = None,
-) -> SearchResult:
+def search(space: SearchSpace, acceptance: AcceptanceScorer | CachedAcceptance,
+           pricing: Pricing, config: SearchConfig = SearchConfig(), *,
+           study_key: Mapping[str, Any] | None = None) -> SearchResult:
     """Search `space` for the subnet(s) with the best expected speedup.
 
-    acceptance:   a scorer, or a `CachedAcceptance` (the run's acceptance CSV + a scorer).
-    latency:      predicts draft/verify/decode times of one hardware id.
-    draft_params: parameters of a subnet's extracted draft (the Pareto front's cost axis).
-    context_len:  tokens of context the latencies are predicted at (the mean decoding context:
-                  the eval prompts' length plus half their answers, see `inputs.context_len_of`).
-    n_trials:     optuna: distinct subnets to evaluate in the study, all workers and reruns
-                  together (default: a quarter of the space).
-    storage:      Optuna storage URL or ``journal:PATH``; None = in memory (exhaustive: in this
-                  process).
-    wait_s:       distributed runs: how long to wait for other workers' subnets at the end.
-    study_key:    the inputs the figures depend on beyond the space and objective (latency
-                  predictor, context, dtype...): stored with the study, a study of another key
-                  is refused, and it ends the default study name (new inputs, new study).
-    front:        the `FRONTS` pair of the result's front (and of ``pareto``'s two objectives).
-    draft_memory: bytes of each subnet's draft at the context (weights + KV); needed by the
-                  ``speedup-memory`` front.
+    acceptance: a scorer, or a `CachedAcceptance` (the run's acceptance CSV + a scorer).
+    pricing:    the latency model of one hardware id at the mean decoding context (the eval
+                prompts' length plus half their answers, see `inputs.context_len_of`), and
+                each subnet's draft parameters and memory (the fronts' cost axes).
+    study_key:  the inputs the figures depend on beyond the space and objective (latency
+                predictor, context, dtype...): stored with the study, a study of another key is
+                refused, and it ends the default study name (new inputs, new study).
     """
-    if objective not in OBJECTIVES:
-        raise InputError(f"objective {objective!r} is not one of {list(OBJECTIVES)}")
-    if method not in METHODS:
-        raise InputError(f"method {method!r} is not one of {list(METHODS)}")
-    if max_draft_ms is not None and not max_draft_ms > 0:
-        raise InputError(f"max_draft_ms={max_draft_ms} must be a positive number of ms")
-    if n_trials is not None and n_trials < 1:
-        raise InputError(f"n_trials={n_trials} must be at least 1")
-    check_front(front)
-    if front == "speedup-memory" and draft_memory is None:
-        raise InputError("the speedup-memory front needs each draft's memory (draft_memory)")
-    cost = DraftCost(draft_params, draft_memory)
+    if config.front == "speedup-memory" and pricing.cost.memory is None:
+        raise InputError("the speedup-memory front needs each draft's memory (DraftCost.memory)")
     cached = (acceptance if isinstance(acceptance, CachedAcceptance)
               else CachedAcceptance(acceptance))
-    lat = LatencyCache(latency, context_len)
+    pricing = replace(pricing, latency=MemoizedLatency(pricing.latency))
     cached.use_space(space)
-    if method == "exhaustive" and storage is None:
-        return _exhaustive_local(space, cached, lat, cost, objective=objective,
-                                 max_draft_ms=max_draft_ms, show_progress=show_progress,
-                                 front=front)
+    if config.method == "exhaustive" and config.storage is None:
+        return _exhaustive_local(space, cached, pricing, config)
     from dreams_nas.nas.search.sampler import key_digest
     from dreams_nas.nas.search.storage import redact, secrets_hidden
     from dreams_nas.nas.search.study import StudyRunner
 
-    if study_name is None:
-        study_name = default_study_name(objective, max_draft_ms, method, front)
-        if study_key is not None:
-            study_name = f"{study_name}-{key_digest(study_key)}"
-    with secrets_hidden(storage):
-        runner = StudyRunner(
-            space, cached, lat, cost, objective=objective, max_draft_ms=max_draft_ms,
-            storage=storage, study_name=study_name, seed=seed, show_progress=show_progress,
-            key=study_key, method=method, wait_s=wait_s, front=front,
-        )
+    if config.study_name is None:
+        name = default_study_name(config.objective, config.max_draft_ms, config.method,
+                                  config.front)
+        config = replace(config, study_name=name if study_key is None
+                         else f"{name}-{key_digest(study_key)}")
+    with secrets_hidden(config.storage):
+        runner = StudyRunner(space, cached, pricing, config, key=study_key)
         try:
-            if method == "exhaustive":
-                candidates = runner.sweep(wait_s=wait_s)
+            if config.method == "exhaustive":
+                candidates = runner.sweep(wait_s=config.wait_s)
             else:
-                budget = n_trials if n_trials is not None else max(1, space.size // 4)
-                candidates = runner.optimize(min(budget, space.size), wait_s=wait_s)
+                budget = config.n_trials if config.n_trials is not None else max(1,
+                                                                               space.size // 4)
+                candidates = runner.optimize(min(budget, space.size), wait_s=config.wait_s)
             cached.sync_table()  # rows other workers scored join this run's CSV
         finally:
             runner.close()
-    return _result(objective, method, candidates, space.size, cached.n_scored,
-                   study_name=runner.study_name, storage=redact(storage),
-                   history=method == "optuna", front=front)
+    return _result(config, candidates, space.size, cached.n_scored,
+                   study_name=runner.study_name, storage=redact(config.storage))
 
 
 def default_study_name(objective: str, max_draft_ms: float | None,
@@ -199,24 +148,22 @@ def default_study_name(objective: str, max_draft_ms: float | None,
     return name if max_draft_ms is None else f"{name}-max-draft-{max_draft_ms:g}ms"
 
 
-def _exhaustive_local(space: SearchSpace, cached: CachedAcceptance, lat: LatencyCache,
-                      cost: DraftCost, *, objective: str, max_draft_ms: float | None,
-                      show_progress: bool | None, front: str) -> SearchResult:
+def _exhaustive_local(space: SearchSpace, cached: CachedAcceptance, pricing: Pricing,
+                      config: SearchConfig) -> SearchResult:
     specs = list(space.enumerate())
-    rows = cached.rows(specs, show_progress=show_progress)
-    candidates = evaluate_rows(rows, lat, cost.params, max_draft_ms=max_draft_ms,
-                               draft_memory=cost.memory)
-    return _result(objective, "exhaustive", candidates, space.size, cached.n_scored,
-                   front=front)
+    rows = cached.rows(specs, show_progress=config.show_progress)
+    candidates = evaluate_rows(rows, pricing, max_draft_ms=config.max_draft_ms)
+    return _result(config, candidates, space.size, cached.n_scored)
 
 
-def _result(objective: str, method: str, candidates: Sequence[Candidate], space_size: int,
-            n_scored: int, *, study_name: str | None = None, storage: str | None = None,
-            history: bool = False, front: str = DEFAULT_FRONT) -> SearchResult:
+def _result(config: SearchConfig, candidates: Sequence[Candidate], space_size: int,
+            n_scored: int, *, study_name: str | None = None,
+            storage: str | None = None) -> SearchResult:
     ordered = tuple(sorted(candidates, key=lambda c: c.number))
     return SearchResult(
-        objective=objective, method=method, candidates=ordered,
-        front=tuple(pareto_front(ordered, front)), best=best_candidate(ordered),
+        objective=config.objective, method=config.method, candidates=ordered,
+        front=tuple(pareto_front(ordered, config.front)), best=best_candidate(ordered),
         space_size=space_size, n_scored=n_scored, study_name=study_name, storage=storage,
-        history=history_of(ordered) if history else (), front_axes=front,
+        history=history_of(ordered) if config.method == "optuna" else (),
+        front_axes=config.front,
     )

@@ -33,16 +33,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import optuna
-from dreams_nas.nas.search.candidate import (
-    DEFAULT_FRONT,
-    FRONTS,
-    Candidate,
-    DraftCost,
-    DraftParams,
-    LatencyCache,
-)
+from dreams_nas.nas.search.candidate import FRONTS, Candidate, Pricing
 from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
 from dreams_nas.nas.search.claims import ClaimLedger, LocalClaims, _pid_alive, host_identity
+from dreams_nas.nas.search.config import SearchConfig
 from dreams_nas.nas.search.sampler import DistinctSampler, distribution_of, suggest, worker_seed
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.shared import SharedRows, acceptance_scope, triple_key
@@ -103,23 +97,18 @@ MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
 class StudyRunner:
     """One worker's view of one study."""
 
-    def __init__(self, space: SearchSpace, acceptance: CachedAcceptance, latency: LatencyCache,
-                 draft_params: DraftParams, *, objective: str, max_draft_ms: float | None,
-                 storage: str | None, study_name: str, seed: int,
-                 show_progress: bool | None, key: Mapping[str, Any] | None = None,
-                 method: str = "optuna", wait_s: float = 600.0,
-                 front: str = DEFAULT_FRONT) -> None:
+    def __init__(self, space: SearchSpace, acceptance: CachedAcceptance, pricing: Pricing,
+                 config: SearchConfig, key: Mapping[str, Any] | None = None) -> None:
+        assert config.study_name is not None  # `strategies.search` names it
         self.space = space
-        self.method = method
         self.acceptance = acceptance
-        self.latency = latency
-        self.cost = DraftCost.of(draft_params)
-        self.front = front
-        self.objective = objective
-        self.max_draft_ms = max_draft_ms
-        self.study_name = study_name
-        self.seed = seed
-        self.show_progress = show_progress
+        self.pricing = pricing
+        self.method, self.front, self.objective = config.method, config.front, config.objective
+        self.max_draft_ms = config.max_draft_ms
+        self.study_name, self.seed = config.study_name, config.seed
+        self.show_progress = config.show_progress
+        storage, study_name, seed, wait_s = config.storage, config.study_name, config.seed, \
+            config.wait_s
         self.host, self.pid = host_identity(), os.getpid()
         self.distributions = search_distributions(space)
         # JSON round trip: the key compares equal to the copy the storage gives back
@@ -289,8 +278,8 @@ class StudyRunner:
 
     def _evaluate(self, spec: SubnetSpec, number: int) -> Candidate:
         rows = self.acceptance.rows([spec], show_progress=False)
-        return evaluate_rows(rows, self.latency, self.cost.params, draft_memory=self.cost.memory,
-                             max_draft_ms=self.max_draft_ms, numbers=[number])[0]
+        return evaluate_rows(rows, self.pricing, max_draft_ms=self.max_draft_ms,
+                             numbers=[number])[0]
 
     def _trial(self, number: int) -> FrozenTrial:
         tid = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
@@ -399,9 +388,7 @@ class StudyRunner:
                      for g, tree in self.space.shapes]
             trial.set_user_attr("triple", triple_key(specs[0]))
             rows = self.acceptance.rows(specs, show_progress=False)
-            cands = evaluate_rows(rows, self.latency, self.cost.params,
-                                  draft_memory=self.cost.memory,
-                                  max_draft_ms=self.max_draft_ms)
+            cands = evaluate_rows(rows, self.pricing, max_draft_ms=self.max_draft_ms)
             best = min(cands, key=lambda c: (not c.feasible, -c.speedup, c.draft_params))
             for key, value in best.to_attrs().items():
                 trial.set_user_attr(key, value)
@@ -425,8 +412,7 @@ class StudyRunner:
         # whose trial died unretried is scored here
         specs = list(self.space.enumerate())
         rows = self.acceptance.rows(specs, show_progress=self.show_progress)
-        return evaluate_rows(rows, self.latency, self.cost.params, max_draft_ms=self.max_draft_ms,
-                             draft_memory=self.cost.memory)
+        return evaluate_rows(rows, self.pricing, max_draft_ms=self.max_draft_ms)
 
     def _grid_done(self) -> int:
         """Grid points (architectures) with a COMPLETE trial. (Like `GridSampler` itself, this

@@ -3,7 +3,7 @@ target, or a real-shaped proxy with `--target proxy-llava`).
 
 target -> train -> profile -> score -> search (+ end-to-end verification) -> report, each stage
 the same library call as its own command. Every stage first looks for its finished artefact in
-the run folder (or the demo-target cache) and says "reused" instead of redoing the work, so a
+the run folder (or the built-in target cache) and says "reused" instead of redoing the work, so a
 second run only reads files. A stage that is not reused says in the log which of its inputs
 changed ("search: redone (max_new_tokens 8 -> 32)").
 """
@@ -33,7 +33,7 @@ class DemoOptions:
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
     seed: int = 0
-    target: str = "builtin"  # builtin (the demo target) or a proxy name (proxy-llava)
+    target: str = "builtin"  # builtin (the built-in target) or a proxy name (proxy-llava)
     train: TrainOptions = field(default_factory=TrainOptions)
     profile_budget: float | int | str | None = None  # None: the whole grid
     # the demo's profile: 40 timed repeats per step in 4 interleaved passes (`dreams-nas
@@ -88,8 +88,8 @@ class _Stages:
 
 
 def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
-    """The whole pipeline on the built-in demo target into `run_dir`; returns the summary."""
-    from dreams_nas.latency.plan import parse_budget
+    """The whole pipeline on the built-in target into `run_dir`; returns the summary."""
+    from dreams_nas.latency.measure.plan import parse_budget
     from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import resolve_device
     from dreams_nas.supernet.core.targets import BUILTIN, PROXY_TARGETS
@@ -130,10 +130,10 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
 
 
 def _variant(target: str) -> str:
-    """The demo target's variant for `builtin` (`DREAMS_NAS_DEMO_VARIANT`), else the proxy's
+    """the built-in target's variant for `builtin` (`DREAMS_NAS_DEMO_VARIANT`), else the proxy's
     name."""
+    from dreams_nas.supernet.builtin.variants import builtin_variant
     from dreams_nas.supernet.core.targets import BUILTIN
-    from dreams_nas.supernet.demo.variants import builtin_variant
 
     return builtin_variant() if target == BUILTIN else target
 
@@ -141,14 +141,14 @@ def _variant(target: str) -> str:
 def _ensure_target(target: str, variant: str, show: bool | None
                    ) -> tuple[Any, dict[str, Any], bool]:
     """(folder, metrics, cached) of the built-in target the demo runs on."""
-    from dreams_nas.supernet.core.targets import BUILTIN
-    from dreams_nas.supernet.demo.cache import (
-        ensure_demo_target_with_metrics,
+    from dreams_nas.supernet.builtin.cache import (
+        ensure_builtin_target_with_metrics,
         ensure_proxy_target,
     )
+    from dreams_nas.supernet.core.targets import BUILTIN
 
     if target == BUILTIN:
-        return ensure_demo_target_with_metrics(variant=variant, progress=show is not False)
+        return ensure_builtin_target_with_metrics(variant=variant, progress=show is not False)
     return ensure_proxy_target(target)
 
 
@@ -243,17 +243,15 @@ def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str,
 
 
 def _predictor_schema(run: RunFolder, hardware_id: str) -> str | None:
-    """A change when the saved predictor is of another schema than this code's: loading it
-    refits it (`LatencyPredictor.load`), so a best.json priced by the old model is stale even
-    though predictor.json has not been rewritten yet."""
-    from dreams_nas.latency.predictor import PREDICTOR_SCHEMA_VERSION
+    """A change when the saved predictor is of another schema than this code's: loading it is
+    refused (`LatencyPredictor.load` names the refit), and a best.json priced by it is stale."""
+    from dreams_nas.latency.model.persist import PREDICTOR_SCHEMA_VERSION
     from dreams_nas.nas.stages.search import predictor_meta
 
     schema = predictor_meta(run, hardware_id).get("schema_version", 1)
     if schema == PREDICTOR_SCHEMA_VERSION:
         return None
-    return (f"predictor schema {_show(schema)} -> {PREDICTOR_SCHEMA_VERSION} (refitted when "
-            "loaded)")
+    return f"predictor schema {_show(schema)} -> {PREDICTOR_SCHEMA_VERSION}"
 
 
 def _show(value: Any) -> str:

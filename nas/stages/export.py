@@ -13,6 +13,7 @@ import csv
 import io
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,25 @@ HISTORY_COLUMNS: tuple[str, ...] = ("number", "value", "best_so_far")
 
 # Writes the extracted draft of `spec` (draft.safetensors + config.json) into a folder.
 DraftWriter = Callable[[SubnetSpec, Path], None]
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """What best.json and the spec folders record of a search besides its result.
+
+    inputs:     what the result was computed from (`nas.stages.search.search_inputs`), the key
+                its reuse is checked against; None: the file is never reused.
+    cycle_note: why the speculative cycle's own work is priced 0 ms (a profile without
+                ``cycle`` rows); None: it is priced.
+    """
+
+    hardware_id: str
+    hardware: Mapping[str, Any]
+    supernet_hash: str
+    dtype: str
+    target: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Mapping[str, Any] | None = None
+    cycle_note: str | None = None
 
 
 def _csv_text(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
@@ -75,38 +95,33 @@ def predicted(c: Candidate) -> dict[str, Any]:
             "decode_ms": c.decode_ms, "cycle_overhead_ms": c.cycle_overhead_ms}
 
 
-def write_spec_dir(folder: Path, c: Candidate, *, target: Mapping[str, Any], supernet_hash: str,
-                   hardware: Mapping[str, Any], dtype: str,
+def write_spec_dir(folder: Path, c: Candidate, record: SearchRecord,
                    write_draft: DraftWriter | None = None) -> Path:
     """specs/<spec_id>/: spec.json (+ the extracted draft when `write_draft` is given, in
-    `dtype`, the run's: the one its latency and acceptance were measured in)."""
+    `record.dtype`, the run's: the one its latency and acceptance were measured in)."""
     folder.mkdir(parents=True, exist_ok=True)
     if write_draft is not None:
         write_draft(c.spec, folder)
     atomic_write_json(folder / "spec.json", {
         "schema_version": SPEC_SCHEMA_VERSION, "spec": c.spec.to_dict(), "spec_id": c.spec.id,
-        "target": dict(target), "supernet_hash": supernet_hash, "hardware": dict(hardware),
-        "dtype": dtype, "predicted": predicted(c), "tau": c.tau,
-        "tau_ci": [c.tau_ci[0], c.tau_ci[1]], "draft_params": c.draft_params,
+        "target": dict(record.target), "supernet_hash": record.supernet_hash,
+        "hardware": dict(record.hardware), "dtype": record.dtype, "predicted": predicted(c),
+        "tau": c.tau, "tau_ci": [c.tau_ci[0], c.tau_ci[1]], "draft_params": c.draft_params,
         "versions": library_versions(),
     })
     return folder
 
 
-def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[str, Any],
-                 supernet_hash: str, dtype: str, measured: Mapping[str, Any] | None = None,
-                 verified: Sequence[Mapping[str, Any]] = (),
-                 inputs: Mapping[str, Any] | None = None,
-                 cycle_note: str | None = None) -> dict[str, Any]:
-    """best.json's document. `inputs`: what the result was computed from
-    (`nas.stages.search.search_inputs`), the key its reuse is checked against; null when the
-    caller gives none, and then the file is never reused. `cycle_note`: why the speculative
-    cycle's own work is priced 0 ms (a profile without ``cycle`` rows); None: it is priced."""
+def best_payload(result: SearchResult, record: SearchRecord,
+                 measured: Mapping[str, Any] | None = None,
+                 verified: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """best.json's document."""
     best = result.best
     if best is None:
         raise ValueError("no feasible subnet: nothing to write to best.json")
     return {
-        "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
+        "hardware_id": record.hardware_id, "objective": result.objective,
+        "method": result.method,
         "front": {"axes": result.front_axes, "maximise": FRONTS[result.front_axes][0],
                   "minimise": FRONTS[result.front_axes][1],
                   "spec_ids": [c.spec.id for c in result.front]},
@@ -114,9 +129,10 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
         "predicted": predicted(best),
         "measured": dict(measured) if measured is not None else None,
         "verified": [dict(v) for v in verified],
-        "hardware": dict(hardware), "supernet_hash": supernet_hash, "dtype": dtype,
-        "inputs": dict(inputs) if inputs is not None else None,
-        "cycle_overhead": {"priced": cycle_note is None, "note": cycle_note},
+        "hardware": dict(record.hardware), "supernet_hash": record.supernet_hash,
+        "dtype": record.dtype,
+        "inputs": dict(record.inputs) if record.inputs is not None else None,
+        "cycle_overhead": {"priced": record.cycle_note is None, "note": record.cycle_note},
         "n_evaluations": result.n_evaluations, "space_size": result.space_size,
         "study_name": result.study_name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -124,19 +140,13 @@ def best_payload(result: SearchResult, *, hardware_id: str, hardware: Mapping[st
     }
 
 
-def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
-                  hardware: Mapping[str, Any], target: Mapping[str, Any], supernet_hash: str,
-                  dtype: str, write_draft: DraftWriter | None = None,
-                  measured: Mapping[str, Any] | None = None,
-                  verified: Sequence[Mapping[str, Any]] = (),
-                  spec_ids: Sequence[str] | None = None,
-                  inputs: Mapping[str, Any] | None = None,
-                  cycle_note: str | None = None) -> dict[str, Path]:
-    """Write every file of one search; returns their paths by name.
-
-    spec_ids: which candidates get a specs/<id>/ folder (default: the best one and the front).
-    inputs: what the search was computed from, recorded in best.json (`best_payload`).
-    """
+def export_result(run: RunFolder, result: SearchResult, record: SearchRecord, *,
+                  write_draft: DraftWriter | None = None,
+                  spec_ids: Sequence[str] | None = None) -> dict[str, Path]:
+    """Write every file of one search (best.json with the prediction alone); returns their
+    paths by name. spec_ids: which candidates get a specs/<id>/ folder (default: the best one
+    and the front)."""
+    hardware_id = record.hardware_id
     paths: dict[str, Path] = {}
     paths["trials"] = write_trials(run.trials_csv(hardware_id), result.candidates,
                                    method=result.method, objective=result.objective)
@@ -150,26 +160,16 @@ def export_result(run: RunFolder, result: SearchResult, *, hardware_id: str,
             {result.best.spec.id} | {c.spec.id for c in result.front})
         for c in result.candidates:
             if c.spec.id in wanted:
-                write_spec_dir(run.spec_dir(c.spec.id), c, target=target,
-                               supernet_hash=supernet_hash, hardware=hardware, dtype=dtype,
-                               write_draft=write_draft)
-        paths["best"] = write_best(run, result, hardware_id=hardware_id, hardware=hardware,
-                                   supernet_hash=supernet_hash, dtype=dtype, measured=measured,
-                                   verified=verified, inputs=inputs, cycle_note=cycle_note)
+                write_spec_dir(run.spec_dir(c.spec.id), c, record, write_draft)
+        paths["best"] = write_best(run, result, record)
         paths["spec_dir"] = run.spec_dir(result.best.spec.id)
     return paths
 
 
-def write_best(run: RunFolder, result: SearchResult, *, hardware_id: str,
-               hardware: Mapping[str, Any], supernet_hash: str, dtype: str,
+def write_best(run: RunFolder, result: SearchResult, record: SearchRecord,
                measured: Mapping[str, Any] | None = None,
-               verified: Sequence[Mapping[str, Any]] = (),
-               inputs: Mapping[str, Any] | None = None,
-               cycle_note: str | None = None) -> Path:
+               verified: Sequence[Mapping[str, Any]] = ()) -> Path:
     """search/<hw>/best.json, atomically: first with the prediction alone, then again once
     the end-to-end measurement is in."""
-    return atomic_write_json(
-        run.best_json(hardware_id),
-        best_payload(result, hardware_id=hardware_id, hardware=hardware,
-                     supernet_hash=supernet_hash, dtype=dtype, measured=measured,
-                     verified=verified, inputs=inputs, cycle_note=cycle_note))
+    return atomic_write_json(run.best_json(record.hardware_id),
+                             best_payload(result, record, measured, verified))

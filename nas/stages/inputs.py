@@ -18,7 +18,7 @@ from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
 if TYPE_CHECKING:
-    from dreams_nas.latency.predictor import LatencyPredictor
+    from dreams_nas.latency.model.predictor import LatencyPredictor
 
 log = logging.getLogger("dreams_nas")
 DEFAULT_EVAL_PROMPTS = 32
@@ -58,7 +58,7 @@ def load_latency(run: RunFolder, hardware_id: str, dtype: str | None = None
                  ) -> LatencyPredictor:
     """The predictor of `hardware_id`, refused unless it was timed in `dtype` on the run's
     target architecture (another program's latencies would choose the wrong subnet)."""
-    from dreams_nas.latency.predictor import LatencyPredictor
+    from dreams_nas.latency.model.predictor import LatencyPredictor
 
     target = run.read_run().get("target") or {}
     expect = {"dtype": dtype, "architecture_hash": target.get("architecture_hash")}
@@ -88,7 +88,7 @@ def checked_supernet(run: RunFolder) -> dict[str, Any] | None:
     Weights that run.json does not record -- a truncated or replaced model.safetensors, or
     run.json lost -- are an InputError: training over them would silently replace a supernet
     that every acceptance row, spec and best.json of the run was computed with."""
-    from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
+    from dreams_nas.supernet.draft.saving import SUPERNET_WEIGHTS, file_hash
 
     weights = run.supernet_dir / SUPERNET_WEIGHTS
     if not weights.is_file():
@@ -126,7 +126,7 @@ def draft_params_fn(run: RunFolder) -> Callable[[SubnetSpec], int]:
     visual_keep, draft_vocab -- the LM head is the target's -- or the draft shape)."""
     import torch
     from dreams_nas.supernet.draft.model import DreamDraft
-    from dreams_nas.supernet.draft.store import read_supernet_config
+    from dreams_nas.supernet.draft.saving import read_supernet_config
 
     config = read_supernet_config(run.supernet_dir)
     with torch.device("meta"):
@@ -156,8 +156,8 @@ def draft_memory_fn(run: RunFolder, context_len: int, visual_tokens: int, dtype:
     import torch
     from dreams_nas.supernet.core.device import torch_dtype
     from dreams_nas.supernet.core.space import vocab_rows
+    from dreams_nas.supernet.draft.saving import read_supernet_config
     from dreams_nas.supernet.draft.state import keep_count
-    from dreams_nas.supernet.draft.store import read_supernet_config
 
     config = read_supernet_config(run.supernet_dir)
     element = torch.empty((), dtype=torch_dtype(dtype)).element_size()

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.latency.hardware import HardwareInfo, detect_hardware
-from dreams_nas.latency.plan import DEFAULT_VERIFY_KS, KINDS, build_plan
-from dreams_nas.latency.predictor import LatencyPredictor
-from dreams_nas.latency.profiler import TimingSettings, run_profile
-from dreams_nas.latency.store import ProfileStore
+from dreams_nas.latency.kinds import KINDS
+from dreams_nas.latency.measure.hardware import HardwareInfo, detect_hardware
+from dreams_nas.latency.measure.plan import DEFAULT_VERIFY_KS, build_plan
+from dreams_nas.latency.measure.profile_store import ProfileStore
+from dreams_nas.latency.measure.profiler import TimingSettings, run_profile
+from dreams_nas.latency.model.predictor import LatencyPredictor
 from dreams_nas.nas.stages.contexts import measure_data_contexts
 from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
@@ -65,7 +66,7 @@ def timing_passes(repeats: int, passes: int) -> int:
 def max_context_len(config: Any, verify_ks: Sequence[int] = DEFAULT_VERIFY_KS) -> int | None:
     """The longest context the target can be timed at: its text config's
     `max_position_embeddings`, less the positions a verify step appends; None when unknown."""
-    from dreams_nas.latency.steps import text_config
+    from dreams_nas.latency.measure.steps import text_config
 
     positions = getattr(text_config(config), "max_position_embeddings", None)
     return int(positions) - max(verify_ks) if positions else None
@@ -113,7 +114,7 @@ def _range(values: Sequence[int]) -> str:
 def count_visual_tokens(adapter: Any) -> int:
     """Visual tokens of one image in a real prompt built by the target's processor; from the
     config when the checkpoint has no processor."""
-    from dreams_nas.latency.steps import visual_tokens_of
+    from dreams_nas.latency.measure.steps import visual_tokens_of
 
     if adapter.processor is not None:
         try:
@@ -129,11 +130,11 @@ def count_visual_tokens(adapter: Any) -> int:
 
 
 def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSpace, Any]:
-    from dreams_nas.latency.steps import build_supernet, text_config
+    from dreams_nas.latency.measure.steps import build_supernet, text_config
 
     config = None
     if (run.supernet_dir / "config.json").is_file():
-        from dreams_nas.supernet.draft.store import read_supernet_config
+        from dreams_nas.supernet.draft.saving import read_supernet_config
 
         config = read_supernet_config(run.supernet_dir)  # weights are not needed: cost only
     if run.read_run().get("space") is not None:
@@ -153,7 +154,7 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
 
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
-    from dreams_nas.latency.steps import ModelSteps, default_context_lengths
+    from dreams_nas.latency.measure.steps import ModelSteps, default_context_lengths
     from dreams_nas.nas.stages.inputs import check_run_folder
     from dreams_nas.supernet.core.device import torch_dtype
 
@@ -308,7 +309,7 @@ FINGERPRINT = ("torch", "transformers", "driver", "cuda", "mig_profile", "power_
 def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict[str, Any]:
     """What the predictor of these rows answers for: the hardware id, dtype, software stack
     (`FINGERPRINT`) and the target's architecture hash."""
-    from dreams_nas.latency.steps import STEP_REVISION
+    from dreams_nas.latency.measure.steps import STEP_REVISION
 
     info = hw.to_dict()
     return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,

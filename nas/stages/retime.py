@@ -9,8 +9,8 @@ formula's error, and the machine's change since the profile.
 
 This module separates them. Before each prompt the verification decodes (and after the last)
 it times the best subnet's steps again, a couple of repeats each, with the profile's own step
-builder (`latency.steps.ModelSteps`, the same keys the predictor priced: its draft and first
-draft step, the verify over gamma + 1 positions after the largest subnet's draft steps, a plain
+builder (`latency.measure.steps.ModelSteps`, the same keys the predictor priced: its draft and first
+draft step, the verify over draft_len + 1 positions after the largest subnet's draft steps, a plain
 decoding step, the cycle's own work) at the search's context -- so the re-timed steps see the
 same changes of the machine's speed as the decoding beside them -- and prices the same formula
 with their medians. Its gap to the measured speedup is the formula's error with the machine as
@@ -35,10 +35,10 @@ PARTS = ("decode_ms", "verify_ms", "draft_ms", "first_draft_ms", "cycle_overhead
 class Retimer:
     """Re-times `candidate`'s parts at `context_len` each time it is called."""
 
-    steps: Any  # a `latency.steps.ModelSteps`
+    steps: Any  # a `latency.measure.steps.ModelSteps`
     candidate: Candidate
     context_len: int
-    gamma_max: int  # the space's deepest chain: the draft rows' canonical draft_len
+    max_draft_len: int  # the space's deepest chain: the draft rows' canonical draft_len
     device: str = "cpu"
     threads: int | None = None
     repeats: int = 2  # timed repeats of each step per call (one call per prompt decoded)
@@ -46,11 +46,11 @@ class Retimer:
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     def keys(self) -> dict[str, Any]:
-        """The profile's keys of each part (`latency.plan`)."""
-        from dreams_nas.latency.plan import StepKey
+        """The profile's keys of each part (`latency.measure.plan`)."""
+        from dreams_nas.latency.measure.plan import StepKey
 
         spec, ctx = self.candidate.spec, self.context_len
-        canonical = spec.replace(draft_len=self.gamma_max)
+        canonical = spec.replace(draft_len=self.max_draft_len)
         k = spec.draft_len + 1
         keys = {"decode_ms": StepKey("decode", ctx, 1),
                 "verify_ms": StepKey("verify", ctx, k),
@@ -61,7 +61,7 @@ class Retimer:
         return keys
 
     def __call__(self, _call: int = 0) -> None:
-        from dreams_nas.latency.timing import measure
+        from dreams_nas.latency.measure.timing import measure
 
         for part, key in self.keys().items():
             # built again every call: a target step starts from the profile's kept prefill,
@@ -105,7 +105,7 @@ def build_retimer(run: Any, models: Any, candidate: Candidate, context_len: int,
     """A `Retimer` of `candidate` on the run's models with its profile's builder settings
     (plan.json: the visual tokens, the subnet whose draft steps precede a verify); None for a
     token tree or a run whose profile plan is missing (nothing to re-time against)."""
-    from dreams_nas.latency.steps import ModelSteps
+    from dreams_nas.latency.measure.steps import ModelSteps
     from dreams_nas.supernet.core.io import read_json
     from dreams_nas.supernet.core.space import SubnetSpec
 

@@ -4,7 +4,7 @@ acceptance CSV lacks, search, export the deployable specs, verify the best end t
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dreams_nas.nas.search.storage import check_storage, redact
@@ -116,28 +116,59 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
 
 
 def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
-    import optuna
-    from dreams_nas.nas.search.scoring import CachedAcceptance
-    from dreams_nas.nas.search.strategies import search as _search
-    from dreams_nas.nas.stages.export import export_result, write_best
-    from dreams_nas.nas.stages.inputs import (
-        LazyScorer,
-        RunModels,
-        check_run_folder,
-        context_len_of,
-        dataset_id,
-        draft_memory_fn,
-        draft_params_fn,
-        hardware_identity,
-        load_latency,
-        resolve_hardware,
-        supernet_hash,
-    )
-    from dreams_nas.nas.stages.train import ensure_supernet, trained_supernet
-    from dreams_nas.supernet.acceptance.table import AcceptanceTable
-    from dreams_nas.supernet.core.device import resolve_device, torch_threads
+    """`dreams-nas search`: score what the acceptance CSV lacks, search, export the specs,
+    verify the pick end to end, write the report; returns the summary."""
+    from dreams_nas.nas.stages.export import SearchRecord, export_result, write_best
+    from dreams_nas.nas.stages.inputs import check_run_folder, hardware_identity
+    from dreams_nas.nas.stages.verify_pick import verify_best
 
     check_run_folder(run)
+    _check_options(options)
+    setup = _setup(run, options)
+    result, inputs, context_len, notes = _searched(run, options, setup)
+    if result.best is None:
+        raise InputError(f"no subnet meets --max-draft-ms {options.max_draft_ms}; the fastest "
+                         f"draft step is {min(c.draft_ms for c in result.candidates):.3f} ms: "
+                         "raise it")
+    hardware = hardware_identity(run, setup.hardware_id)
+    info = run.read_run().get("target") or {}
+
+    def write_draft(spec: Any, folder: Any) -> None:
+        from dreams_nas.supernet.draft.extract import extract
+
+        extract(setup.models.draft, spec).save_pretrained(folder)
+
+    # Everything the search found is on disk before the (long, fallible) measurement.
+    record = SearchRecord(setup.hardware_id, hardware, setup.digest, setup.dtype, target=info,
+                          inputs=inputs, cycle_note=notes["unpriced"])
+    paths = export_result(run, result, record, write_draft=write_draft)
+    measured, verified, warnings = verify_best(
+        options, result, setup.models, setup.scorer, hardware,
+        retime=(run, context_len, setup.space))
+    if measured is not None:
+        write_best(run, result, record, measured, verified)
+    report = write_run_report(run, setup.hardware_id) if options.write_report else None
+    return _summary(result, setup, paths, measured, notes, warnings, report)
+
+
+@dataclass
+class _Setup:
+    """What a search reads before it searches (`_setup`)."""
+
+    hardware_id: str
+    dtype: str
+    digest: str
+    space: Any
+    data_id: str
+    models: Any
+    scorer: Any
+    cached: Any
+    storage: str | None
+
+
+def _check_options(options: SearchOptions) -> None:
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the progress bar says it all
     if options.trials is not None and options.trials < 1:
         raise InputError(f"--trials {options.trials} must be at least 1")
@@ -148,103 +179,117 @@ def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
                          "over the prompts whose median speedup is reported)")
     if options.storage is not None:
         check_storage(options.storage)  # unreachable: fail now, not after training and scoring
+
+
+def _setup(run: RunFolder, options: SearchOptions) -> _Setup:
+    """The run's hardware id, dtype, trained supernet (trained first when missing), space,
+    acceptance table and lazy scorer, and the study's storage."""
+    from dreams_nas.nas.search.scoring import CachedAcceptance
+    from dreams_nas.nas.stages.inputs import (
+        LazyScorer,
+        RunModels,
+        dataset_id,
+        resolve_hardware,
+        supernet_hash,
+    )
+    from dreams_nas.nas.stages.train import ensure_supernet, trained_supernet
+    from dreams_nas.supernet.acceptance.table import AcceptanceTable
+    from dreams_nas.supernet.core.device import resolve_device
+
     device = resolve_device(options.device)
     dtype = run.dtype(options.dtype, device)
     hardware_id = resolve_hardware(run, options.hardware)
     if trained_supernet(run) is None:  # no weights at all; unrecorded weights are refused
-        from dataclasses import replace
-
         ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin",
                                      device=device, dtype=dtype, seed=options.seed,
                                      show_progress=options.show_progress))
     run.record_dtype(dtype)
-    digest = supernet_hash(run)
-    space = run.space()
+    digest, space = supernet_hash(run), run.space()
     data_id = dataset_id(options.data, options.limit, options.seed)
     table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, 0.0, dtype=dtype,
                             max_new_tokens=options.max_new_tokens)
-    show = options.show_progress
     models = RunModels(run, device, dtype)
     scorer = LazyScorer(models, data=options.data, limit=options.limit, seed=options.seed,
                         supernet_hash=digest, dataset_id=data_id,
                         max_new_tokens=options.max_new_tokens, draft_lens=space.draft_len,
-                        trees=space.trees, show_progress=show)
-    cached = CachedAcceptance(scorer, table)
+                        trees=space.trees, show_progress=options.show_progress)
     storage = options.storage
     if storage is None and options.method == "optuna":
         db = run.study_db(hardware_id)
         db.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{db.resolve()}"
+    return _Setup(hardware_id, dtype, digest, space, data_id, models, scorer,
+                  CachedAcceptance(scorer, table), storage)
+
+
+def _searched(run: RunFolder, options: SearchOptions, setup: _Setup
+              ) -> tuple[Any, dict[str, Any], int, dict[str, str | None]]:
+    """(the search's result, best.json's `inputs`, the context it priced at, the notes on the
+    predictor): the latency predictor is loaded and checked, then the space searched."""
+    from dreams_nas.nas.search.candidate import DraftCost, Pricing
+    from dreams_nas.nas.search.config import SearchConfig
+    from dreams_nas.nas.search.strategies import search
+    from dreams_nas.nas.stages.inputs import (
+        context_len_of,
+        draft_memory_fn,
+        draft_params_fn,
+        load_latency,
+    )
+    from dreams_nas.supernet.core.device import torch_threads
+
+    hardware_id, table = setup.hardware_id, setup.cached.table
     with torch_threads(options.threads):
-        latency = load_latency(run, hardware_id, dtype)  # may refit: what follows reads it after
-        inputs = search_inputs(run, options, hardware_id, dtype)  # the predictor it reads
-        context_len = context_len_of(table, scorer)
+        latency = load_latency(run, hardware_id, setup.dtype)
+        inputs = search_inputs(run, options, hardware_id, setup.dtype)  # the predictor it reads
+        context_len = context_len_of(table, setup.scorer)
         # the step costs are predicted at this context: refused outside the profiled contexts
         # (up to a tenth of their span), before anything is scored or searched
         latency.check_context(context_len, "the eval prompts' median length plus half the answer")
-        key = study_key(run, options, hardware_id=hardware_id, data_id=data_id, digest=digest,
-                        dtype=dtype, context_len=context_len, temperature=table.temperature)
-        study_name = options.study_name or study_name_for(options, hardware_id, data_id,
-                                                          digest, key)
-        memory = draft_memory_fn(run, context_len, getattr(latency, "visual_tokens", 0), dtype)
-        unpriced = cycle_overhead_note(latency, space, hardware_id)
-        if unpriced:
-            log.warning("warning: %s", unpriced)
-        stale = stale_profile_note(latency, run, hardware_id)
-        if stale:
-            log.warning("warning: %s", stale)
-        result = _search(
-            space, cached, latency, draft_params_fn(run), draft_memory=memory,
-            front=options.front, context_len=context_len, objective=options.objective,
-            method=options.method, max_draft_ms=options.max_draft_ms, n_trials=options.trials,
-            storage=storage, study_name=study_name, seed=options.seed, show_progress=show,
-            study_key=key,
-        )
-    if result.best is None:
-        raise InputError(f"no subnet meets --max-draft-ms {options.max_draft_ms}; the fastest "
-                         f"draft step is {min(c.draft_ms for c in result.candidates):.3f} ms: "
-                         "raise it")
-    hardware = hardware_identity(run, hardware_id)
-    info = run.read_run().get("target") or {}
+        key = study_key(run, options, hardware_id=hardware_id, data_id=setup.data_id,
+                        digest=setup.digest, dtype=setup.dtype, context_len=context_len,
+                        temperature=table.temperature)
+        notes = {"unpriced": cycle_overhead_note(latency, setup.space, hardware_id),
+                 "stale": stale_profile_note(latency, run, hardware_id)}
+        for note in notes.values():
+            if note:
+                log.warning("warning: %s", note)
+        memory = draft_memory_fn(run, context_len, latency.visual_tokens, setup.dtype)
+        pricing = Pricing(latency, context_len, DraftCost(draft_params_fn(run), memory))
+        config = SearchConfig(
+            objective=options.objective, method=options.method, front=options.front,
+            max_draft_ms=options.max_draft_ms, n_trials=options.trials, storage=setup.storage,
+            study_name=options.study_name or study_name_for(options, hardware_id, setup.data_id,
+                                                            setup.digest, key),
+            seed=options.seed, show_progress=options.show_progress)
+        result = search(setup.space, setup.cached, pricing, config, study_key=key)
+    return result, inputs, context_len, notes
 
-    def write_draft(spec, folder):
-        from dreams_nas.supernet.draft.extract import extract
 
-        extract(models.draft, spec).save_pretrained(folder)
-
-    # Everything the search found is on disk before the (long, fallible) measurement.
-    paths = export_result(run, result, hardware_id=hardware_id, hardware=hardware,
-                          target=info, supernet_hash=digest, dtype=dtype,
-                          write_draft=write_draft, inputs=inputs, cycle_note=unpriced)
-    measured, verified, warnings = verify_best(options, result, models, scorer, hardware,
-                                               retime=(run, context_len, space))
-    if measured is not None:
-        write_best(run, result, hardware_id=hardware_id, hardware=hardware,
-                   supernet_hash=digest, dtype=dtype, measured=measured, verified=verified,
-                   inputs=inputs, cycle_note=unpriced)
-    report = write_run_report(run, hardware_id) if options.write_report else None
+def _summary(result: Any, setup: _Setup, paths: dict[str, Any], measured: dict[str, Any] | None,
+             notes: dict[str, str | None], warnings: list[str], report: str | None
+             ) -> dict[str, Any]:
     best = result.best
     summary: dict[str, Any] = {
-        "hardware_id": hardware_id, "objective": result.objective, "method": result.method,
-        "front_axes": result.front_axes, "dtype": dtype, "best": best.spec.id,
-        "spec_dir": str(paths["spec_dir"]),
+        "hardware_id": setup.hardware_id, "objective": result.objective,
+        "method": result.method, "front_axes": result.front_axes, "dtype": setup.dtype,
+        "best": best.spec.id, "spec_dir": str(paths["spec_dir"]),
         "predicted": {"speedup": round(best.speedup, 4), "tau": round(best.tau, 4),
                       "draft_ms": round(best.draft_ms, 4),
                       "first_draft_ms": round(best.first_draft_ms, 4),
                       "verify_ms": round(best.verify_ms, 4),
                       "decode_ms": round(best.decode_ms, 4),
                       "cycle_overhead_ms": round(best.cycle_overhead_ms, 4)},
-        "cycle_overhead_priced": unpriced is None,
+        "cycle_overhead_priced": notes["unpriced"] is None,
         "measured": measured, "n_evaluations": result.n_evaluations,
         "space_size": result.space_size, "n_scored": result.n_scored,
         "front": [c.spec.id for c in result.front], "best_json": str(paths["best"]),
-        "warnings": [note for note in (unpriced, stale) if note] + warnings,
+        "warnings": [note for note in notes.values() if note] + warnings,
     }
     if measured is not None:
         summary["gap_pct"] = round(measured["gap_pct"], 2)
     if result.study_name:
         summary["study_name"] = result.study_name
-        summary["storage"] = redact(storage)
+        summary["storage"] = redact(setup.storage)
     if report:
         summary["report"] = report
     return summary
@@ -254,11 +299,8 @@ def cycle_overhead_note(latency: Any, space: Any, hardware_id: str) -> str | Non
     """None when the predictor prices the speculative cycle's own work for every shape the
     space drafts (chains, and trees when it has them); else the one line that says the
     search prices it 0 ms (a profile made before the ``cycle`` kinds) and how to fix it."""
-    profiled = getattr(latency, "cycle_profiled", None)
-    if profiled is None:
-        return None  # a model that prices no overhead by design (tests, replays)
     missing = [kind for kind, tree in (("cycle", False), ("cycle_tree", True))
-               if (tree and space.trees or not tree) and not profiled(tree)]
+               if (tree and space.trees or not tree) and not latency.prices(kind)]
     if not missing:
         return None
     return (f"the latency profile of {hardware_id} has no {'/'.join(missing)} rows (profiled "
@@ -269,9 +311,9 @@ def cycle_overhead_note(latency: Any, space: Any, hardware_id: str) -> str | Non
 
 def stale_profile_note(latency: Any, run: RunFolder, hardware_id: str) -> str | None:
     """None when the predictor's rows were timed by this program's way of running the steps
-    (`latency.steps.STEP_REVISION`, a profile before it recorded one: 1); else the one line
+    (`latency.measure.steps.STEP_REVISION`, a profile before it recorded one: 1); else the one line
     that says its prices are another program's and how to profile again."""
-    from dreams_nas.latency.steps import STEP_REVISION
+    from dreams_nas.latency.measure.steps import STEP_REVISION
 
     fingerprint = getattr(latency, "fingerprint", None)
     if not isinstance(fingerprint, dict) or not fingerprint:
@@ -283,110 +325,6 @@ def stale_profile_note(latency: Any, run: RunFolder, hardware_id: str) -> str | 
             f"revision {have}; this one runs revision {STEP_REVISION}, whose steps cost "
             "differently): its prices, and the speedups predicted with them, are stale; move "
             f"{run.latency_dir(hardware_id)} aside and rerun `dreams-nas profile`")
-
-
-def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
-                hardware: dict[str, Any], retime: tuple[RunFolder, int, Any] | None = None
-                ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
-    """Measure the best subnet and the top of the front end to end against plain decoding.
-    `retime`: (the run, the search's context, the space) to time the best subnet's steps
-    again among the prompts (`retime`: the formula with the machine as it is now)."""
-    from dreams_nas.nas.stages.verify import gap_line, gap_warning, measure_end_to_end, speedup_gap
-    from dreams_nas.supernet.core.device import torch_threads
-
-    if options.verify == 0:
-        return None, [], []
-    here = models.device.split(":")[0]
-    profiled = hardware.get("hardware_id")
-    this = this_machine(models.device, hardware) if profiled else None
-    if profiled and this != profiled:
-        warning = (f"not verified: the latency profile is of {profiled} and this run decodes on "
-                   f"{this} ({models.device}); run the search there to measure the speedup")
-        log.warning("warning: %s", warning)
-        return None, [], [warning]
-    chosen = [result.best] + [c for c in result.front if c.spec != result.best.spec]
-    chosen = chosen[: options.verify]
-    prompts = scorer.prompts[: options.verify_prompts]
-    log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding, %d "
-             "repeat(s)", len(chosen), len(prompts), options.verify_repeats)
-    threads = hardware.get("threads") if here == "cpu" else None
-    retimer = None
-    if retime is not None and options.retime:
-        from dreams_nas.nas.stages.retime import build_retimer
-
-        run, context_len, space = retime
-        retimer = build_retimer(run, models, result.best, context_len, hardware, space)
-    with torch_threads(int(threads) if threads else None):  # the profile's setting
-        results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
-                                     prompts, max_new_tokens=options.max_new_tokens,
-                                     repeats=options.verify_repeats,
-                                     show_progress=options.show_progress, between=retimer)
-    verified, warnings = [], []
-    for cand, m in zip(chosen, results, strict=True):
-        verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
-                         "measured_speedup": m.speedup,
-                         "measured_speedup_range": list(m.speedup_range),
-                         "repeat_speedups": list(m.repeat_speedups),
-                         "gap_pct": speedup_gap(cand, m)["gap_pct"],
-                         "measured_speedup_end_to_end": m.speedup_end_to_end,
-                         "measured_tau": m.tau,
-                         "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
-                         "baseline_tokens_per_s": m.baseline_tokens_per_s,
-                         "decode_tokens_per_s": m.decode_tokens_per_s,
-                         "baseline_decode_tokens_per_s": m.baseline_decode_tokens_per_s,
-                         "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
-                                         "loop_overhead": m.other_ms, "decode": m.decode_ms},
-                         "identical_prompts": m.identical_prompts})
-        warning = gap_warning(cand, m)
-        if warning:
-            log.warning("warning: %s", warning)
-            warnings.append(warning)
-    best = results[0]
-    gap = speedup_gap(chosen[0], best)
-    log.info("%s", gap_line(chosen[0], best))
-    retimed = None
-    if retimer is not None:
-        from dreams_nas.nas.stages.retime import retime_lines
-
-        retimed = retimer.summary(best.speedup)
-        line, stale = retime_lines(retimed, chosen[0])
-        log.info("%s", line)
-        if stale:
-            log.warning("warning: %s", stale)
-            warnings.append(stale)
-    measured = {"speedup": best.speedup, "speedup_range": list(best.speedup_range),
-                "repeats": len(best.repeat_speedups),
-                "repeat_speedups": list(best.repeat_speedups),
-                "speedup_end_to_end": best.speedup_end_to_end,
-                "predicted_speedup": gap["predicted_speedup"], "gap_pct": gap["gap_pct"],
-                "tau": best.tau, "tokens_per_s": best.tokens_per_s,
-                "baseline_tokens_per_s": best.baseline_tokens_per_s,
-                "decode_tokens_per_s": best.decode_tokens_per_s,
-                "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
-                "prompts": best.prompts, "identical_prompts": best.identical_prompts,
-                "divergences": [asdict(d) for d in best.divergences],
-                "dtype": str(models.target.dtype).removeprefix("torch."),
-                "max_new_tokens": options.max_new_tokens}
-    if retimed is not None:
-        measured["retimed"] = retimed
-    for cand, m in zip(chosen, results, strict=True):
-        if m.divergences:
-            warning = (f"{cand.spec.id}: {m.identical_prompts} of {m.prompts} prompts identical "
-                       "to plain greedy decoding; the others diverge at near ties of the "
-                       "target's logits (its 16-bit numerics), recorded in best.json")
-            log.warning("warning: %s", warning)
-            warnings.append(warning)
-    return measured, verified, warnings
-
-
-def this_machine(device: str, profiled: dict[str, Any]) -> str:
-    """The hardware id of `device` here, identified as the profile was (its dtype, and on the
-    CPU its thread count)."""
-    from dreams_nas.latency.hardware import detect_hardware
-
-    threads = profiled.get("threads") if device.startswith("cpu") else None
-    return detect_hardware(device, dtype=str(profiled.get("dtype") or "float32"),
-                           threads=int(threads) if threads else None).hardware_id
 
 
 def write_run_report(run: RunFolder, hardware_id: str) -> str | None:

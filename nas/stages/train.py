@@ -183,7 +183,7 @@ def ensure_supernet(run: RunFolder, options: TrainOptions, *, target_path: str |
                     ) -> tuple[dict[str, Any], bool]:
     """(summary, reused): the run's trained supernet, trained first when it is missing.
 
-    `target_path` is the folder `options.target` loads from when known (the demo target's
+    `target_path` is the folder `options.target` loads from when known (the built-in target's
     cache folder); a run trained on another target is refused rather than overwritten.
 
     A supernet trained with other settings is reused all the same -- retraining would silently

@@ -7,7 +7,7 @@ decoding of the same prompts on the same target, and the measured speedup is rec
 to the prediction. A gap over `GAP_WARN` is reported with its likely cause.
 
 Two measured speedups are kept. `speedup` is the decode phase, the quantity the formula
-tau * T_decode / ((gamma - 1) * T_draft + T_draft_first + T_verify) predicts: tokens after the
+tau * T_decode / ((draft_len - 1) * T_draft + T_draft_first + T_verify) predicts: tokens after the
 first over the time after the prefill, for both the speculative run and plain decoding. The
 prefill phase is the prompt's processing: the target's prompt pass, and in the speculative run
 also the drafter's (its KV cache and cross-attention memory over the prompt, once per request).
@@ -15,7 +15,7 @@ also the drafter's (its KV cache and cross-attention memory over the prompt, onc
 work for both, so it dilutes the ratio the more, the shorter the answers.
 
 Lossless is checked on every prompt. In float32 the speculative output must equal plain greedy
-decoding token for token; a difference is a bug. In bfloat16/float16 a verify over gamma + 1
+decoding token for token; a difference is a bug. In bfloat16/float16 a verify over draft_len + 1
 positions and a one-token decode run different kernels, so where the target's top two logits
 are nearly tied the two can pick different tokens: that is the target's own numerics. There the
 first divergence of each prompt is recorded with the target's top-2 logit margin at it, and only
@@ -189,8 +189,8 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     first = dict(prompts[0])
     plain_generate(target, first, max_new_tokens=max_new_tokens)
     for spec, draft in drafts.items():
-        generate(target, first, DreamDrafter(draft, spec), gamma=spec.draft_len,
-                 max_new_tokens=max_new_tokens, tree=spec.shape)
+        generate(target, first, DreamDrafter(draft, spec), shape=spec.shape,
+                 max_new_tokens=max_new_tokens)
     repeats = max(1, repeats)
     n = len(prompts)
     base_all, all_totals = _Totals(), {s: _Totals() for s in specs}
@@ -211,8 +211,7 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
             base_all.add(plain.stats, plain=True)
             for spec, draft in drafts.items():
                 out = generate(target, dict(prompt), DreamDrafter(draft, spec),
-                               gamma=spec.draft_len, max_new_tokens=max_new_tokens, timed=True,
-                               tree=spec.shape)
+                               shape=spec.shape, max_new_tokens=max_new_tokens, timed=True)
                 tokens = _same_output(outputs, spec, index, out.tokens.tolist())
                 if repeat == 0:
                     at = first_divergence(tokens, plain_tokens)
@@ -313,15 +312,16 @@ def gap_warning(predicted: Candidate, measured: Measured) -> str | None:
 
 def _latency_cause(p: Candidate, m: Measured) -> str:
     """tau agrees, so the time per cycle or per plain step differs: name the biggest part."""
-    gamma = p.spec.draft_len
+    draft_len = p.spec.draft_len
     if not all(map(lambda x: x == x, (m.draft_ms, m.verify_ms, m.other_ms, m.decode_ms))):
         return ("tau agrees, so the gap is in the latencies: the latency predictor does not "
                 "match this machine now (profiled under other load, clocks or threads); re-run "
                 "`dreams-nas profile` on a quiet machine")
     cycle = p.cycle_draft_ms + p.verify_ms + p.cycle_overhead_ms
-    step_ms = p.cycle_draft_ms / gamma  # predicted mean step: the first (after the verify) + hot
+    # predicted mean step: the first (after the verify) and the hot ones
+    step_ms = p.cycle_draft_ms / draft_len
     effects = {  # relative change of the speedup each part explains
-        "draft": gamma * (m.draft_ms - step_ms) / cycle,
+        "draft": draft_len * (m.draft_ms - step_ms) / cycle,
         "verify": (m.verify_ms - p.verify_ms) / cycle,
         "overhead": (m.other_ms - p.cycle_overhead_ms) / cycle,
         "decode": (p.decode_ms - m.decode_ms) / p.decode_ms,

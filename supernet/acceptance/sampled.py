@@ -48,9 +48,8 @@ class SampledScorer:
         for i, prompt in enumerate(self.prompts):
             gen = torch.Generator(device=self.adapter.device).manual_seed(self.seed * 100_003 + i)
             out = generate(self.adapter, dict(prompt), DreamDrafter(self.draft, spec),
-                           gamma=spec.draft_len, max_new_tokens=self.max_new_tokens,
-                           sampling=self.sampling, generator=gen,
-                           tree=spec.shape)
+                           shape=spec.shape, max_new_tokens=self.max_new_tokens,
+                           sampling=self.sampling, generator=gen)
             cycles.append((list(out.stats.cycle_lengths), list(out.stats.proposed)))
         tau, lo, hi = pooled_tau(cycles, self.n_boot, np.random.default_rng(self.seed))
         lengths = [n for c in cycles for n in c[0]]

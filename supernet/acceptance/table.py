@@ -12,7 +12,7 @@ as depth 1 and the whole MLP, the only draft size there was) or before the draft
 (its rows read as the whole vocabulary, `draft_vocab` 1.0).
 
 Every row is checked when it is made and when it is read (`AcceptanceRow.__post_init__`): a
-row that is impossible (tau outside [1, gamma + 1], a rate outside [0, 1], ...) would win the
+row that is impossible (tau outside [1, draft_len + 1], a rate outside [0, 1], ...) would win the
 search at a speedup that does not exist, so the file holding one is refused, naming the line.
 Only a last line torn by a kill (no line end) is skipped: it is scored again.
 """
@@ -51,7 +51,7 @@ LEGACY_COLUMNS: tuple[str, ...] = tuple(
     c for c in PRE_TREE_COLUMNS if c not in ("dtype", "max_new_tokens")
 )
 OLD_HEADERS = (PRE_VOCAB_COLUMNS, PRE_SIZE_COLUMNS, PRE_TREE_COLUMNS, LEGACY_COLUMNS)
-METHODS = ("teacher-forced", "sampled", "expected")
+TAU_METHODS = ("teacher-forced", "sampled", "expected")
 # Slack on the bounds of tau: it is a ratio of token counts, exact up to float rounding.
 TAU_TOLERANCE = 1e-6
 
@@ -67,8 +67,8 @@ def _check_max_new_tokens(max_new_tokens: int, owner: str) -> None:
 
 
 def _check_tau(spec: SubnetSpec, tau: float, tau_lo: float, tau_hi: float) -> None:
-    """tau, tokens per target forward with the bonus token, lies in [1, gamma + 1] (no draft
-    token accepted .. all gamma accepted), inside its finite interval [tau_lo, tau_hi]."""
+    """tau, tokens per target forward with the bonus token, lies in [1, draft_len + 1] (no draft
+    token accepted .. all draft_len accepted), inside its finite interval [tau_lo, tau_hi]."""
     owner = f"the acceptance row of {spec.id}"
     top = spec.draft_len + 1
     if not math.isfinite(tau) or not 1 - TAU_TOLERANCE <= tau <= top + TAU_TOLERANCE:
@@ -128,8 +128,8 @@ class AcceptanceRow:
     accept_rates: tuple[float, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise InputError(f"acceptance method {self.method!r} is not one of {list(METHODS)}")
+        if self.method not in TAU_METHODS:
+            raise InputError(f"acceptance method {self.method!r} is not one of {list(TAU_METHODS)}")
         for name in ("tau", "tau_lo", "tau_hi", "temperature"):
             object.__setattr__(self, name, float(getattr(self, name)))
         _check_tau(self.spec, self.tau, self.tau_lo, self.tau_hi)

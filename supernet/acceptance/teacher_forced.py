@@ -10,12 +10,12 @@ target is run once per prompt and every subnet and every draft length is scored 
    per start): at start t the draft's cache holds the prompt and y_0..y_{t-1} with the
    target's true features (as a drafter that refreshes its cache from the verified features
    after each cycle has), it reads (y_t, H_{t-1}) and then the target's tokens with its own
-   features. The result is, per start and depth, the rank of the target's token among the
-   draft's: a chain accepts the leading depths where it is the argmax, a token tree
-   (`supernet.core.tree`) those where it is within the tree's width at that depth
-   (`accepted_depths`), because at temperature 0 the path a tree accepts is the target's
+   features. The result is, per start and level, the rank of the target's token among the
+   draft's: a chain accepts the leading levels where it is the argmax, a token tree
+   (`supernet.core.tree`) those where it is within the tree's width at that level
+   (`accepted_levels`), because at temperature 0 the path a tree accepts is the target's
    greedy continuation.
-3. `simulate_cycles`: the speculative loop replayed on those accepted depths for one shape,
+3. `simulate_cycles`: the speculative loop replayed on those accepted levels for one shape,
    with the engine's exact rules (room left before max_new_tokens, the bonus token, EOS),
    giving the cycle lengths a real run produces, hence tau for every chain and tree from one
    rollout.
@@ -37,7 +37,7 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
-from dreams_nas.supernet.decoding.cycles import accepted_depths, simulate_cycles
+from dreams_nas.supernet.decoding.cycles import accepted_levels, simulate_cycles
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.batching import collate
@@ -74,8 +74,8 @@ class TargetTrace:
 
 @torch.inference_mode()
 def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: Sequence[int],
-                 max_new_tokens: int, gamma_max: int) -> TargetTrace:
-    """Greedy-decode `max_new_tokens` (plus up to `gamma_max` past an EOS: a real loop verifies
+                 max_new_tokens: int, max_draft_len: int) -> TargetTrace:
+    """Greedy-decode `max_new_tokens` (plus up to `max_draft_len` past an EOS: a real loop verifies
     draft tokens past it) and keep every position's last hidden state."""
     pre = adapter.prefill(dict(inputs), layers=tuple(layers))
     prompt_ids = pre.input_ids[0].cpu()
@@ -84,7 +84,7 @@ def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: S
     tokens, hidden = [int(token)], [pre.last_hidden[0].float().cpu()]
     eos = adapter.eos_token_ids
     eos_index = 0 if tokens[0] in eos else None
-    limit = max_new_tokens if eos_index is None else min(max_new_tokens, gamma_max + 1)
+    limit = max_new_tokens if eos_index is None else min(max_new_tokens, max_draft_len + 1)
     while len(tokens) < limit:
         out = adapter.verify(token)
         hidden.append(out.last_hidden[0].float().cpu())
@@ -92,7 +92,7 @@ def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: S
         tokens.append(int(token))
         if eos_index is None and tokens[-1] in eos:
             eos_index = len(tokens) - 1
-            limit = min(max_new_tokens, eos_index + gamma_max + 1)
+            limit = min(max_new_tokens, eos_index + max_draft_len + 1)
     visual_mask = torch.zeros(prompt_len, dtype=torch.bool, device="cpu")  # a trace is on the CPU
     visual_scores = torch.zeros(prompt_len, device="cpu")
     positions = pre.visual_positions.cpu()
@@ -111,24 +111,24 @@ def trace_target(adapter: TargetAdapter, inputs: Mapping[str, Tensor], layers: S
 @torch.inference_mode()
 def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
                 widths: Sequence[int], chunk: int = 64) -> np.ndarray:
-    """Where the target's token ranks among the draft's, per start and depth ->
+    """Where the target's token ranks among the draft's, per start and level ->
     (n_starts, len(widths)) int.
 
     The draft runs through its own `forward` (no re-implementation): a row for start t is the
     draft's text positions up to y_t with true inputs, followed by the target's tokens
     y_{t+1}.. with the draft's *own* features (what a drafter has along the path the target
     accepts: at temperature 0 that path is the target's greedy continuation, in a chain or a
-    tree alike). At depth j the entry is the rank of y_{t+j} in the draft's distribution (0 =
+    tree alike). At level j the entry is the rank of y_{t+j} in the draft's distribution (0 =
     its argmax; ties broken toward the lower token id, as `argmax` and the tree drafter's
     stable sort do), or `widths[j-1]` when it is not among the top `widths[j-1]` (that node is
-    not in any tree the caller scores) or the row stopped before depth j. A row stops after
-    its first depth outside the widths; rows are right-padded and masked, one more token per
-    row and depth.
+    not in any tree the caller scores) or the row stopped before level j. A row stops after
+    its first level outside the widths; rows are right-padded and masked, one more token per
+    row and level.
     """
-    depth = len(widths)
+    n_levels = len(widths)
     n_starts = trace.n_starts
     ranks = np.tile(np.asarray(widths, dtype=np.int64), (n_starts, 1))
-    if n_starts == 0 or depth == 0:
+    if n_starts == 0 or n_levels == 0:
         return ranks
     device = next(draft.parameters()).device
     dtype = next(draft.parameters()).dtype
@@ -152,7 +152,7 @@ def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
         memory = draft.memory(trace.layer_hidden[spec.inject_layer][None].to(device, dtype),
                               trace.visual_mask[None].to(device),
                               trace.visual_scores[None].to(device))
-        # Depth 1 for every start at once: the teacher-forced pass over all text positions.
+        # Level 1 for every start at once: the teacher-forced pass over all text positions.
         feats = draft(ids_all[None], prev_all[None], pos_all[None], memory).feature[0]
         start_idx = torch.searchsorted(
             pos_all, torch.arange(n_starts, device=device) + trace.prompt_len)  # (n_starts,)
@@ -161,7 +161,7 @@ def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
         ranks[:, 0] = _rank(draft.logits(feats[start_idx]), starts + 1, cont, widths[0])
         rolled = feats[start_idx][:, None]  # (n_starts, 1, hidden) rollout features
         alive = ranks[:, 0] < widths[0]
-        for j in range(2, depth + 1):
+        for j in range(2, n_levels + 1):
             rows = np.flatnonzero(alive & (starts.numpy() + j < len(cont)))
             if len(rows) == 0:
                 break
@@ -214,7 +214,7 @@ def trace_sample(trace: TargetTrace) -> TargetSample:
 def batched_ranks(draft: DreamDraft, traces: Sequence[TargetTrace], spec: SubnetSpec,
                   widths: Sequence[int], batch_size: int = 8) -> list[np.ndarray]:
     """`draft_ranks` of every trace, from the parallel passes of `ranks.path_ranks` over
-    batches of traces (the same ranks: a test compares them) -> per trace (n_starts, depth)."""
+    batches of traces (the same ranks: a test compares them) -> per trace (n_starts, level)."""
     device = next(draft.parameters()).device
     out: list[np.ndarray] = []
     for start in range(0, len(traces), batch_size):
@@ -229,12 +229,12 @@ def batched_ranks(draft: DreamDraft, traces: Sequence[TargetTrace], spec: Subnet
     return out
 
 
-def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, gamma_max: int,
+def draft_matches(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec, max_draft_len: int,
                   chunk: int = 64) -> np.ndarray:
     """Leading draft tokens equal to the continuation, per start -> (n_starts,) int: the
-    chain's accepted depths (`draft_ranks` with width 1 at every depth)."""
-    ranks = draft_ranks(draft, trace, spec, (1,) * gamma_max, chunk)
-    return accepted_depths(ranks, (1,) * gamma_max)
+    chain's accepted levels (`draft_ranks` with width 1 at every level)."""
+    ranks = draft_ranks(draft, trace, spec, (1,) * max_draft_len, chunk)
+    return accepted_levels(ranks, (1,) * max_draft_len)
 
 
 def _rollout_step(draft: DreamDraft, memory, ids_all: Tensor, prev_all: Tensor, pos_all: Tensor,
@@ -273,11 +273,11 @@ def dtype_name(adapter: TargetAdapter) -> str:
     return str(adapter.dtype).removeprefix("torch.")
 
 
-def accept_rates(lengths: Sequence[int], proposed: Sequence[int], gamma: int) -> list[float]:
+def accept_rates(lengths: Sequence[int], proposed: Sequence[int], draft_len: int) -> list[float]:
     """Per draft position i: accepted / offered over the cycles that proposed it (NaN if none)."""
     lengths_a, proposed_a = np.asarray(lengths), np.asarray(proposed)
     out = []
-    for i in range(1, gamma + 1):
+    for i in range(1, draft_len + 1):
         offered = proposed_a >= i
         out.append(float(np.mean(lengths_a[offered] - 1 >= i)) if offered.any() else float("nan"))
     return out
@@ -328,7 +328,7 @@ class TeacherForcedScorer:
         self._traces: list[TargetTrace] | None = None
 
     @property
-    def gamma_max(self) -> int:
+    def max_draft_len(self) -> int:
         """The deepest chain or tree scored by default."""
         return max([*self.draft_lens, *(len(t) for t in self.trees)])
 
@@ -338,7 +338,7 @@ class TeacherForcedScorer:
             bar = progress(self.prompts, desc="target greedy traces", unit="prompt",
                            disable=None if self.show_progress is None else not self.show_progress)
             self._traces = [trace_target(self.adapter, p, layers, self.max_new_tokens,
-                                         self.gamma_max) for p in bar]
+                                         self.max_draft_len) for p in bar]
         return self._traces
 
     @property
@@ -366,20 +366,20 @@ class TeacherForcedScorer:
     def score_triple(self, triple: SubnetSpec, draft_lens: Sequence[int],
                      trees: Sequence[Sequence[int]] = ()) -> list[AcceptanceRow]:
         """Rows for the chains of `draft_lens` and the `trees` of one triple, from one rollout
-        per prompt (`batched_ranks`, as deep as the deepest shape, as wide at each depth as
+        per prompt (`batched_ranks`, as deep as the deepest shape, as wide at each level as
         the widest)."""
         traces = self.traces()
         shapes = [triple.replace(draft_len=g) for g in draft_lens]
         shapes += [triple.replace(tree=tuple(t)) for t in trees]
-        depth = max(s.draft_len for s in shapes)
+        n_levels = max(s.draft_len for s in shapes)
         widths = [max((s.shape.branching[j] for s in shapes if s.draft_len > j), default=1)
-                  for j in range(depth)]
+                  for j in range(n_levels)]
         ranks = batched_ranks(self.draft, traces, triple, widths)
         out = []
         for spec in shapes:
             # The same seed for every spec: their intervals resample the same prompts.
             rng = np.random.default_rng(self.seed)
-            cycles = [simulate_cycles(accepted_depths(r, spec.shape.branching), spec.draft_len,
+            cycles = [simulate_cycles(accepted_levels(r, spec.shape.branching), spec.draft_len,
                                       t.max_new_tokens, t.eos_index)
                       for r, t in zip(ranks, traces, strict=True)]
             tau, lo, hi = pooled_tau(cycles, self.n_boot, rng)

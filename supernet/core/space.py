@@ -46,9 +46,9 @@ class SubnetSpec:
     visual_keep:  fraction of visual tokens the draft attends to, in (0, 1].
     inject_layer: index into the target's hidden states (0 = embeddings, L = last layer)
                   whose features the draft's cross-attention reads.
-    draft_len:    tokens drafted per speculative cycle (gamma); for a tree, its depth.
+    draft_len:    tokens drafted per speculative cycle (γ); for a tree, its levels.
     tree:         () for a chain of `draft_len` tokens, else the token tree's branching vector
-                  (children per depth, e.g. ``(4, 2, 1)``; `supernet.core.tree`). A vector of
+                  (children per level, e.g. ``(4, 2, 1)``; `supernet.core.tree`). A vector of
                   ones is the chain it describes and is stored as one (``tree=()``).
     depth:        decoder layers on each side of the cross-attention (the first `depth` of the
                   supernet's stack before it, the last `depth` of the stack after it); 1 is
@@ -75,7 +75,7 @@ class SubnetSpec:
     def __post_init__(self) -> None:
         given = _tree_field(self.tree, keep_chain=True)
         if given and self.draft_len != len(given):
-            raise InputError(f"SubnetSpec.draft_len={self.draft_len} must equal the depth of its "
+            raise InputError(f"SubnetSpec.draft_len={self.draft_len} must equal the levels of its "
                              f"tree {TokenTree(given).label} ({len(given)})")
         object.__setattr__(self, "tree", () if TokenTree(given or (1,)).is_chain else given)
         for name in ("heads", "inject_layer", "draft_len", "depth"):
@@ -165,7 +165,7 @@ class SubnetSpec:
 
     def replace(self, **changes: Any) -> SubnetSpec:
         """A copy with `changes`. A new `draft_len` alone makes a chain of that length; a new
-        `tree` alone takes its depth as `draft_len`."""
+        `tree` alone takes its levels as `draft_len`."""
         data = {**self.to_fields(), "tree": self.tree}
         if "draft_len" in changes and "tree" not in changes:
             data["tree"] = ()
@@ -255,7 +255,7 @@ def _tree_field(value: Any, keep_chain: bool = False) -> tuple[int, ...]:
     elif isinstance(value, tuple | list):
         tree = TokenTree(tuple(int(v) if isinstance(v, np.integer) else v for v in value))
     else:
-        raise InputError(f"SubnetSpec.tree={value!r} must be a list of children per depth "
+        raise InputError(f"SubnetSpec.tree={value!r} must be a list of children per level "
                          "such as [4, 2, 1], or a label such as '4x2x1'")
     return () if tree.is_chain and not keep_chain else tree.branching
 
@@ -386,8 +386,8 @@ class SearchSpace:
                           **{n: min(getattr(self, n)) for n in SIZE_DEFAULTS})
 
     @property
-    def max_depth(self) -> int:
-        """The deepest chain or tree: how many draft steps a cycle may take."""
+    def max_draft_len(self) -> int:
+        """The longest chain or tree: how many draft steps a cycle may take."""
         return max([*self.draft_len, *(len(t) for t in self.trees)])
 
     def __contains__(self, spec: object) -> bool:

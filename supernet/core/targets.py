@@ -1,7 +1,7 @@
 """The names `--target` accepts besides a checkpoint folder or a hub id (no torch here).
 
-``builtin`` is the trained demo target; the ``proxy-*`` names are the real-shaped,
-random-weight proxy targets (`supernet.demo.proxy`). A run whose target is one of them records
+``builtin`` is the trained built-in target; the ``proxy-*`` names are the real-shaped,
+random-weight proxy targets (`supernet.builtin.proxy`). A run whose target is one of them records
 the name, so a later command rebuilds the cached checkpoint when it is gone.
 """
 

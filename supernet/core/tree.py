@@ -1,10 +1,11 @@
 """Static token trees: the shape a drafter drafts in one speculative cycle (no torch).
 
-A tree is a branching vector, one entry per depth: ``(4, 2, 2, 1, 1)`` drafts the top 4 tokens
-at depth 1, the top 2 children of each of those at depth 2, and so on; ``(1,) * gamma`` is the
-chain of ``gamma`` tokens. Its nodes are numbered breadth first: node 0 is the *root* (the
-newest token, which the target has not consumed yet), then depth 1's nodes, then depth 2's,
-each depth ordered by parent and, under one parent, by the draft's rank (best first). So a
+A tree is a branching vector, one entry per level: ``(4, 2, 2, 1, 1)`` drafts the top 4 tokens
+at level 1, the top 2 children of each of those at level 2, and so on; ``(1,) * draft_len`` is
+the chain of ``draft_len`` tokens. A tree's `draft_len` is its number of levels: the draft runs
+one step per level. Its nodes are numbered breadth first: node 0 is the *root* (the newest
+token, which the target has not consumed yet), then level 1's nodes, then level 2's, each
+level ordered by parent and, under one parent, by the draft's rank (best first). So a
 node's parent always has a smaller number, and the verify forward takes the nodes in this
 order with each node attending to its ancestors only.
 """
@@ -26,31 +27,31 @@ MAX_TREE_NODES = 512
 
 @dataclass(frozen=True)
 class TokenTree:
-    """A static token tree given by its branching vector (children per node at each depth)."""
+    """A static token tree given by its branching vector (children per node at each level)."""
 
     branching: tuple[int, ...]
 
     def __post_init__(self) -> None:
         values = self.branching
         if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-            raise InputError(f"tree {values!r} must be a list of children per depth, "
+            raise InputError(f"tree {values!r} must be a list of children per level, "
                              "e.g. [4, 2, 1]")
         out = []
         for v in values:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise InputError(f"tree {list(values)} holds {v!r}; every depth needs a whole "
+                raise InputError(f"tree {list(values)} holds {v!r}; every level needs a whole "
                                  "number of children >= 1, e.g. [4, 2, 1]")
             out.append(int(v))
         if not out:
-            raise InputError("a tree needs at least one depth, e.g. [4, 2, 1]")
+            raise InputError("a tree needs at least one level, e.g. [4, 2, 1]")
         object.__setattr__(self, "branching", tuple(out))
         if self.nodes > MAX_TREE_NODES:
             raise InputError(f"tree {self.label} has {self.nodes} nodes, over the limit of "
-                             f"{MAX_TREE_NODES}; use fewer children per depth")
+                             f"{MAX_TREE_NODES}; use fewer children per level")
 
     @classmethod
-    def chain(cls, gamma: int) -> TokenTree:
-        return cls((1,) * int(gamma))
+    def chain(cls, draft_len: int) -> TokenTree:
+        return cls((1,) * int(draft_len))
 
     @classmethod
     def parse(cls, text: str) -> TokenTree:
@@ -58,7 +59,7 @@ class TokenTree:
         text = str(text).strip().removeprefix("t")
         if not _SHAPE_RE.match(text):
             raise InputError(f"{text!r} is not a tree shape; shapes look like '4x2x1' "
-                             "(children per depth)")
+                             "(children per level)")
         return cls(tuple(int(v) for v in text.split("x")))
 
     @property
@@ -67,7 +68,8 @@ class TokenTree:
         return "x".join(str(b) for b in self.branching)
 
     @property
-    def depth(self) -> int:
+    def draft_len(self) -> int:
+        """Levels: the draft steps one cycle runs (a chain's tokens)."""
         return len(self.branching)
 
     @property
@@ -76,8 +78,8 @@ class TokenTree:
 
     @cached_property
     def widths(self) -> tuple[int, ...]:
-        """Nodes at each depth 1..depth: the running products of the branching vector."""
-        return tuple(math.prod(self.branching[: d + 1]) for d in range(self.depth))
+        """Nodes at each level 1..draft_len: the running products of the branching vector."""
+        return tuple(math.prod(self.branching[: d + 1]) for d in range(self.draft_len))
 
     @property
     def nodes(self) -> int:
@@ -99,8 +101,8 @@ class TokenTree:
         return tuple(parents)
 
     @cached_property
-    def depths(self) -> tuple[int, ...]:
-        """depths[i]: 0 for the root, d for a node at depth d."""
+    def levels(self) -> tuple[int, ...]:
+        """levels[i]: 0 for the root, d for a node at level d."""
         out = [0]
         for d, w in enumerate(self.widths, start=1):
             out.extend([d] * w)
@@ -114,8 +116,8 @@ class TokenTree:
             out.extend(list(range(b)) * (self.widths[d] // b))
         return tuple(out)
 
-    def level(self, d: int) -> range:
-        """Node numbers at depth d (0 is the root)."""
+    def nodes_at(self, d: int) -> range:
+        """Node numbers at level d (0 is the root)."""
         if d == 0:
             return range(0, 1)
         start = 1 + sum(self.widths[: d - 1])
@@ -130,25 +132,25 @@ class TokenTree:
 
     def children(self, node: int) -> list[int]:
         """Node numbers of `node`'s children, best rank first."""
-        d = self.depths[node]
-        if d >= self.depth:
+        d = self.levels[node]
+        if d >= self.draft_len:
             return []
         width = self.branching[d]  # siblings are consecutive, parent-major (breadth first)
-        first = self.level(d + 1).start + (node - self.level(d).start) * width
+        first = self.nodes_at(d + 1).start + (node - self.nodes_at(d).start) * width
         return list(range(first, first + width))
 
 
-def tree_family(max_nodes: int, max_depth: int = 7, widths: Sequence[int] = (2, 3, 4)
+def tree_family(max_nodes: int, max_draft_len: int = 7, widths: Sequence[int] = (2, 3, 4)
                 ) -> list[TokenTree]:
     """A family of non-chain trees up to `max_nodes` nodes: for each first-level width w and
-    depth, the shape that branches w ways at depth 1, 2 ways at depth 2 when the budget allows,
+    draft_len, the shape that branches w ways at level 1, 2 ways at level 2 when the budget allows,
     then single children (the shapes EAGLE's and Sequoia's trees approach at batch 1: wide
     near the root, chains below)."""
     out: dict[tuple[int, ...], TokenTree] = {}
     for w in widths:
-        for depth in range(2, max_depth + 1):
+        for draft_len in range(2, max_draft_len + 1):
             for second in (2, 1):
-                shape = (w, second) + (1,) * (depth - 2)
+                shape = (w, second) + (1,) * (draft_len - 2)
                 tree = TokenTree(shape)
                 if tree.nodes <= max_nodes and not tree.is_chain:
                     out.setdefault(shape, tree)

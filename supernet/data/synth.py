@@ -1,4 +1,4 @@
-"""Deterministic synthetic image + question + answer tasks for the built-in demo target.
+"""Deterministic synthetic image + question + answer tasks for the built-in target.
 
 Every image is a ``GRID x GRID`` board of ``CELL``-pixel cells (48 x 48 pixels) and every object,
 glyph or bar segment fills whole cells, so a ViT patch embedding with patch size ``CELL`` sees one
@@ -32,7 +32,7 @@ IMAGE_SIZE = CELL * GRID  # 48
 SPLITS = ("train", "eval")
 TASKS = ("scene", "count", "ocr", "chart", "math")
 # the built-in *training* split draws OCR three times in every seven prompts (the evaluation
-# split and the demo target's own training: each task a fifth). Reading the image's characters
+# split and the built-in target's own training: each task a fifth). Reading the image's characters
 # is the skill a one-layer draft wins or misses by chance when OCR is a fifth of its prompts,
 # so trainings that differ only in their seed end apart (BENCHMARKS.md, 'Supernet training
 # over seeds, and the ablations'); tasks are drawn round-robin over this tuple

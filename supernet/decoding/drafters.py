@@ -38,11 +38,11 @@ class ReplayDrafter:
         self.continuation = self.continuation.to(target.device)
         self.vocab_size = target.vocab_size
 
-    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+    def propose(self, last_token: Tensor, draft_len: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        return Proposal(self.continuation[self.offset:self.offset + gamma].unsqueeze(0))
+        return Proposal(self.continuation[self.offset:self.offset + draft_len].unsqueeze(0))
 
-    def true_rank(self, depth: int, width: int) -> int:
+    def true_rank(self, level: int, width: int) -> int:
         """Which child (rank) of a node on the recorded path carries the recorded token."""
         return 0
 
@@ -52,9 +52,9 @@ class ReplayDrafter:
         on it), other tokens everywhere else; where the recording ends, other tokens too."""
         tokens = [0] * (tree.nodes + 1)
         on_path = [True] + [False] * tree.nodes
-        rest = self.continuation[self.offset:self.offset + tree.depth].tolist()
+        rest = self.continuation[self.offset:self.offset + tree.draft_len].tolist()
         for i in range(1, tree.nodes + 1):
-            d, p = tree.depths[i], tree.parents[i]
+            d, p = tree.levels[i], tree.parents[i]
             recorded = rest[d - 1] if d - 1 < len(rest) else None
             true = on_path[p] and recorded is not None and (
                 tree.ranks[i] == self.true_rank(d, tree.branching[d - 1]))
@@ -107,7 +107,7 @@ class PromptLookupDrafter:
         self.history = prefill.input_ids[0].tolist()
         self.device = prefill.input_ids.device
 
-    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+    def propose(self, last_token: Tensor, draft_len: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
         self.history.append(int(last_token))
         hist = torch.tensor(self.history, device="cpu")  # the n-gram search runs on the host
@@ -118,7 +118,7 @@ class PromptLookupDrafter:
             matches = (windows == hist[-n:]).all(-1).nonzero()
             if len(matches):
                 begin = int(matches[-1, 0]) + n
-                return Proposal(hist[begin:begin + gamma].unsqueeze(0).to(self.device))
+                return Proposal(hist[begin:begin + draft_len].unsqueeze(0).to(self.device))
         return Proposal(_empty(self.device))
 
     def update(self, accepted_tokens: Tensor, n_accepted: int, verify: VerifyOutput) -> None:

@@ -8,7 +8,7 @@ tokens (`DreamDraft.draft_positions`), then the verified tokens. Each cycle:
   own newest token) in one forward, then draft autoregressively, each step feeding the draft's
   own feature in place of the target's unknown hidden state;
 * `propose_tree` (a token tree instead of a chain): the same first forward, then one forward
-  per depth over all that depth's nodes, each node seeing the true positions and its own
+  per level over all that level's nodes, each node seeing the true positions and its own
   ancestors (a tree mask over the draft's cache), the top-k of each node's distribution as
   its children (sampled without replacement when sampling);
 * `update`: crop the cache back to the true positions and queue the newly accepted tokens with
@@ -42,7 +42,7 @@ class DreamDrafter:
         with draft.using(self.spec):  # validate now, not mid-generation
             pass
         self.required_layers: tuple[int, ...] = (self.spec.inject_layer,)
-        self.default_gamma: int = self.spec.draft_len
+        self.default_draft_len: int = self.spec.draft_len
         self._cache = DraftCache()
         self._memory: Memory | None = None
         self.default_tree: TokenTree | None = self.spec.shape if self.spec.is_tree else None
@@ -111,7 +111,7 @@ class DreamDrafter:
             self._committed = self._cache.length
             self._pos += ids.shape[1]
             for d, width in enumerate(tree.branching, start=1):
-                logits = self.draft.logits(feats).float()  # (nodes at depth d-1, vocab)
+                logits = self.draft.logits(feats).float()  # (nodes at level d-1, vocab)
                 if sampling.greedy:
                     # best first, ties toward the lower id (as argmax and the scorer's ranks)
                     children = logits.sort(dim=-1, descending=True,
@@ -122,9 +122,9 @@ class DreamDrafter:
                     probs.append(p)
                 tokens = children.reshape(1, -1)  # parent-major, rank-minor: breadth first
                 levels.append(tokens)
-                if d == tree.depth:
+                if d == tree.draft_len:
                     break
-                level = tree.level(d)
+                level = tree.nodes_at(d)
                 pos = torch.full_like(tokens, self._pos - 1 + d)
                 feats = self.draft(tokens, feats.repeat_interleave(width, 0)[None], pos,
                                    self._memory, cache=self._cache,
@@ -134,9 +134,9 @@ class DreamDrafter:
         return TreeProposal(tree, torch.cat(levels, dim=1), draft_probs)
 
     @torch.inference_mode()
-    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+    def propose(self, last_token: Tensor, draft_len: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal:
-        ids, prev, positions = self._true_positions(last_token, max(gamma - 1, 0))
+        ids, prev, positions = self._true_positions(last_token, max(draft_len - 1, 0))
         n = ids.shape[1]
         # every position this cycle feeds was made on the device at once (no per-step host
         # copy): the n true ones, then one per drafted token but the last
@@ -147,7 +147,7 @@ class DreamDrafter:
                                  cache=self._cache).feature[:, -1:]
             self._committed = self._cache.length
             self._pos += n
-            for i in range(gamma):
+            for i in range(draft_len):
                 logits = self.draft.logits(feature)[:, -1].float()  # (1, vocab)
                 if sampling.greedy:
                     token = choose(logits, sampling, None)
@@ -156,7 +156,7 @@ class DreamDrafter:
                     token = sample(p, generator).view(1, 1)
                     probs.append(p)
                 tokens.append(token)
-                if i + 1 < gamma:
+                if i + 1 < draft_len:
                     feature = self.draft(token, feature, positions[:, n + i:n + i + 1],
                                          self._memory, cache=self._cache).feature
         out = torch.cat(tokens, dim=1) if tokens else ids[:, :0]

@@ -42,7 +42,7 @@ class GenerationStats:
     new_tokens: int
     target_forwards: int  # prefill + one per verify (or decode) step
     cycle_lengths: tuple[int, ...]  # tokens kept per verify forward (accepted + 1, cut at EOS)
-    proposed: tuple[int, ...]  # draft tokens (for a tree: depths) proposed in each cycle
+    proposed: tuple[int, ...]  # draft tokens (for a tree: levels) proposed in each cycle
     prefill_s: float  # the target's prompt pass
     draft_s: float  # the drafter's proposals and updates, every cycle
     verify_s: float
@@ -66,24 +66,24 @@ class GenerationStats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.total_s if self.total_s > 0 else float("nan")
 
-    def accept_rates(self, gamma: int) -> list[float | None]:
+    def accept_rates(self, draft_len: int) -> list[float | None]:
         """Per draft position i (1-based): accepted / proposed over the cycles that proposed it."""
         rates: list[float | None] = []
-        for i in range(1, gamma + 1):
+        for i in range(1, draft_len + 1):
             offered = [(n, p) for n, p in zip(self.cycle_lengths, self.proposed, strict=True)
                        if p >= i]
             rates.append(sum(n - 1 >= i for n, _ in offered) / len(offered) if offered else None)
         return rates
 
-    def to_dict(self, gamma: int | None = None) -> dict:
+    def to_dict(self, draft_len: int | None = None) -> dict:
         phases = {"prefill_s": self.prefill_s, "draft_prefill_s": self.draft_prefill_s,
                   "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.other_s}
         out = {"new_tokens": self.new_tokens, "target_forwards": self.target_forwards,
                "tau": self.tau, "tokens_per_s": self.tokens_per_s,
                # untimed calls measure no phase: leave them out rather than write NaN
                **{k: v for k, v in phases.items() if v == v}, "total_s": self.total_s}
-        if gamma:
-            out["accept_rates"] = self.accept_rates(gamma)
+        if draft_len:
+            out["accept_rates"] = self.accept_rates(draft_len)
         return out
 
 
@@ -128,20 +128,22 @@ class _Clock:
         return {}, time.perf_counter() - self._start
 
 
-def _check(gamma: int, max_new_tokens: int) -> None:
-    if gamma < 1:
-        raise InputError(f"draft length {gamma} must be >= 1; use plain decoding for no drafting")
+def _check(draft_len: int, max_new_tokens: int) -> None:
+    if draft_len < 1:
+        raise InputError(f"draft_len {draft_len} must be >= 1; use plain decoding for no "
+                         "drafting")
     if max_new_tokens < 1:
         raise InputError(f"max_new_tokens={max_new_tokens} must be >= 1")
 
 
-def draft(drafter: Drafter, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+def draft(drafter: Drafter, last_token: Tensor, draft_len: int, sampling: SamplingConfig,
           generator: torch.Generator | None) -> Proposal:
-    if gamma == 0:  # one token of budget left: a plain target step
+    if draft_len == 0:  # one token of budget left: a plain target step
         return Proposal(last_token.new_empty(1, 0))
-    proposal = drafter.propose(last_token, gamma, sampling, generator)
-    if proposal.tokens.shape[1] > gamma:
-        raise RuntimeError(f"drafter proposed {proposal.tokens.shape[1]} tokens for gamma={gamma}")
+    proposal = drafter.propose(last_token, draft_len, sampling, generator)
+    if proposal.tokens.shape[1] > draft_len:
+        raise RuntimeError(f"drafter proposed {proposal.tokens.shape[1]} tokens for "
+                           f"draft_len={draft_len}")
     return proposal
 
 
@@ -184,11 +186,11 @@ def verify(target: TargetAdapter, last_token: Tensor, proposal: Proposal, sampli
     return accepted, out.head(n + 1)
 
 
-def step(target: TargetAdapter, drafter: Drafter, last_token: Tensor, gamma: int,
+def step(target: TargetAdapter, drafter: Drafter, last_token: Tensor, draft_len: int,
          sampling: SamplingConfig, generator: torch.Generator | None,
          clock: _Clock) -> tuple[Accepted, int]:
     """Draft, verify, accept, update the drafter: (what is kept, n proposed)."""
-    proposal = draft(drafter, last_token, gamma, sampling, generator)
+    proposal = draft(drafter, last_token, draft_len, sampling, generator)
     clock.lap("draft")
     accepted, out = verify(target, last_token, proposal, sampling, generator,
                            drafter.required_layers)
@@ -198,23 +200,24 @@ def step(target: TargetAdapter, drafter: Drafter, last_token: Tensor, gamma: int
     return accepted, proposal.tokens.shape[1]
 
 
-def cycle(target: TargetAdapter, drafter: Drafter, last_token: Tensor, room: int,
+def cycle(target: TargetAdapter, drafter: Drafter, last_token: Tensor, draft_len: int,
           tree: TokenTree | None, sampling: SamplingConfig, generator: torch.Generator | None,
           clock: _Clock | None = None) -> tuple[Accepted, int, list[int], bool]:
-    """One speculative cycle of `generate` with `room` tokens of budget: a chain of `room`
-    drafts, or `tree` cut to `room` depths; then the kept tokens cut at an EOS. Returns (what
-    is kept, depths proposed, the new token ids, whether an EOS ended the answer).
+    """One speculative cycle of `generate` drafting `draft_len` tokens (fewer than the run's
+    when the token budget is nearly spent): a chain of `draft_len` drafts, or `tree` cut to
+    `draft_len` levels; then the kept tokens cut at an EOS. Returns (what
+    is kept, levels proposed, the new token ids, whether an EOS ended the answer).
 
-    The latency profile times this very function (`dreams_nas.latency.cycle_steps`) for the
+    The latency profile times this very function (`dreams_nas.latency.measure.cycle`) for the
     per-cycle work outside the two models' forward passes. `clock`: None is untimed."""
     clock = clock if clock is not None else _Clock(target.device, False)
-    if tree is not None and room > 0:
-        shape = fitted_tree(tree, room)
+    if tree is not None and draft_len > 0:
+        shape = fitted_tree(tree, draft_len)
         n, kept, ids = tree_step(target, drafter, last_token, shape, sampling, generator,
                                  clock.lap)
-        accepted, k = Accepted(n, kept, ids), shape.depth
+        accepted, k = Accepted(n, kept, ids), shape.draft_len
     else:
-        accepted, k = step(target, drafter, last_token, room, sampling, generator, clock)
+        accepted, k = step(target, drafter, last_token, draft_len, sampling, generator, clock)
     new, done = _truncate_at_eos(accepted.ids, target.eos_token_ids)
     return accepted, k, new, done
 
@@ -237,27 +240,28 @@ def tree_fallback(target: TargetAdapter, drafter: Drafter) -> str | None:
 
 @torch.inference_mode()
 def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter | None = None, *,
-             gamma: int = 5, max_new_tokens: int = 64, sampling: SamplingConfig = SamplingConfig(),
-             generator: torch.Generator | None = None, timed: bool = False,
-             tree: TokenTree | None = None) -> GenerationResult:
+             shape: int | TokenTree = 5, max_new_tokens: int = 64,
+             sampling: SamplingConfig = SamplingConfig(),
+             generator: torch.Generator | None = None, timed: bool = False) -> GenerationResult:
     """Speculative decoding with `drafter` (plain decoding when it is None).
 
-    tree: draft this token tree each cycle instead of a chain of `gamma` (a chain-shaped tree
-    is that chain). Where the drafter or the target's family cannot do trees, the chain of the
-    tree's depth is drafted and the reason logged once.
+    shape: what each cycle drafts (`SubnetSpec.shape`): a chain of that many tokens (an int,
+    the draft_len), or a token tree. Where the drafter or the target's family cannot do trees,
+    the chain of the tree's draft_len is drafted and the reason logged once.
     timed: measure each phase (synchronising the device at every phase boundary); otherwise
     only the whole call is timed and the phase fields of the stats are NaN."""
     if drafter is None:
         return plain_generate(target, inputs, max_new_tokens=max_new_tokens, sampling=sampling,
                               generator=generator, timed=timed)
+    tree = shape if isinstance(shape, TokenTree) else None
+    draft_len = tree.draft_len if tree is not None else int(shape)
     if tree is not None:
-        gamma = tree.depth
         why = None if tree.is_chain else tree_fallback(target, drafter)
         if tree.is_chain or why:
             if why:
-                log.warning("tree %s drafted as a chain of %d: %s", tree.label, gamma, why)
+                log.warning("tree %s drafted as a chain of %d: %s", tree.label, draft_len, why)
             tree = None
-    _check(gamma, max_new_tokens)
+    _check(draft_len, max_new_tokens)
     clock = _Clock(target.device, timed)
     pre = target.prefill(inputs, layers=drafter.required_layers)
     last = choose(pre.logits, sampling, generator)
@@ -268,8 +272,8 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
     lengths: list[int] = []
     proposed: list[int] = []
     while not done and len(tokens) < max_new_tokens:
-        room = min(gamma, max_new_tokens - len(tokens) - 1)  # never produce past the budget
-        accepted, k, new, done = cycle(target, drafter, last, room, tree, sampling, generator,
+        this_len = min(draft_len, max_new_tokens - len(tokens) - 1)  # never past the budget
+        accepted, k, new, done = cycle(target, drafter, last, this_len, tree, sampling, generator,
                                        clock)
         tokens.extend(new)
         lengths.append(len(new))  # accepted + 1, less anything after an EOS

@@ -7,12 +7,12 @@ protocol (in the spirit of transformers' ``CandidateGenerator``) has three calls
     once, after the target's prefill. ``prefill`` is the `PrefillOutput` (input ids, last hidden
     states, ``layer_hidden`` for every layer in ``required_layers``, visual positions and
     scores). The target's cache then holds the prompt; the first generated token is not in it.
-``propose(last_token, gamma, sampling, generator) -> Proposal``
-    up to ``gamma`` tokens that follow ``last_token`` (1, 1): the newest generated token, which
+``propose(last_token, draft_len, sampling, generator) -> Proposal``
+    up to ``draft_len`` tokens that follow ``last_token`` (1, 1): the newest generated token, which
     the target has not yet consumed. ``Proposal.draft_probs`` (1, k, vocab) are the draft's
     probabilities *after* `sampling` was applied (``logits_to_probs``); ``None`` means a
     deterministic drafter (treated as one-hot, which keeps the rejection rule exact). Fewer than
-    ``gamma`` tokens, even zero, is allowed. A drafter must not touch the target's cache.
+    ``draft_len`` tokens, even zero, is allowed. A drafter must not touch the target's cache.
 ``update(accepted_tokens, n_accepted, verify)``
     after each verification. ``accepted_tokens`` (1, n_accepted + 1) are the accepted draft tokens
     followed by the target's own next token (it becomes the next ``last_token``).
@@ -23,10 +23,10 @@ protocol (in the spirit of transformers' ``CandidateGenerator``) has three calls
 ``propose_tree(last_token, tree, sampling, generator) -> TreeProposal`` (optional)
     a token tree (`supernet.core.tree.TokenTree`) that follows ``last_token``: the tree's
     nodes 1..N in breadth-first order, each node's children ranked best first. Drafters
-    without it draft chains only; the loop then falls back to the chain of the tree's depth.
+    without it draft chains only; the loop then falls back to the chain of the tree's draft_len.
 
 ``required_layers`` (a tuple of HF hidden-state indices) tells the loop which target layers the
-adapter must capture at prefill and at every verify. An optional ``default_gamma`` attribute (a
+adapter must capture at prefill and at every verify. An optional ``default_draft_len`` attribute (a
 spec's ``draft_len``) is the draft length `dreams-nas generate` uses
 when none is given. `registry.load_drafter` finds a drafter by name or spec folder.
 """
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Proposal:
-    tokens: Tensor  # (1, k) long, k <= gamma (may be 0)
+    tokens: Tensor  # (1, k) long, k <= draft_len (may be 0)
     # (1, k, vocab) after sampling processing; None = deterministic
     draft_probs: Tensor | None = None
 
@@ -72,7 +72,7 @@ class Drafter(Protocol):
 
     def start(self, target: TargetAdapter, prefill: PrefillOutput) -> None: ...
 
-    def propose(self, last_token: Tensor, gamma: int, sampling: SamplingConfig,
+    def propose(self, last_token: Tensor, draft_len: int, sampling: SamplingConfig,
                 generator: torch.Generator | None) -> Proposal: ...
 
     def update(self, accepted_tokens: Tensor, n_accepted: int, verify: VerifyOutput) -> None: ...

@@ -21,10 +21,10 @@ from dreams_nas.supernet.target.adapter import TargetAdapter, VerifyOutput
 from torch import Tensor
 
 
-def fitted_tree(tree: TokenTree, room: int) -> TokenTree:
-    """`tree` cut to at most `room` depths (the budget left): its first depths are a prefix of
+def fitted_tree(tree: TokenTree, draft_len: int) -> TokenTree:
+    """`tree` cut to at most `draft_len` levels (the budget left): its first levels are a prefix of
     its breadth-first nodes, so the cut tree drafts a prefix of the same nodes."""
-    return tree if tree.depth <= room else TokenTree(tree.branching[:room])
+    return tree if tree.draft_len <= draft_len else TokenTree(tree.branching[:draft_len])
 
 
 def verify_tree(target: TargetAdapter, last_token: Tensor, proposal: TreeProposal,

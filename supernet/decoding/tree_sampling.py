@@ -10,7 +10,7 @@ Names follow the tensors: ``target_probs`` from the target, ``draft_probs`` from
   p_{i+1} = normalise(max(0, p_i - q_i)). When all k are rejected the node's token is drawn from
   p_{k+1}. Either way the emitted token is distributed exactly as target_probs.
 * `tree_accept`: that rule from the root down; the bonus token at a leaf. Its batched core,
-  `tree_accept_batched`, walks every depth on the device and syncs with the host once.
+  `tree_accept_batched`, walks every level on the device and syncs with the host once.
 * `tree_accept_greedy`: the temperature-0 twin (the target's argmax path), one host copy.
 * `sample_without_replacement`: k distinct draws (Gumbel top-k), the q_i sequence above.
 """
@@ -122,7 +122,7 @@ def _check_tree_inputs(tree: TokenTree, node_tokens: Tensor, rows: Tensor) -> No
 def tree_accept_batched(tree: TokenTree, node_tokens: Tensor, target_probs: Tensor,
                         draft_probs: Tensor | None, generator: torch.Generator | None
                         ) -> tuple[Tensor, Tensor]:
-    """`tree_accept` on B independent trees of one shape, every depth on the device.
+    """`tree_accept` on B independent trees of one shape, every level on the device.
 
     node_tokens (B, nodes+1) long; target_probs (B, nodes+1, vocab); draft_probs likewise or
     None. Returns (last accepted node (B,) long, next token (B,) long)."""
@@ -135,7 +135,7 @@ def tree_accept_batched(tree: TokenTree, node_tokens: Tensor, target_probs: Tens
     token = torch.zeros(batch, dtype=torch.long, device=device)
     for d, width in enumerate(tree.branching):
         # under one parent the children are consecutive, parent-major (breadth first)
-        start, child_start = tree.level(d).start, tree.level(d + 1).start
+        start, child_start = tree.nodes_at(d).start, tree.nodes_at(d + 1).start
         kids = (child_start + (cur - start) * width)[:, None] + torch.arange(width, device=device)
         q = None if draft_probs is None else draft_probs[rows, cur]
         index, drawn = sibling_accept_batched(node_tokens.gather(1, kids),

@@ -43,7 +43,7 @@ class CompactDraft(DreamDraft):
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write `draft.safetensors` and `config.json` into `directory` (atomically)."""
-        from dreams_nas.supernet.draft.store import save_weights_and_config
+        from dreams_nas.supernet.draft.saving import save_weights_and_config
 
         return save_weights_and_config(self, directory, WEIGHTS_NAME, CONFIG_NAME,
                                        {"kind": "dreams-nas-compact-draft",
@@ -56,7 +56,7 @@ class CompactDraft(DreamDraft):
         """Load a draft written by `save_pretrained`; `shared` = the target's embedding/LM head.
         dtype: None keeps the dtype it was saved in (the run's: a bfloat16 export loads in
         bfloat16)."""
-        from dreams_nas.supernet.draft.store import (
+        from dreams_nas.supernet.draft.saving import (
             draft_config_from,
             load_state,
             load_weights,

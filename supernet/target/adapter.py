@@ -109,7 +109,7 @@ class TargetAdapter:
     @classmethod
     def load(cls, target: str | Path, *, device: str | torch.device = "cpu",
              dtype: torch.dtype | None = None) -> TargetAdapter:
-        """Load from a hub id, a local checkpoint folder, or "builtin" (the demo target)."""
+        """Load from a hub id, a local checkpoint folder, or "builtin" (the built-in target)."""
         from dreams_nas.supernet.target.loading import load_model_and_processor
 
         target_id = str(target)
@@ -249,7 +249,7 @@ class TargetAdapter:
     def verify_tree(self, tokens: Tensor, parents: Sequence[int],
                     layers: Sequence[int] = ()) -> VerifyOutput:
         """Append a token tree's n nodes (1, n), breadth first with node 0 the root, to the cache
-        in one forward: node i sits at position cache_len + depth(i) and attends to the cache
+        in one forward: node i sits at position cache_len + level(i) and attends to the cache
         and its own ancestors only. Logits for each node; follow with `keep_path`."""
         if self.cache is None:
             raise RuntimeError("verify_tree() before prefill(): call prefill(inputs) first")
@@ -421,11 +421,11 @@ def _checkpoint_of(target: str | Path) -> str | Path:
     if not is_named_target(target):
         return target
     try:
-        from dreams_nas.supernet.demo.cache import ensure_demo_target, ensure_proxy_target
-        from dreams_nas.supernet.demo.variants import builtin_variant
+        from dreams_nas.supernet.builtin.cache import ensure_builtin_target, ensure_proxy_target
+        from dreams_nas.supernet.builtin.variants import builtin_variant
     except ImportError as exc:
         raise InputError(f"the built-in target {str(target)!r} is not part of this build; "
                          "pass --target PATH or a hub id") from exc
     if str(target) == BUILTIN:
-        return ensure_demo_target(variant=builtin_variant())
+        return ensure_builtin_target(variant=builtin_variant())
     return ensure_proxy_target(str(target))[0]

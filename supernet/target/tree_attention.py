@@ -1,7 +1,7 @@
 """Tree attention for the target: verify every node of a token tree in one forward.
 
 The n nodes (breadth first, node 0 the root) are appended to the KV cache in one forward. Node i
-sits at position ``cache_len + depth(i)`` and attends to the whole cache plus its own ancestors
+sits at position ``cache_len + level(i)`` and attends to the whole cache plus its own ancestors
 and itself, so its logits equal those of a chain forward of its root-to-node path. Afterwards
 `compact_cache` keeps the accepted path's entries, packed right after the old cache.
 
@@ -29,7 +29,7 @@ class TreeLayout:
     """What a tree's mask and positions need that does not depend on the cache length."""
 
     parents: tuple[int, ...]
-    depths: Tensor  # (n,) long: 0 for the root
+    levels: Tensor  # (n,) long: 0 for the root
     bias: Tensor  # (n, n) additive: 0 where node i may attend node j (an ancestor or itself)
 
     @property
@@ -45,8 +45,8 @@ class TreeLayout:
                   mrope: bool = False) -> Tensor:
         """Position ids: (1, n), or (3, 1, n) for M-RoPE, where every axis of a text token is
         its sequential position plus the prompt's ``rope_deltas`` (what an incremental step
-        at that depth would get)."""
-        pos = (self.depths + cache_len)[None]  # (1, n)
+        at that level would get)."""
+        pos = (self.levels + cache_len)[None]  # (1, n)
         if not mrope:
             return pos
         if rope_deltas is not None:
@@ -81,12 +81,12 @@ def ancestor_mask(parents: Sequence[int]) -> Tensor:
 def build_layout(parents: tuple[int, ...], device: torch.device, dtype: torch.dtype
                  ) -> TreeLayout:
     """The layout of a checked `parents` tuple, on `device`, the mask in `dtype`."""
-    depths = [0] * len(parents)
+    levels = [0] * len(parents)
     for i in range(1, len(parents)):  # once per tree shape; the layout is cached by the caller
-        depths[i] = depths[parents[i]] + 1
+        levels[i] = levels[parents[i]] + 1
     bias = torch.zeros(len(parents), len(parents), dtype=dtype).masked_fill_(  # cpu: moved below
         ~ancestor_mask(parents), torch.finfo(dtype).min)
-    return TreeLayout(parents, torch.tensor(depths, device=device), bias.to(device))
+    return TreeLayout(parents, torch.tensor(levels, device=device), bias.to(device))
 
 
 class LayoutCache:

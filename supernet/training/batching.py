@@ -18,7 +18,7 @@ UNROLL_DECAY = 0.8
 
 
 @dataclass
-class Batch:
+class DraftBatch:
     """Right-padded tensors. A row (`text_*`) holds the text positions, or every position
     (`collate(..., with_visual=True)`, for a draft whose own sequence keeps visual tokens:
     `DreamDraft.draft_positions` over `seq_visual`/`seq_scores` says which, per subnet)."""
@@ -51,11 +51,11 @@ class Batch:
         attention keys): the real text positions and the visual ones it keeps."""
         return model.draft_positions(self.seq_visual, self.seq_scores, self.text_mask)
 
-    def to(self, device: torch.device | str) -> Batch:
+    def to(self, device: torch.device | str) -> DraftBatch:
         def mv(x: Tensor) -> Tensor:
             return x.to(device)
 
-        return Batch(mv(self.text_ids), mv(self.text_pos), mv(self.text_mask),
+        return DraftBatch(mv(self.text_ids), mv(self.text_pos), mv(self.text_mask),
                      mv(self.prev_hidden), mv(self.last_hidden),
                      {k: mv(v) for k, v in self.distill.items()}, mv(self.loss_mask),
                      {k: mv(v) for k, v in self.memory_hidden.items()}, mv(self.visual_mask),
@@ -63,7 +63,7 @@ class Batch:
                      mv(self.seq_scores))
 
 
-def collate(samples: Sequence[TargetSample], with_visual: bool = False) -> Batch:
+def collate(samples: Sequence[TargetSample], with_visual: bool = False) -> DraftBatch:
     """Pad `samples` into a batch whose rows hold their text positions, or every position
     when `with_visual` (`DraftConfig.visual_in_self`)."""
     b = len(samples)
@@ -105,7 +105,7 @@ def collate(samples: Sequence[TargetSample], with_visual: bool = False) -> Batch
         seq_visual[i, :n] = s.seq_visual[pos]
         seq_scores[i, :n] = torch.cat((s.visual_scores, s.visual_scores.new_zeros(
             seq - p)))[pos]
-    return Batch(text_ids, text_pos, text_mask, prev, last, distill, loss_mask, memory,
+    return DraftBatch(text_ids, text_pos, text_mask, prev, last, distill, loss_mask, memory,
                  visual_mask, scores, prompt_mask, seq_visual, seq_scores)
 
 
@@ -121,7 +121,7 @@ def _rms(x: Tensor) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
-def row_noise(batch: Batch, seeds: Sequence[int]) -> Tensor:
+def row_noise(batch: DraftBatch, seeds: Sequence[int]) -> Tensor:
     """Standard normal noise shaped as `batch.prev_hidden`, row i drawn from its own generator
     seeded `seeds[i]` over that row's real positions only (zeros on padding): a row's noise
     does not depend on the rows beside it or the padding, so a data-parallel rank's slice of a
@@ -136,7 +136,7 @@ def row_noise(batch: Batch, seeds: Sequence[int]) -> Tensor:
     return out
 
 
-def counted_positions(batch: Batch, unroll: int) -> list[int]:
+def counted_positions(batch: DraftBatch, unroll: int) -> list[int]:
     """Per pass k = 0..unroll, the positions whose loss pass k counts (`loss_terms`)."""
     counts = []
     for k in range(unroll + 1):
@@ -148,7 +148,8 @@ def counted_positions(batch: Batch, unroll: int) -> list[int]:
     return counts
 
 
-def loss_terms(model: DreamDraft, batch: Batch, spec: SubnetSpec, distill_layers: Sequence[int],
+def loss_terms(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec,
+               distill_layers: Sequence[int],
                weights: LossWeights, noise: float = 0.0,
                noise_seeds: Sequence[int] | None = None, unroll: int = 0,
                teacher: list[Tensor] | None = None, teacher_weight: float = 0.0,

@@ -34,7 +34,7 @@ class TrainState:
 
 def save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
                      state: TrainState, fingerprint: str) -> None:
-    from dreams_nas.supernet.draft.store import save_tensors
+    from dreams_nas.supernet.draft.saving import save_tensors
 
     directory.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
@@ -64,7 +64,7 @@ def weights_of(model: DreamDraft) -> dict[str, torch.Tensor]:
 
 def save_best(directory: Path | None, weights: dict[str, torch.Tensor]) -> None:
     """Write the best evaluation's weights beside the checkpoint (atomically)."""
-    from dreams_nas.supernet.draft.store import save_tensors
+    from dreams_nas.supernet.draft.saving import save_tensors
 
     if directory is None:
         return
@@ -75,7 +75,7 @@ def save_best(directory: Path | None, weights: dict[str, torch.Tensor]) -> None:
 
 
 def load_best(directory: Path | None, device: torch.device) -> dict[str, Any] | None:
-    from dreams_nas.supernet.draft.store import load_weights
+    from dreams_nas.supernet.draft.saving import load_weights
 
     if directory is None or not (directory / BEST).is_file():
         return None
@@ -85,7 +85,7 @@ def load_best(directory: Path | None, device: torch.device) -> dict[str, Any] | 
 
 def load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
                      fingerprint: str) -> TrainState | None:
-    from dreams_nas.supernet.draft.store import load_weights
+    from dreams_nas.supernet.draft.saving import load_weights
 
     if not (directory / "state.json").is_file():
         return None

@@ -25,7 +25,7 @@ class HeldOut:
     """The held-out prompts and how to score them."""
 
     samples: Sequence[TargetSample]
-    gamma: int  # the deepest chain the space drafts
+    draft_len: int  # the deepest chain the space drafts
     max_new_tokens: int  # the budget the answers were generated with
     eos_ids: Collection[int] = ()
 
@@ -34,13 +34,13 @@ class HeldOut:
         config = model.config
         largest = config.largest()
         layer = config.inject_layers[len(config.inject_layers) // 2]
-        full = largest.replace(inject_layer=layer, draft_len=self.gamma)
-        out = {"tau_full": heldout_tau(model, self.samples, full, self.gamma,
+        full = largest.replace(inject_layer=layer, draft_len=self.draft_len)
+        out = {"tau_full": heldout_tau(model, self.samples, full, self.draft_len,
                                        self.max_new_tokens, self.eos_ids)}
         if phase == 2:
             space = model.space()
-            small = space.smallest().replace(inject_layer=layer, draft_len=self.gamma)
-            out["tau_smallest"] = heldout_tau(model, self.samples, small, self.gamma,
+            small = space.smallest().replace(inject_layer=layer, draft_len=self.draft_len)
+            out["tau_smallest"] = heldout_tau(model, self.samples, small, self.draft_len,
                                               self.max_new_tokens, self.eos_ids)
             out["score"] = (out["tau_full"] + out["tau_smallest"]) / 2
         return {k: round(v, 4) for k, v in out.items()}

@@ -23,13 +23,13 @@ from dreams_nas.supernet.training.ranks import path_ranks
 
 
 def chain_matches(model: DreamDraft, samples: Sequence[TargetSample], spec: SubnetSpec,
-                  gamma: int) -> list[np.ndarray]:
-    """Per sample, the accepted depth (0..gamma) of a chain started after each answer token
+                  draft_len: int) -> list[np.ndarray]:
+    """Per sample, the accepted depth (0..draft_len) of a chain started after each answer token
     y_t, t = 0 .. len(answer) - 2 -> one (n_answer - 1,) int array per sample."""
     samples = list(samples)  # one batch: each sample read once (a feature store reads on access)
     with_visual = model.config.visual_in_self
     batch = collate(samples, with_visual).to(next(model.parameters()).device)
-    ranks = path_ranks(model, batch, spec, (1,) * gamma)
+    ranks = path_ranks(model, batch, spec, (1,) * draft_len)
     accepted = torch.cumprod((ranks == 0).long(), dim=-1).sum(-1).cpu()  # (batch, text)
     result = []
     for i, s in enumerate(samples):
@@ -40,9 +40,9 @@ def chain_matches(model: DreamDraft, samples: Sequence[TargetSample], spec: Subn
 
 
 def heldout_tau(model: DreamDraft, samples: Sequence[TargetSample], spec: SubnetSpec,
-                gamma: int, max_new_tokens: int, eos_ids: Collection[int] = (),
+                draft_len: int, max_new_tokens: int, eos_ids: Collection[int] = (),
                 batch_size: int = 8) -> float:
-    """Pooled tau (tokens / target verify forwards) of a gamma-chain of `spec` over `samples`
+    """Pooled tau (tokens / target verify forwards) of a draft_len-chain of `spec` over `samples`
     whose answers are the target's greedy ones; an answer ending in one of `eos_ids` stopped
     there (else it ran to `max_new_tokens`)."""
     was_training = model.training
@@ -51,10 +51,10 @@ def heldout_tau(model: DreamDraft, samples: Sequence[TargetSample], spec: Subnet
     try:
         for start in range(0, len(samples), batch_size):
             part = list(samples[start: start + batch_size])  # read once per batch
-            for s, matches in zip(part, chain_matches(model, part, spec, gamma), strict=True):
+            for s, matches in zip(part, chain_matches(model, part, spec, draft_len), strict=True):
                 answer = s.input_ids[s.prompt_len:].tolist()
                 eos = len(answer) - 1 if answer and answer[-1] in eos_ids else None
-                lengths, _ = simulate_cycles(matches, gamma, max_new_tokens, eos)
+                lengths, _ = simulate_cycles(matches, draft_len, max_new_tokens, eos)
                 tokens += sum(lengths)
                 cycles += len(lengths)
     finally:

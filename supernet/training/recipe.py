@@ -28,22 +28,22 @@ from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace, default_draft_vocab, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.saving import save_supernet
 from dreams_nas.supernet.draft.state import SharedTargetModules
-from dreams_nas.supernet.draft.store import save_supernet
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.aifd import AifdResult
 from dreams_nas.supernet.training.convergence import HeldOut
+from dreams_nas.supernet.training.feature_store import (
+    DEFAULT_SHARD_SAMPLES,
+    FeatureStore,
+    build_store,
+    store_key,
+)
 from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.selfdistill import (
     collect_samples,
     measure_aifd,
     regenerate_answers,
-)
-from dreams_nas.supernet.training.store import (
-    DEFAULT_SHARD_SAMPLES,
-    FeatureStore,
-    build_store,
-    store_key,
 )
 from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_supernet
 from dreams_nas.supernet.training.vocab import coverage, frequency_order
@@ -181,7 +181,7 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
     """Self-distilled answers, AIFD and the target's features of every prompt; `distill`:
     the distillation modes whose layers' features to keep (an ablation keeps several).
 
-    feature_store: a folder for the features (`store.build_store`: sharded, resumable, read per
+    feature_store: a folder for the features (`feature_store.build_store`: sharded, resumable, read per
     sample; `samples` is then a `FeatureStore`); None keeps them in memory (a list)."""
     if not examples:
         raise InputError("the training data hold no examples; give a JSONL file with at least one")
@@ -330,7 +330,7 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     if distill == "none":
         config = replace(config, weights=replace(config.weights, distill=0.0))
     if config.unroll is None:  # the training-time test runs as deep as the space drafts
-        config = replace(config, unroll=data.space.max_depth - 1)
+        config = replace(config, unroll=data.space.max_draft_len - 1)
     draft = build_draft(target, data, num_heads=heads, seed=config.seed,
                         cross_attention=cross_attention, visual_in_self=visual_in_self,
                         num_layers=depth, mlp_shares=data.space.mlp,
@@ -339,7 +339,7 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
     # fp32 master weights; the forward runs in the target's dtype under autocast
     dtype = str(target.dtype).removeprefix("torch.")
     train_samples, held = split_heldout(data.samples, holdout)
-    heldout = (HeldOut(held, data.space.max_depth, max_new_tokens, target.eos_token_ids)
+    heldout = (HeldOut(held, data.space.max_draft_len, max_new_tokens, target.eos_token_ids)
                if held else None)
     outcome: TrainOutcome = train_supernet(draft, train_samples, layers, config,
                                            run.supernet_dir / "checkpoint",
@@ -379,7 +379,7 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                   "convergence": {
                       "evals": outcome.evals, "best_step": outcome.best_step,
                       "best": best, "stopped": outcome.stopped, "steps": outcome.steps,
-                      "gamma": data.space.max_depth, "eval_every": config.eval_every,
+                      "draft_len": data.space.max_draft_len, "eval_every": config.eval_every,
                       "patience": config.patience, "tolerance": config.tolerance,
                       "max_seconds": config.max_seconds}},
     }
@@ -428,7 +428,7 @@ def draft_for_run(target: TargetAdapter, run: RunFolder, device: str | torch.dev
     """The trained supernet of `run`, attached to `target`'s embedding and LM head, in the
     target's dtype (its fp32 master weights cast once: the draft is deployed, scored and
     extracted in the dtype it was profiled in)."""
-    from dreams_nas.supernet.draft.store import load_supernet
+    from dreams_nas.supernet.draft.saving import load_supernet
 
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
     return load_supernet(run.require_supernet(), shared, device=device).to(target.dtype)

@@ -48,7 +48,7 @@ from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 from dreams_nas.supernet.draft.elastic import importance_order
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.batching import (
-    Batch,
+    DraftBatch,
     LossWeights,
     collate,
     counted_positions,
@@ -235,7 +235,7 @@ class MixedPrecision:
 
 
 # --- head sorting ---------------------------------------------------------------------
-def sort_heads(model: DreamDraft, batches: Sequence[Batch], distill_layers: Sequence[int],
+def sort_heads(model: DreamDraft, batches: Sequence[DraftBatch], distill_layers: Sequence[int],
                config: TrainConfig, optimizer: torch.optim.Optimizer | None = None,
                amp: MixedPrecision | None = None) -> list[list[int]]:
     """Accumulate |grad x weight| per head and per MLP channel over `batches` (full draft,
@@ -306,7 +306,7 @@ def make_optimizer(model: DreamDraft, config: TrainConfig) -> torch.optim.AdamW:
 
 
 def _calibration(model: DreamDraft, samples: Sequence[TargetSample], config: TrainConfig,
-                 device: torch.device) -> list[Batch]:
+                 device: torch.device) -> list[DraftBatch]:
     return [collate([samples[i] for i in batch_indices(len(samples), config.batch_size,
                                                         config.seed, j)],
                     model.config.visual_in_self).to(device)
@@ -318,7 +318,7 @@ def noise_seed(seed: int, step: int, subnet: int, sample: int) -> int:
     return ((seed * 1_000_003 + step) * 1_000_033 + sample) * 64 + subnet + 11
 
 
-def _step_losses(model: DreamDraft, batch: Batch, specs: Sequence[SubnetSpec],
+def _step_losses(model: DreamDraft, batch: DraftBatch, specs: Sequence[SubnetSpec],
                  distill_layers: Sequence[int], config: TrainConfig, amp: MixedPrecision,
                  step: int, rows: Sequence[int], phase: int, world: World) -> dict[str, float]:
     """Forward and backward of every subnet of one step (gradients summed, mean loss).
@@ -476,7 +476,7 @@ def train_supernet(model: DreamDraft, samples: Sequence[TargetSample],
 
 
 @torch.no_grad()
-def evaluate_losses(model: DreamDraft, batches: Sequence[Batch], spec: SubnetSpec,
+def evaluate_losses(model: DreamDraft, batches: Sequence[DraftBatch], spec: SubnetSpec,
                     distill_layers: Sequence[int], weights: LossWeights | None = None
                     ) -> dict[str, float]:
     """Mean loss terms of one subnet over `batches` (no noise, eval mode)."""

@@ -85,7 +85,7 @@ def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
     """Pass 0 (teacher forced) and `depth` drafting passes; one DraftOutput per pass.
 
     Shapes as in `DreamDraft.forward`; attention_mask: bool (batch, seq) the positions that
-    are keys (`Batch.keys`: real, and visual only where the subnet keeps them). Pass k >= 1
+    are keys (`DraftBatch.keys`: real, and visual only where the subnet keeps them). Pass k >= 1
     runs over positions start + k .. seq - 1 only (its outputs before are zeros): `start` is
     the first position a drafting cycle may start from (its pass 0 output is depth 1).
     """

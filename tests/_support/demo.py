@@ -1,5 +1,5 @@
-"""The tiny demo run several modules read: `dreams-nas demo` on the tiny demo target with every
-stage at test size, built once per session (the `demo_cache` and `tiny_demo` fixtures of
+"""The tiny demo run several modules read: `dreams-nas demo` on the tiny built-in target with every
+stage at test size, built once per session (the `builtin_cache` and `tiny_demo` fixtures of
 tests/conftest.py). Readers that write to a run folder work on a copy (`TinyDemo.copy`)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ DEMO_ARGS = ("--device", "cpu", "--profile-budget", "4", "--train-prompts", "3",
 
 @dataclass(frozen=True)
 class TinyDemo:
-    cache: Path  # the DREAMS_NAS_CACHE it was built with, holding the tiny demo target
+    cache: Path  # the DREAMS_NAS_CACHE it was built with, holding the tiny built-in target
     root: Path  # its run folder: read it, never write to it
     summary: dict[str, Any]  # the demo's --json summary
     stderr: str  # what the quiet demo wrote on stderr
@@ -38,10 +38,10 @@ class TinyDemo:
         monkeypatch.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
 
 
-def build_demo_cache(folder: Path) -> Path:
-    from dreams_nas.supernet.demo.cache import ensure_demo_target
+def build_builtin_cache(folder: Path) -> Path:
+    from dreams_nas.supernet.builtin.cache import ensure_builtin_target
 
-    ensure_demo_target(folder, variant="tiny", progress=False, threads=1)
+    ensure_builtin_target(folder, variant="tiny", progress=False, threads=1)
     return folder
 
 

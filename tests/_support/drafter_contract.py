@@ -37,13 +37,13 @@ class CheckingDrafter:
         assert target.cache_len == cache, "start() must leave the target's cache as it found it"
         self.calls["start"] += 1
 
-    def propose(self, last_token, gamma, sampling, generator) -> Proposal:
-        assert last_token.shape == (1, 1) and gamma >= 1
+    def propose(self, last_token, draft_len, sampling, generator) -> Proposal:
+        assert last_token.shape == (1, 1) and draft_len >= 1
         cache = self.target.cache_len
-        proposal = self.inner.propose(last_token, gamma, sampling, generator)
+        proposal = self.inner.propose(last_token, draft_len, sampling, generator)
         assert self.target.cache_len == cache, "propose() must not touch the target's cache"
         k = proposal.tokens.shape[1]
-        assert proposal.tokens.shape == (1, k) and k <= gamma
+        assert proposal.tokens.shape == (1, k) and k <= draft_len
         assert proposal.tokens.dtype == torch.long
         if proposal.draft_probs is not None:
             probs = proposal.draft_probs
@@ -67,18 +67,18 @@ class CheckingDrafter:
 
 
 def assert_drafter_contract(adapter, make_drafter: Callable[[], Drafter],
-                            cases: list[tuple[dict, torch.Tensor]], gammas=(1, 3, 5)) -> None:
+                            cases: list[tuple[dict, torch.Tensor]], draft_lens=(1, 3, 5)) -> None:
     max_new = max(len(ref) for _, ref in cases)
     for inputs, ref in cases:
-        for gamma in gammas:
+        for draft_len in draft_lens:
             checking = CheckingDrafter(make_drafter(), adapter)
-            out = generate(adapter, inputs, checking, gamma=gamma, max_new_tokens=max_new)
-            assert out.tokens.tolist() == ref.tolist(), f"gamma={gamma}: not lossless"
+            out = generate(adapter, inputs, checking, shape=draft_len, max_new_tokens=max_new)
+            assert out.tokens.tolist() == ref.tolist(), f"draft_len={draft_len}: not lossless"
             assert checking.calls["start"] == 1
             assert checking.calls["update"] == len(out.stats.cycle_lengths)
     sampling = SamplingConfig(temperature=1.0, top_p=0.95)
     inputs = cases[0][0]
-    runs = [generate(adapter, inputs, CheckingDrafter(make_drafter(), adapter), gamma=3,
+    runs = [generate(adapter, inputs, CheckingDrafter(make_drafter(), adapter), shape=3,
                      max_new_tokens=max_new, sampling=sampling,
                      generator=torch.Generator().manual_seed(11)).tokens for _ in range(2)]
     assert torch.equal(runs[0], runs[1]), "sampling with a seeded generator is not reproducible"

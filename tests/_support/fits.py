@@ -3,10 +3,10 @@ predictor's cross-validation picks: the same candidates, with any ensemble among
 12 trees. The default candidates are linear (`estimators.default_candidates`) and already quick
 (a fit takes a fraction of a second on 2 cores), so this matters only while a test passes
 ensembles of its own; it is kept so that such tests, and those written when the candidates were
-ensembles, stay quick. The real candidates are tested in tests/latency/test_predictor.py.
+ensembles, stay quick. The real candidates are tested in tests/latency/model/test_predictor.py.
 
-`quick_latency_fits()` patches `dreams_nas.latency.estimators.default_candidates` for its
-`with` block (a no-op where it is patched already). In-process calls only: a `dreams-nas`
+`quick_latency_fits()` patches `dreams_nas.latency.model.draft_regression.default_candidates` for
+its `with` block (a no-op where it is patched already). In-process calls only: a `dreams-nas`
 subprocess fits with the real candidates.
 """
 
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from dreams_nas.latency import estimators
+from dreams_nas.latency.model import draft_regression as estimators
 
 _REAL = estimators.default_candidates
 

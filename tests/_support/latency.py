@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from dreams_nas.latency.plan import StepKey
-from dreams_nas.latency.profiler import Step
+from dreams_nas.latency.measure.plan import StepKey
+from dreams_nas.latency.measure.profiler import Step
 
 
 class ToyBuilder:

@@ -16,7 +16,7 @@ HEADS, KEEPS, DEPTHS = (1, 2, 4), (0.25, 0.5, 1.0), (1, 2)
 LEVEL_WIDTHS = (2, 4)
 VERIFY_KS = tuple(range(2, 9))
 TREE_KS = (4, 7)
-CYCLE_KS = (2, 4, 6)  # the speculative cycle's own work, per gamma + 1 of the space's chains
+CYCLE_KS = (2, 4, 6)  # the speculative cycle's own work, per draft_len + 1 of the space's chains
 
 
 def linear_cost(kind: str, context_len: float, k: int = 1, heads: int = 0,

@@ -63,7 +63,7 @@ def _kill_after(module: Any, name: str, calls: int) -> None:
 
 
 KILL_POINTS = {  # where a rank can be killed: (module, function)
-    "shard": ("dreams_nas.supernet.training.store", "_list_shard"),
+    "shard": ("dreams_nas.supernet.training.feature_store", "_list_shard"),
     "step": ("dreams_nas.supernet.training.tppt", "_step_losses"),
     "score": ("dreams_nas.supernet.acceptance.table", "AcceptanceTable.append"),
 }

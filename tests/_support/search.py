@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dreams_nas.latency.model.query import ScalarLatency
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
 
@@ -27,7 +28,7 @@ def accept_prob(spec: SubnetSpec) -> float:
 
 
 def tau_of(spec: SubnetSpec) -> float:
-    """A chain: 1 + a + ... + a^gamma. A token tree: depth i is reached when one of the
+    """A chain: 1 + a + ... + a^draft_len. A token tree: level i is reached when one of the
     branching[i-1] candidates there is right, 1 - (1 - a)^b, given depth i - 1 was."""
     a = accept_prob(spec)
     if not spec.tree:
@@ -40,7 +41,7 @@ def tau_of(spec: SubnetSpec) -> float:
 
 
 class FakeScorer:
-    """tau = 1 + a + ... + a^gamma (i.i.d. acceptance a); counts every spec it scores."""
+    """tau = 1 + a + ... + a^draft_len (i.i.d. acceptance a); counts every spec it scores."""
 
     def __init__(self, supernet_hash: str = "abc123", dataset_id: str = "builtin", *,
                  dtype: str = "float32", max_new_tokens: int = 64) -> None:
@@ -63,14 +64,17 @@ class FakeScorer:
         return out
 
 
-class FakeLatency:
+class FakeLatency(ScalarLatency):
     """draft step grows with heads, visual tokens, depth, MLP width and draft vocabulary;
-    verify grows slowly with k."""
+    verify grows slowly with k; no cycle kinds (their overhead is priced 0 ms)."""
 
     def __init__(self) -> None:
         self.calls = 0
 
-    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+    def prices(self, kind: str) -> bool:
+        return not kind.startswith("cycle")
+
+    def step_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
         self.calls += 1
         if kind in ("draft", "draft_first"):  # first step as hot as the rest: old formula
             assert spec is not None  # k > 1: a token tree's level of k nodes
@@ -105,7 +109,7 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
     import json
 
     import pandas as pd
-    from dreams_nas.latency.predictor import LatencyPredictor
+    from dreams_nas.latency.model.predictor import LatencyPredictor
 
     rows = []
     vocabs = space.draft_vocab if space.draft_vocab != (1.0,) else ()  # () as before it
@@ -113,13 +117,13 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
         for h in space.heads:
             for v in space.visual_keep:
                 for n in vocabs or (1.0,):  # a smaller LM head drafts faster
-                    rows.append({"kind": "draft",
-                                 "spec_id": SubnetSpec(h, v, 1, 1, draft_vocab=n).id,
-                                 "heads": h, "visual_keep": v, "inject_layer": 1, "draft_len": 1,
-                                 "context_len": ctx, "k": 1,
-                                 "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx
-                                 - 0.2 * (1.0 - n),
-                                 **({"draft_vocab": n} if vocabs else {})})
+                    rows += [{"kind": kind,  # the first step as hot as the rest
+                              "spec_id": SubnetSpec(h, v, 1, 1, draft_vocab=n).id,
+                              "heads": h, "visual_keep": v, "inject_layer": 1, "draft_len": 1,
+                              "context_len": ctx, "k": 1,
+                              "median_ms": 0.3 + 0.2 * h + 0.3 * v + 0.001 * ctx
+                              - 0.2 * (1.0 - n), **({"draft_vocab": n} if vocabs else {})}
+                             for kind in ("draft", "draft_first")]
         for k in range(1, 8):
             rows.append({"kind": "decode" if k == 1 else "verify", "spec_id": "",
                          "heads": float("nan"), "visual_keep": float("nan"),
@@ -142,7 +146,7 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
 def _synthetic_tree_rows(space: SearchSpace, ctx: int) -> list[dict]:
     """The timings a profile of `space`'s token trees adds: each tree's verify (k = nodes + 1)
     and the draft's step over each level width, at the largest and smallest subnet."""
-    from dreams_nas.latency.plan import tree_sizes
+    from dreams_nas.latency.measure.plan import tree_sizes
 
     verify, levels = tree_sizes(space)
     nan = float("nan")
@@ -161,6 +165,25 @@ def _synthetic_tree_rows(space: SearchSpace, ctx: int) -> list[dict]:
 def this_cpu() -> str:
     """This machine's CPU hardware id at one thread: what a synthetic profile must be called for
     the search to measure its result here (it verifies only on the profiled machine)."""
-    from dreams_nas.latency.hardware import detect_hardware
+    from dreams_nas.latency.measure.hardware import detect_hardware
 
     return detect_hardware("cpu", threads=1).hardware_id
+
+
+def run_search(space: SearchSpace, acceptance, latency, draft_params, *, context_len: int,
+               draft_memory=None, study_key=None, **config):
+    """`strategies.search` from the latency model, the parameters and memory of a draft and the
+    context (its `Pricing`), and the `SearchConfig` fields as keywords."""
+    from dreams_nas.nas.search.candidate import DraftCost, Pricing
+    from dreams_nas.nas.search.config import SearchConfig
+    from dreams_nas.nas.search.strategies import search
+
+    pricing = Pricing(latency, context_len, DraftCost(draft_params, draft_memory))
+    return search(space, acceptance, pricing, SearchConfig(**config), study_key=study_key)
+
+
+def pricing_of(latency, context_len: int, draft_params=fake_params, draft_memory=None):
+    """A `Pricing` of `latency` at `context_len` (the tests' draft parameters by default)."""
+    from dreams_nas.nas.search.candidate import DraftCost, Pricing
+
+    return Pricing(latency, context_len, DraftCost(draft_params, draft_memory))

@@ -12,9 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from dreams_nas.nas.search.strategies import search
-
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, run_search
 
 
 class LoggingScorer(FakeScorer):
@@ -36,7 +34,7 @@ def main(config_path: str) -> None:
     cfg = json.loads(Path(config_path).read_text())
     scorer = LoggingScorer(Path(cfg["log"]), cfg.get("delay_s", 0.01),
                            cfg.get("supernet_hash", "abc123"))
-    result = search(SMALL_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
+    result = run_search(SMALL_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
                     objective=cfg.get("objective", "pareto"), method=cfg["method"],
                     n_trials=cfg.get("n_trials"), storage=cfg["storage"],
                     study_name=cfg.get("study_name"), seed=cfg.get("seed", 0),

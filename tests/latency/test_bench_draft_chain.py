@@ -12,7 +12,7 @@ def test_each_cycle_opens_with_its_first_step_and_the_prompt_pass_is_no_step() -
         ("forward", 50.0),  # the draft's pass over the prompt at `start`: not a step
         ("propose", 0.0), ("forward", 3.0), ("logits", 1.0),  # cycle 1: first step
         ("forward", 2.0), ("logits", 0.5), ("forward", 2.5), ("logits", 0.5),  # two later
-        ("propose", 0.0), ("forward", 4.0), ("logits", 1.0),  # cycle 2: gamma 1
+        ("propose", 0.0), ("forward", 4.0), ("logits", 1.0),  # cycle 2: draft_len 1
         ("propose", 0.0), ("forward", 3.5), ("logits", 0.5), ("forward", 1.5),
         ("logits", 0.25),
     ]

@@ -7,8 +7,9 @@ import bench_latency
 import numpy as np
 import pytest
 from _support.profiles import DEPTHS, HEADS, KEEPS, VISUAL_TOKENS, linear_profile_rows
-from dreams_nas.latency.plan import DRAFT_KINDS, build_plan
-from dreams_nas.latency.validation import METRIC_KINDS, grid_groups, metric_kinds
+from dreams_nas.latency.kinds import DRAFT_KINDS
+from dreams_nas.latency.measure.plan import build_plan
+from dreams_nas.latency.model.validation import METRIC_KINDS, grid_groups, metric_kinds
 from dreams_nas.supernet.core.space import SearchSpace
 
 CONTEXTS = (100, 200, 300, 400, 500)
@@ -76,7 +77,7 @@ def test_fit_and_metrics_per_kind_on_the_predicted_rows() -> None:
     assert report["overall"]["mape"] < 0.02
     assert report["overall"]["within_10pct"] == 1.0
     # the largest verify k is predicted, not refused: its contexts were kept for training
-    assert pred.verify_ms(8, 250) > pred.verify_ms(2, 250)
+    assert pred.target_ms("verify", [8], 250)[0] > pred.target_ms("verify", [2], 250)[0]
 
     lines = bench_latency.report_lines(rows, train, "median_ms", report)
     assert [line.split()[0] for line in lines[1:]] == ["overall", *METRIC_KINDS]

@@ -10,16 +10,16 @@ import time
 from dataclasses import replace
 
 import pytest
-from dreams_nas.latency.hardware import detect_hardware
-from dreams_nas.latency.plan import StepKey
-from dreams_nas.latency.predictor import LatencyPredictor
-from dreams_nas.latency.store import ProfileStore, make_row
-from dreams_nas.latency.timing import Timing
+from dreams_nas.latency.measure.hardware import detect_hardware
+from dreams_nas.latency.measure.plan import StepKey
+from dreams_nas.latency.measure.profile_store import ProfileStore, make_row
+from dreams_nas.latency.measure.timing import Timing
+from dreams_nas.latency.model.predictor import LatencyPredictor
 from dreams_nas.nas import cli
 
 FAST = ["--device", "cpu", "--threads", "1", "--repeats", "2", "--context-lengths", "12", "36"]
 # its plan: 2 heads x 2 keeps x 2 contexts drafts (hot and after a verify), 2 decode, 2 x 7 verify,
-# 2 x 3 cycles (one per gamma of the space)
+# 2 x 3 cycles (one per draft_len of the space)
 FAST_ROWS = 2 * 8 + 2 + 14 + 2 * 3
 
 
@@ -67,7 +67,7 @@ def test_profile_writes_profile_and_predictor(small_run, tiny_llava, capsys) -> 
     assert set(doc["cv_scores"]["verify"]) == {"interpolated", "surface"}
     assert {k: m["n"] for k, m in doc["metrics_by_kind"].items()} == {
         k: m["n"] for k, m in summary["by_kind"].items()}
-    assert LatencyPredictor.load(folder).decode_ms(20) > 0
+    assert LatencyPredictor.load(folder).target_ms("decode", [1], 20)[0] > 0
     run_json = small_run.read_run()
     assert run_json["target"]["family"] == "llava" and run_json["target"]["num_layers"] == 2
     # A rerun times nothing new; --fit-only refits from the profile alone.
@@ -140,7 +140,7 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     argv = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--device", "cpu",
             "--threads", "1", "--repeats", "2", "--context-lengths", "12", "--json", "-q"]
     assert cli.main(argv) == 0
-    # 2 x 4 drafts, decode, 7 verify, 3 cycles (one per gamma)
+    # 2 x 4 drafts, decode, 7 verify, 3 cycles (one per draft_len)
     assert json.loads(capsys.readouterr().out)["rows"] == 19
     folder, store = _profile_dir(small_run)
     rows = store.read()
@@ -257,7 +257,7 @@ def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tin
     assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
     store = ProfileStore(csv)
     partial = len(store.read())
-    # drafts hot and after a verify, decode, verify, a cycle per gamma
+    # drafts hot and after a verify, decode, verify, a cycle per draft_len
     total = 2 * (2 * 2 * 3) + 3 + 3 * 7 + 3 * 3
     assert 5 <= partial < total
     # the resume runs in-process: a second interpreter would import torch again and fit

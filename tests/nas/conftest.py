@@ -1,8 +1,8 @@
 """The nas tests drive whole pipelines (profile, score, search, demo) many times over; what they
 check is the plumbing, not which regressor the latency predictor's cross-validation picks.
 They fit it with `_support.fits`' quick candidates (any ensemble shrunk; the default candidates
-are linear and quick already). The real candidates are tested in tests/latency/test_predictor.py,
-which runs before this folder.
+are linear and quick already). The real candidates are tested in
+tests/latency/model/test_predictor.py, which runs before this folder.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The vectorised evaluation: `LatencyCache` asks a batched predictor once per kind for every
-distinct step, keys on what a step depends on, and falls back to one call per step for a plain
-`LatencyModel` (nas/search/candidate.py)."""
+"""The vectorised evaluation: `Pricing` asks the latency model once per kind for every
+distinct step, keyed by the fields the model says a draft step depends on (`draft_fields`);
+`MemoizedLatency` remembers the answers across calls (nas/search/candidate.py,
+latency/model/query.py)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,18 @@ from _support.search import (
     FakeLatency,
     FakeScorer,
     fake_params,
+    pricing_of,
+    run_search,
 )
-from dreams_nas.latency.predictor import LatencyPredictor
+from dreams_nas.latency.kinds import DRAFT_AXES
+from dreams_nas.latency.model.predictor import LatencyPredictor
+from dreams_nas.latency.model.query import ARCH_FIELDS, LatencyModel, MemoizedLatency
 from dreams_nas.nas.search.candidate import (
-    BatchLatencyModel,
     Candidate,
-    LatencyCache,
     SubnetFields,
     evaluate,
     evaluate_fields,
 )
-from dreams_nas.nas.search.strategies import search
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
 
@@ -69,61 +71,59 @@ def _rows():
     return FakeScorer().score(list(SMALL_SPACE.enumerate()))
 
 
-def test_the_real_predictor_is_batched_and_the_fakes_are_not(predictor) -> None:
-    assert isinstance(predictor, BatchLatencyModel)
-    assert LatencyCache(predictor, CONTEXT).batched
-    assert not LatencyCache(FakeLatency(), CONTEXT).batched
+def test_the_real_predictor_and_the_fakes_answer_one_interface(predictor) -> None:
+    assert isinstance(predictor, LatencyModel) and isinstance(FakeLatency(), LatencyModel)
+    assert predictor.draft_fields == DRAFT_AXES  # not inject_layer, not draft_len
+    assert FakeLatency().draft_fields == ARCH_FIELDS  # its draft step reads inject_layer
 
 
-def test_a_batched_predictor_is_asked_once_per_kind_for_every_distinct_step(
+def test_the_predictor_is_asked_once_per_kind_for_every_distinct_step(
         predictor, counted) -> None:
-    cache = LatencyCache(predictor, CONTEXT)
-    candidates = evaluate(_rows(), cache, fake_params)
+    memo = MemoizedLatency(predictor)
+    candidates = evaluate(_rows(), pricing_of(memo, CONTEXT))
     pairs = len(SMALL_SPACE.heads) * len(SMALL_SPACE.visual_keep)
-    # draft, draft_first: one row per (heads, visual_keep); target: decode + one verify per gamma
-    assert sorted(counted) == sorted([pairs, pairs, 1 + len(SMALL_SPACE.draft_len)])
-    assert cache.n_calls == 3
-    assert len(candidates) == SMALL_SPACE.size
-    evaluate(_rows(), cache, fake_params)
-    assert len(counted) == 3  # everything memoised: no further call
+    # draft, draft_first: one row per (heads, visual_keep); decode; one verify per draft_len
+    assert sorted(counted) == sorted([pairs, pairs, 1, len(SMALL_SPACE.draft_len)])
+    assert memo.n_calls == 4 and len(candidates) == SMALL_SPACE.size
+    evaluate(_rows(), pricing_of(memo, CONTEXT))
+    assert len(counted) == 4  # everything memoised: no further call
 
 
-def test_batched_figures_equal_one_prediction_per_spec(predictor) -> None:
-    cache = LatencyCache(predictor, CONTEXT)
-    for c in evaluate(_rows(), cache, fake_params):
-        assert c.draft_ms == pytest.approx(predictor.predict_ms("draft", c.spec, CONTEXT, 1))
+def test_table_figures_equal_one_prediction_per_spec(predictor) -> None:
+    for c in evaluate(_rows(), pricing_of(predictor, CONTEXT)):
+        assert c.draft_ms == pytest.approx(predictor.draft_ms([c.spec], CONTEXT)[0])
         assert c.first_draft_ms == pytest.approx(
-            predictor.predict_ms("draft_first", c.spec, CONTEXT, 1))
+            predictor.draft_ms([c.spec], CONTEXT, kind="draft_first")[0])
         assert c.verify_ms == pytest.approx(
-            predictor.predict_ms("verify", None, CONTEXT, c.spec.draft_len + 1))
-        assert c.decode_ms == pytest.approx(predictor.predict_ms("decode", None, CONTEXT, 1))
+            predictor.target_ms("verify", [c.spec.draft_len + 1], CONTEXT)[0])
+        assert c.decode_ms == pytest.approx(predictor.target_ms("decode", [1], CONTEXT)[0])
 
 
-def test_batched_keys_ignore_inject_layer_and_draft_len(predictor) -> None:
-    cache = LatencyCache(predictor, CONTEXT)
+def test_memo_keys_ignore_inject_layer_and_draft_len(predictor) -> None:
+    memo = MemoizedLatency(predictor)
     a = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=1)
     b = a.replace(inject_layer=2, draft_len=5)
-    assert cache.draft(a) == cache.draft(b)
-    assert cache.n_calls == 1  # b's draft step was a's
-    assert cache.verify(4) == cache.verify(4) and cache.n_calls == 2
+    assert memo.draft_ms([a], CONTEXT) == memo.draft_ms([b], CONTEXT)
+    assert memo.n_calls == 1  # b's draft step was a's
+    assert memo.target_ms("verify", [4], CONTEXT) == memo.target_ms("verify", [4], CONTEXT)
+    assert memo.n_calls == 2
 
 
-def test_a_plain_model_is_asked_once_per_distinct_step_and_keeps_inject_layer() -> None:
+def test_a_model_reading_inject_layer_is_asked_per_architecture() -> None:
     lat = FakeLatency()  # its draft step reads inject_layer: the key must keep it
-    cache = LatencyCache(lat, CONTEXT)
-    candidates = evaluate(_rows(), cache, fake_params)
+    candidates = evaluate(_rows(), pricing_of(lat, CONTEXT))
     triples = len(SMALL_SPACE.heads) * len(SMALL_SPACE.visual_keep) * len(SMALL_SPACE.inject_layer)
-    assert lat.calls == cache.n_calls == 2 * triples + len(SMALL_SPACE.draft_len) + 1
+    assert lat.calls == 2 * triples + len(SMALL_SPACE.draft_len) + 1
     for c in candidates:
-        assert c.draft_ms == lat.predict_ms("draft", c.spec, CONTEXT, 1)
-        assert c.verify_ms == lat.predict_ms("verify", None, CONTEXT, c.spec.draft_len + 1)
+        assert c.draft_ms == lat.step_ms("draft", c.spec, CONTEXT, 1)
+        assert c.verify_ms == lat.step_ms("verify", None, CONTEXT, c.spec.draft_len + 1)
 
 
 def test_search_with_the_real_predictor_finds_the_per_spec_best(predictor) -> None:
-    result = search(SMALL_SPACE, FakeScorer(), predictor, fake_params, context_len=CONTEXT,
+    result = run_search(SMALL_SPACE, FakeScorer(), predictor, fake_params, context_len=CONTEXT,
                     show_progress=False)
-    # each subnet alone, through a fresh cache: the batched table must agree with it
-    alone = [evaluate([r], LatencyCache(predictor, CONTEXT), fake_params)[0] for r in _rows()]
+    # each subnet alone: the table must agree with it
+    alone = [evaluate([r], pricing_of(predictor, CONTEXT))[0] for r in _rows()]
     best = min(alone, key=lambda c: (-c.speedup, c.draft_params, c.spec))
     assert result.best.spec == best.spec
     assert result.best.speedup == pytest.approx(best.speedup)
@@ -132,32 +132,25 @@ def test_search_with_the_real_predictor_finds_the_per_spec_best(predictor) -> No
 def test_evaluate_fields_is_what_evaluate_computes(predictor) -> None:
     rows = _rows()
     arrays = evaluate_fields([r.tau for r in rows], SubnetFields.of([r.spec for r in rows]),
-                             LatencyCache(predictor, CONTEXT), max_draft_ms=1.0)
-    candidates = evaluate(rows, LatencyCache(predictor, CONTEXT), fake_params, max_draft_ms=1.0)
+                             pricing_of(predictor, CONTEXT), max_draft_ms=1.0)
+    candidates = evaluate(rows, pricing_of(predictor, CONTEXT), max_draft_ms=1.0)
     assert arrays.speedup.tolist() == [c.speedup for c in candidates]
     assert arrays.feasible.tolist() == [c.feasible for c in candidates]
     assert arrays.feasible.any() and not arrays.feasible.all()
 
 
-class _ShortBatch:
-    """A batched model that answers one value whatever it is asked."""
+class _Short(FakeLatency):
+    """A model that answers one draft value whatever it is asked."""
 
-    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
-        return 1.0
-
-    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
-        return np.ones(1)
-
-    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
-        return np.ones(1)
-
-    def target_ms(self, k: Sequence[int], context_len: int) -> np.ndarray:
+    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int, kind: str = "draft",
+                 k: int = 1) -> np.ndarray:
         return np.ones(1)
 
 
-def test_a_batched_model_answering_the_wrong_count_is_refused() -> None:
+def test_a_model_answering_the_wrong_count_is_refused() -> None:
     with pytest.raises(ValueError, match=r"returned \(1,\) draft predictions for 6 steps"):
-        evaluate(_rows(), LatencyCache(_ShortBatch(), CONTEXT), fake_params)
+        specs = [SubnetSpec(h, v, 1, 1) for h in (1, 2, 4) for v in (0.5, 1.0)]
+        MemoizedLatency(_Short()).draft_ms(specs, CONTEXT)
 
 
 def test_fields_of_different_lengths_are_refused() -> None:
@@ -165,14 +158,17 @@ def test_fields_of_different_lengths_are_refused() -> None:
         SubnetFields(heads=[1, 2], visual_keep=[0.5], inject_layer=[1, 1], draft_len=[1, 1])
     fields = SubnetFields(heads=[1], visual_keep=[0.5], inject_layer=[1], draft_len=[1])
     with pytest.raises(InputError, match=r"2 tau value\(s\) for 1 subnets"):
-        evaluate_fields([1.0, 1.5], fields, LatencyCache(FakeLatency(), CONTEXT))
+        evaluate_fields([1.0, 1.5], fields, pricing_of(FakeLatency(), CONTEXT))
 
 
-class _RecordingBatch:
-    """A batched model whose draft step reads heads, visual_keep, depth, mlp and draft_vocab; it
-    records the specs each call asks for."""
+class _Recording(FakeLatency):
+    """A model whose draft step reads heads, visual_keep, depth, mlp and draft_vocab (its
+    `draft_fields`); it records the specs each draft call asks for."""
+
+    draft_fields = DRAFT_AXES
 
     def __init__(self) -> None:
+        super().__init__()
         self.asked: list[list[SubnetSpec]] = []
 
     @staticmethod
@@ -180,26 +176,22 @@ class _RecordingBatch:
         return (0.3 * spec.heads + 0.2 * spec.visual_keep + 0.5 * spec.depth + 0.4 * spec.mlp
                 + 0.25 * spec.draft_vocab)
 
-    def predict_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
-        return 9.0 + k if spec is None else self._ms(spec)
+    def step_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
+        if spec is None:
+            return 9.0 + k
+        return self._ms(spec) + (0.1 if kind == "draft_first" else 0.0)
 
-    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
+    def draft_ms(self, specs: Sequence[SubnetSpec], context_len: int, kind: str = "draft",
+                 k: int = 1) -> np.ndarray:
         self.asked.append(list(specs))
-        return np.array([self._ms(s) for s in specs])
-
-    def first_draft_ms(self, specs: Sequence[SubnetSpec], context_len: int) -> np.ndarray:
-        self.asked.append(list(specs))
-        return np.array([self._ms(s) + 0.1 for s in specs])
-
-    def target_ms(self, k: Sequence[int], context_len: int) -> np.ndarray:
-        return 9.0 + np.asarray(k, dtype=np.float64)
+        return super().draft_ms(specs, context_len, kind, k)
 
 
-def test_batched_keys_carry_depth_and_mlp() -> None:
-    model = _RecordingBatch()
-    cache = LatencyCache(model, CONTEXT)
+def test_draft_keys_carry_depth_and_mlp() -> None:
+    model = _Recording()
+    memo = MemoizedLatency(model)
     rows = FakeScorer().score(list(SIZED_SPACE.enumerate()))
-    candidates = evaluate(rows, cache, fake_params)
+    candidates = evaluate(rows, pricing_of(memo, CONTEXT))
     sizes = {(s.heads, s.visual_keep, s.depth, s.mlp) for s in SIZED_SPACE.enumerate()}
     assert len(model.asked) == 2  # draft, draft_first: once each
     for asked in model.asked:  # one spec per distinct draft size, carrying its depth and mlp
@@ -209,8 +201,8 @@ def test_batched_keys_carry_depth_and_mlp() -> None:
         assert c.draft_ms == pytest.approx(model._ms(c.spec))
         assert c.first_draft_ms == pytest.approx(model._ms(c.spec) + 0.1)
     a = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=1)
-    assert cache.draft(a.replace(depth=2)) != cache.draft(a)
-    assert cache.draft(a.replace(mlp=0.5)) != cache.draft(a)
+    assert memo.draft_ms([a.replace(depth=2)], CONTEXT) != memo.draft_ms([a], CONTEXT)
+    assert memo.draft_ms([a.replace(mlp=0.5)], CONTEXT) != memo.draft_ms([a], CONTEXT)
 
 
 def test_subnet_fields_default_to_the_paper_size_and_keep_it_in_rows() -> None:
@@ -225,8 +217,8 @@ def test_subnet_fields_default_to_the_paper_size_and_keep_it_in_rows() -> None:
         SubnetFields(heads=[1], visual_keep=[0.5], inject_layer=[1], draft_len=[1], depth=[1, 2])
 
 
-def test_the_cycle_overhead_is_priced_per_gamma_and_lowers_the_speedup(predictor) -> None:
-    """A profile with `cycle` rows: each candidate carries its gamma's overhead, and its
+def test_the_cycle_overhead_is_priced_per_draft_len_and_lowers_the_speedup(predictor) -> None:
+    """A profile with `cycle` rows: each candidate carries its draft_len's overhead, and its
     speedup is the formula's with it; a profile without them prices 0 ms."""
     from dreams_nas.nas.search.speedup import expected_speedup
 
@@ -236,10 +228,9 @@ def test_the_cycle_overhead_is_priced_per_gamma_and_lowers_the_speedup(predictor
                            for ctx in (16, 32, 64) for k in range(2, 8)])
     priced = LatencyPredictor.fit(pd.concat([rows, cycles], ignore_index=True), "cpu-test",
                                   holdout=0.0)
-    cache = LatencyCache(priced, CONTEXT)
-    assert cache.cycle_priced == {"chain": True, "tree": False}
-    plain = {c.spec: c for c in evaluate(_rows(), LatencyCache(predictor, CONTEXT), fake_params)}
-    for c in evaluate(_rows(), cache, fake_params):
+    assert priced.prices("cycle") and not priced.prices("cycle_tree")
+    plain = {c.spec: c for c in evaluate(_rows(), pricing_of(predictor, CONTEXT))}
+    for c in evaluate(_rows(), pricing_of(priced, CONTEXT)):
         assert c.cycle_overhead_ms == pytest.approx(0.5 + 0.1 * (c.spec.draft_len + 1))
         expected = expected_speedup(c.tau, c.spec.draft_len, c.draft_ms, c.verify_ms,
                                     c.decode_ms, first_draft_ms=c.first_draft_ms,
@@ -254,10 +245,11 @@ def test_the_cycle_overhead_is_priced_per_gamma_and_lowers_the_speedup(predictor
             c.cycle_overhead_ms
 
 
-def test_batched_keys_carry_the_draft_vocab() -> None:
-    model = _RecordingBatch()
-    cache = LatencyCache(model, CONTEXT)
-    candidates = evaluate(FakeScorer().score(list(VOCAB_SPACE.enumerate())), cache, fake_params)
+def test_draft_keys_carry_the_draft_vocab() -> None:
+    model = _Recording()
+    memo = MemoizedLatency(model)
+    candidates = evaluate(FakeScorer().score(list(VOCAB_SPACE.enumerate())),
+                          pricing_of(memo, CONTEXT))
     sizes = {(s.heads, s.visual_keep, s.draft_vocab) for s in VOCAB_SPACE.enumerate()}
     assert len(model.asked) == 2 and len(sizes) == 12  # one spec per draft step, per kind
     for asked in model.asked:
@@ -265,9 +257,9 @@ def test_batched_keys_carry_the_draft_vocab() -> None:
     for c in candidates:  # each vocabulary's own step
         assert c.draft_ms == pytest.approx(model._ms(c.spec))
     a = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=1)
-    assert cache.draft(a.replace(draft_vocab=0.25)) < cache.draft(a)
-    unbatched = LatencyCache(FakeLatency(), CONTEXT)  # keyed by the whole architecture
-    assert unbatched.draft(a.replace(draft_vocab=0.25)) < unbatched.draft(a)
+    assert memo.draft_ms([a.replace(draft_vocab=0.25)], CONTEXT) < memo.draft_ms([a], CONTEXT)
+    whole = MemoizedLatency(FakeLatency())  # keyed by the whole architecture
+    assert whole.draft_ms([a.replace(draft_vocab=0.25)], CONTEXT) < whole.draft_ms([a], CONTEXT)
 
 
 def test_subnet_fields_carry_the_draft_vocab() -> None:

@@ -221,7 +221,7 @@ def test_a_read_only_output_folder_is_one_line_exit_2(capsys, monkeypatch, tmp_p
 def test_threads_above_the_logical_cores_are_refused(capsys, monkeypatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 4)
     for command in ("profile", "score", "search", "demo", "target"):
-        argv = [command, "--threads", "99"] + (["build-demo"] if command == "target" else [])
+        argv = [command, "--threads", "99"] + (["build-builtin"] if command == "target" else [])
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert "argument --threads: 99 threads is more than this machine's 4 logical cores: " \

@@ -1,5 +1,5 @@
 """`dreams-nas demo` end to end and the user's own commands in an empty folder, on the tiny
-demo target (DREAMS_NAS_DEMO_VARIANT=tiny) with every stage shrunk to test size."""
+built-in target (DREAMS_NAS_DEMO_VARIANT=tiny) with every stage shrunk to test size."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from _support.demo import DEMO_ARGS
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
 
-pytestmark = pytest.mark.slow  # builds the tiny demo target once, trains two tiny supernets
+pytestmark = pytest.mark.slow  # builds the tiny built-in target once, trains two tiny supernets
 
 # The real pipeline, every stage at test size.
 TRAIN = ["--train-prompts", "3", "--train-steps", "1"]
@@ -20,9 +20,9 @@ EVAL = ["--limit", "2", "--max-new-tokens", "5", "--verify-prompts", "1"]
 
 
 @pytest.fixture
-def cache(demo_cache):
-    """The session's cache holding the tiny demo target (tests/conftest.py)."""
-    return demo_cache
+def cache(builtin_cache):
+    """The session's cache holding the tiny built-in target (tests/conftest.py)."""
+    return builtin_cache
 
 
 @pytest.fixture
@@ -187,7 +187,7 @@ def test_demo_on_the_tiny_proxy_target_in_bfloat16(cmd, tmp_path) -> None:
     code, again, err = cmd(*argv)
     assert code == 0, err
     assert set(again["stages"].values()) == {"reused"}
-    # the demo target's run folder is not the proxy's
+    # the built-in target's run folder is not the proxy's
     code, _, err = cmd("demo", "--run", str(run.root), "--device", "cpu", *TRAIN, *EVAL)
     assert code == 2 and "holds a supernet of target" in err
 
@@ -195,7 +195,7 @@ def test_demo_on_the_tiny_proxy_target_in_bfloat16(cmd, tmp_path) -> None:
 def test_demo_refuses_a_run_folder_of_another_target(cmd, tmp_path) -> None:
     from dreams_nas.nas.stages.train import TrainOptions, ensure_supernet
     from dreams_nas.supernet.core.errors import InputError
-    from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
+    from dreams_nas.supernet.draft.saving import SUPERNET_WEIGHTS, file_hash
 
     run = RunFolder(tmp_path / "run")
     run.supernet_dir.mkdir(parents=True)
@@ -203,7 +203,7 @@ def test_demo_refuses_a_run_folder_of_another_target(cmd, tmp_path) -> None:
     run.update_run(target={"id": "/models/other", "path": "/models/other"},
                    supernet={"hash": file_hash(run.supernet_dir / SUPERNET_WEIGHTS)})
     with pytest.raises(InputError, match=r"holds a supernet of target /models/other, not of "):
-        ensure_supernet(run, TrainOptions(), target_path="/cache/demo-target")
+        ensure_supernet(run, TrainOptions(), target_path="/cache/built-in target")
 
 
 def test_profile_then_search_in_an_empty_folder(cmd, tmp_path, monkeypatch) -> None:

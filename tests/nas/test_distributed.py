@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 from _support.postgres import PostgresServer, unavailable_reason
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
-from dreams_nas.nas.search.strategies import search
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, run_search
 
 TESTS = Path(__file__).resolve().parents[1]  # holds the package `_support`
 pytestmark = pytest.mark.slow  # worker processes import optuna: seconds each
@@ -155,7 +154,7 @@ def test_eight_journal_workers_score_each_triple_once(tmp_path) -> None:
         _shared_rows(f"sqlite:///{tmp_path / 'study.log'}.claims.db"), SMALL_SPACE)
     dup, total = _duplicate_trials(storage, "tpe")
     assert dup <= 0.05 * total, (dup, total)
-    single = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    single = run_search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     objective="pareto", show_progress=False)
     want = [[c.spec.id, pytest.approx(c.speedup)] for c in single.front]
     assert [r["front"] for r in results[1::2]] == [want] * 4

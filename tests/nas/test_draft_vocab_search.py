@@ -84,6 +84,6 @@ def test_each_draft_vocab_is_scored_searched_and_exported(vocab_run, monkeypatch
         saved = json.loads((folder / "spec.json").read_text())
         spec = SubnetSpec.from_dict(saved["spec"])
         assert spec.draft_vocab == 0.25 and spec.id == spec_id == saved["spec_id"]
-        fast = generate(target, inputs, load_drafter(folder, target), gamma=spec.draft_len,
+        fast = generate(target, inputs, load_drafter(folder, target), shape=spec.draft_len,
                         max_new_tokens=10)
         assert fast.tokens.tolist() == plain

@@ -150,7 +150,7 @@ def test_generate_with_an_extracted_spec_folder(family, dtype, trained, data) ->
     import torch
     from dreams_nas.supernet.core.io import atomic_write_json
     from dreams_nas.supernet.draft.extract import extract
-    from dreams_nas.supernet.draft.store import load_supernet
+    from dreams_nas.supernet.draft.saving import load_supernet
 
     target, run = _supernet(trained)
     folder = run / "specs" / SPEC.id

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 
 import pytest
 from _support.search import (
@@ -11,13 +12,14 @@ from _support.search import (
     FakeLatency,
     FakeScorer,
     fake_params,
+    run_search,
 )
-from dreams_nas.nas.search.strategies import search
-from dreams_nas.nas.stages.export import TRIAL_COLUMNS, export_result
+from dreams_nas.nas.stages.export import TRIAL_COLUMNS, SearchRecord, export_result
 from dreams_nas.supernet.core.space import SubnetSpec
 
 HW = {"hardware_id": "cpu-test-2t", "kind": "cpu", "name": "test cpu"}
 TARGET = {"id": "builtin", "path": "/tmp/x", "family": "llava"}
+RECORD = SearchRecord("cpu-test-2t", HW, "abc123", "float32", target=TARGET)
 
 
 def _read(path):
@@ -27,15 +29,13 @@ def _read(path):
 
 @pytest.fixture(params=["exhaustive", "optuna"])
 def exported(request, run_dir):
-    result = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    result = run_search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     method=request.param, n_trials=10, show_progress=False, objective="pareto")
 
     def write_draft(spec, folder):
         (folder / "config.json").write_text(json.dumps({"heads": spec.heads}))
 
-    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
-                          target=TARGET, supernet_hash="abc123", dtype="float32",
-                          write_draft=write_draft)
+    paths = export_result(run_dir, result, RECORD, write_draft=write_draft)
     return result, paths, run_dir
 
 
@@ -95,26 +95,23 @@ def test_history_only_for_optuna(exported) -> None:
 
 def test_best_json_records_the_inputs_it_was_computed_from(run_dir) -> None:
     """`inputs` is the key `finished_search` reuses best.json on; null when none is given."""
-    result = search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    result = run_search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     show_progress=False)
     inputs = {"dataset_id": "builtin-eval-n2", "limit": 2, "max_new_tokens": 5, "verify": 1,
               "verify_prompts": None, "seed": 0, "dtype": "float32", "max_draft_ms": None,
               "trials": None, "acceptance": "acceptance/builtin-eval-n2.csv",
               "predictor_fingerprint": {"hardware_id": "cpu-test-2t"},
               "predictor_created": "2025-01-01T00:00:00Z"}
-    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
-                          target=TARGET, supernet_hash="abc123", dtype="float32", inputs=inputs)
+    paths = export_result(run_dir, result, replace(RECORD, inputs=inputs))
     assert json.loads(paths["best"].read_text())["inputs"] == inputs
-    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
-                          target=TARGET, supernet_hash="abc123", dtype="float32")
+    paths = export_result(run_dir, result, RECORD)
     assert json.loads(paths["best"].read_text())["inputs"] is None
 
 
 def test_depth_and_mlp_reach_trials_pareto_and_the_spec_folders(run_dir) -> None:
-    result = search(SIZED_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    result = run_search(SIZED_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     show_progress=False, objective="pareto")
-    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
-                          target=TARGET, supernet_hash="abc123", dtype="float32")
+    paths = export_result(run_dir, result, RECORD)
     trials, front = _read(paths["trials"]), _read(paths["pareto"])
     assert list(trials[0])[6:9] == ["tree", "depth", "mlp"]
     assert {(r["depth"], r["mlp"]) for r in trials} == {
@@ -135,10 +132,9 @@ def test_depth_and_mlp_reach_trials_pareto_and_the_spec_folders(run_dir) -> None
 
 
 def test_the_draft_vocab_reaches_trials_pareto_and_the_spec_folders(run_dir) -> None:
-    result = search(VOCAB_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    result = run_search(VOCAB_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     show_progress=False, objective="pareto")
-    paths = export_result(run_dir, result, hardware_id="cpu-test-2t", hardware=HW,
-                          target=TARGET, supernet_hash="abc123", dtype="float32")
+    paths = export_result(run_dir, result, RECORD)
     trials, front = _read(paths["trials"]), _read(paths["pareto"])
     assert list(trials[0])[6:10] == ["tree", "depth", "mlp", "draft_vocab"]
     assert {r["draft_vocab"] for r in trials} == {"0.25", "1.0"}

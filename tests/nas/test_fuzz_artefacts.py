@@ -37,7 +37,7 @@ JSON_VALUES = st.recursive(
 
 @pytest.fixture(scope="module")
 def tiny(tiny_demo, tmp_path_factory) -> dict[str, Any]:
-    """A tiny real run (a copy of the session's `tiny_demo`: the demo on the tiny demo target)
+    """A tiny real run (a copy of the session's `tiny_demo`: the demo on the tiny built-in target)
     and the answers of its undamaged copy: the search's best subnet and figures, and
     generate's tokens."""
     from dreams_nas.supernet.core.device import torch_threads

@@ -65,7 +65,8 @@ def test_generate_json_matches_plain_decoding(checkpoint, capsys) -> None:
                                      r"\(400,000,000 pixels, .*; resize it"),
     (["--image", "{root}"], r"image file .*' is a folder"),
     (["--tree", "2y1"], r"'2y1' is not a tree shape; shapes look like '4x2x1'"),
-    (["--tree", "2x2", "--draft-len", "3"], r"--draft-len 3 and --tree 2x2 \(depth 2\) disagree"),
+    (["--tree", "2x2", "--draft-len", "3"],
+     r"--draft-len 3 and --tree 2x2 \(draft_len 2\) disagree"),
     # HF_HUB_OFFLINE=1 (tests/conftest.py): a hub id not in the cache fails at once, no retries
     (["--target", "nobody/not-in-the-cache"], r"hub id 'nobody/not-in-the-cache' is not in the "
                                                r"local Hugging Face cache and offline mode is on"),

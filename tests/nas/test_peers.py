@@ -49,19 +49,19 @@ def test_unknown_reference_is_refused() -> None:
         measure_methods([_fixed("other", [1], 0)], 1)
 
 
-@pytest.mark.slow  # trains a tiny supernet (~20 s; the tiny demo target is the session's)
+@pytest.mark.slow  # trains a tiny supernet (~20 s; the tiny built-in target is the session's)
 def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_thread,
-                                            demo_cache) -> None:
+                                            builtin_cache) -> None:
     import bench_peers
+    from dreams_nas.supernet.builtin.cache import ensure_builtin_target
     from dreams_nas.supernet.data.prompts import builtin_dataset
-    from dreams_nas.supernet.demo.cache import ensure_demo_target
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import train_run
     from dreams_nas.supernet.training.tppt import TrainConfig
 
-    monkeypatch.setenv("DREAMS_NAS_CACHE", str(demo_cache))  # the session's tiny demo target
+    monkeypatch.setenv("DREAMS_NAS_CACHE", str(builtin_cache))  # the session's tiny built-in target
     run = RunFolder(tmp_path / "dreams-run")
-    folder = ensure_demo_target(variant="tiny", progress=False, threads=1)
+    folder = ensure_builtin_target(variant="tiny", progress=False, threads=1)
     target = TargetAdapter.load(folder)
     train_run(run, target, builtin_dataset("train", 4), TrainConfig(
         warmup_steps=4, multires_steps=4, batch_size=2, checkpoint_every=1000, unroll=2),

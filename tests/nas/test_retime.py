@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from dreams_nas.latency.timing import Timing
+from dreams_nas.latency.measure.timing import Timing
 from dreams_nas.nas.search.candidate import Candidate
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.nas.stages.retime import Retimer, retime_lines
@@ -30,7 +30,7 @@ class _Steps:
         self.keys = []
 
     def build(self, key):
-        from dreams_nas.latency.profiler import Step
+        from dreams_nas.latency.measure.profiler import Step
 
         self.keys.append(key)
         return Step(lambda: None)
@@ -53,14 +53,14 @@ def timed(monkeypatch):
         return real_build(self, key)
 
     monkeypatch.setattr(_Steps, "build", build)
-    monkeypatch.setattr("dreams_nas.latency.timing.measure", fake_measure)
+    monkeypatch.setattr("dreams_nas.latency.measure.timing.measure", fake_measure)
     return now, calls
 
 
 def test_the_parts_are_the_profiles_keys_and_the_formula_prices_them(timed) -> None:
     now, calls = timed
     steps, cand = _Steps(), _candidate()
-    retimer = Retimer(steps, cand, context_len=80, gamma_max=7, repeats=4, threads=1)
+    retimer = Retimer(steps, cand, context_len=80, max_draft_len=7, repeats=4, threads=1)
     retimer(0)
     retimer(1)
     kinds = [(k.kind, k.context_len, k.k, k.spec and k.spec.draft_len) for k in steps.keys[:5]]
@@ -84,7 +84,7 @@ def test_an_unpriced_cycle_is_not_retimed_and_a_steady_machine_is_not_stale(time
     now, _ = timed
     now.update(decode=6.0, draft=1.0)
     steps, cand = _Steps(), _candidate(cycle_overhead_ms=0.0)
-    retimer = Retimer(steps, cand, context_len=80, gamma_max=5, repeats=3)
+    retimer = Retimer(steps, cand, context_len=80, max_draft_len=5, repeats=3)
     retimer(0)
     assert [k.kind for k in steps.keys] == ["decode", "verify", "draft", "draft_first"]
     out = retimer.summary(measured_speedup=cand.speedup)

@@ -17,7 +17,7 @@ from dreams_nas.nas.stages.train import TrainOptions, ensure_supernet
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
-from dreams_nas.supernet.draft.store import SUPERNET_WEIGHTS, file_hash
+from dreams_nas.supernet.draft.saving import SUPERNET_WEIGHTS, file_hash
 
 HW = "cpu-test-1t"
 SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
@@ -44,7 +44,7 @@ def logged():
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    """The tiny demo target in an empty cache: a command that wrongly reached a model would
+    """The tiny built-in target in an empty cache: a command that wrongly reached a model would
     build it, slowly, instead of failing at once."""
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
@@ -241,8 +241,9 @@ def test_best_json_from_before_verify_repeats_reads_as_one_pass(tmp_path, logged
 
 
 def test_best_json_priced_by_a_predictor_of_an_older_schema_is_redone(tmp_path, logged) -> None:
-    """A new dreams-nas refits a predictor of an older schema when it loads it, which the
-    reuse check does not do: predictor.json still reads as before, so the schema decides."""
+    """A predictor of an older schema is refused when loaded (`profile --fit-only` refits it);
+    the reuse check does not load it: predictor.json still reads as before, so the schema
+    decides."""
     run = _trained_run(tmp_path / "run")
     _searched(run, _options())
     meta_path = run.predictor_json(HW)
@@ -251,7 +252,7 @@ def test_best_json_priced_by_a_predictor_of_an_older_schema_is_redone(tmp_path, 
     meta_path.write_text(json.dumps(meta))
     os.utime(meta_path, (1, 1))  # not newer than best.json: only the schema tells
     assert finished_search(run, HW, _options()) is None
-    assert "predictor schema 7 -> " in logged[-1] and "refitted when loaded" in logged[-1]
+    assert "predictor schema 7 -> 9" in logged[-1]
 
 
 def test_best_json_without_inputs_is_not_reused(tmp_path, logged) -> None:

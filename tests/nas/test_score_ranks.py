@@ -82,7 +82,7 @@ def test_torchrun_launches_score_and_rank_0_reports(setup):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS)}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "dreams_nas.nas.cli", "score", "--run-dir", str(launched.root), "--data", data,
+         "-m", "dreams_nas.nas.cli", "--", "score", "--run", str(launched.root), "--data", data,
          "--max-new-tokens", "16", "--device", "cpu", "--threads", "1", "--json"],
         capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,11 +11,12 @@ from _support.search import (
     FakeLatency,
     FakeScorer,
     fake_params,
+    run_search,
     tau_of,
 )
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.speedup import expected_speedup
-from dreams_nas.nas.search.strategies import best_candidate, pareto_front, search
+from dreams_nas.nas.search.strategies import best_candidate, pareto_front
 from dreams_nas.supernet.acceptance.table import AcceptanceTable
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace
@@ -23,7 +24,7 @@ from dreams_nas.supernet.core.space import SearchSpace
 
 def _run(**kwargs):
     scorer = kwargs.pop("scorer", FakeScorer())
-    return search(SMALL_SPACE, kwargs.pop("acceptance", scorer), FakeLatency(), fake_params,
+    return run_search(SMALL_SPACE, kwargs.pop("acceptance", scorer), FakeLatency(), fake_params,
                   context_len=32, show_progress=False, **kwargs), scorer
 
 
@@ -31,11 +32,11 @@ def _brute_best(max_draft_ms=None):
     lat = FakeLatency()
     best = None
     for spec in SMALL_SPACE.enumerate():
-        draft = lat.predict_ms("draft", spec, 32, 1)
+        draft = lat.step_ms("draft", spec, 32, 1)
         if max_draft_ms is not None and draft > max_draft_ms:
             continue
         s = float(expected_speedup(tau_of(spec), spec.draft_len, draft,
-                                   lat.predict_ms("verify", None, 32, spec.draft_len + 1), 9.5))
+                                   lat.step_ms("verify", None, 32, spec.draft_len + 1), 9.5))
         if best is None or s > best[0]:
             best = (s, spec)
     return best
@@ -175,8 +176,8 @@ def test_the_cold_first_draft_step_enters_every_candidate_and_the_trials_row() -
     hot = RecordedLatency(draft, {k: 10.0 for k in range(2, 7)}, decode=9.5)
     cold = RecordedLatency(draft, {k: 10.0 for k in range(2, 7)}, decode=9.5,
                            first_draft={k: 4.0 * ms for k, ms in draft.items()})
-    before = search(space, FakeScorer(), hot, fake_params, context_len=32, show_progress=False)
-    after = search(space, FakeScorer(), cold, fake_params, context_len=32, show_progress=False)
+    before = run_search(space, FakeScorer(), hot, fake_params, context_len=32, show_progress=False)
+    after = run_search(space, FakeScorer(), cold, fake_params, context_len=32, show_progress=False)
     for c in after.candidates:
         d, f = draft[(c.spec.heads, c.spec.visual_keep, c.spec.inject_layer)], c.first_draft_ms
         assert (c.draft_ms, f) == (d, 4.0 * d)
@@ -191,7 +192,7 @@ def test_the_cold_first_draft_step_enters_every_candidate_and_the_trials_row() -
 # --- elastic depth and MLP width --------------------------------------------------------------
 def _sized(**kwargs):
     scorer = kwargs.pop("scorer", FakeScorer())
-    return search(SIZED_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
+    return run_search(SIZED_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
                   show_progress=False, **kwargs), scorer
 
 
@@ -205,15 +206,15 @@ def test_exhaustive_covers_every_depth_and_width_and_finds_the_true_best() -> No
     lat = FakeLatency()
 
     def speedup(spec):
-        draft = lat.predict_ms("draft", spec, 32, 1)
+        draft = lat.step_ms("draft", spec, 32, 1)
         return float(expected_speedup(tau_of(spec), spec.draft_len, draft,
-                                      lat.predict_ms("verify", None, 32, spec.draft_len + 1),
+                                      lat.step_ms("verify", None, 32, spec.draft_len + 1),
                                       9.5))
 
     best = max(SIZED_SPACE.enumerate(), key=speedup)
     assert result.best.spec == best and result.best.speedup == pytest.approx(speedup(best))
     for c in result.candidates:  # every figure is the one of its own depth and width
-        assert c.draft_ms == lat.predict_ms("draft", c.spec, 32, 1)
+        assert c.draft_ms == lat.step_ms("draft", c.spec, 32, 1)
         assert c.draft_params == fake_params(c.spec)
 
 
@@ -254,7 +255,7 @@ def test_a_space_of_one_other_size_carries_it_into_every_trial() -> None:
     space = SearchSpace(heads=(1, 2), visual_keep=(1.0,), inject_layer=(1,), draft_len=(1, 3),
                         depth=(2,))
     assert "depth" in search_distributions(space) and "mlp" not in search_distributions(space)
-    result = search(space, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    result = run_search(space, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     method="optuna", n_trials=4, show_progress=False)
     assert {c.spec.depth for c in result.candidates} == {2}
     assert {c.spec.mlp for c in result.candidates} == {1.0}
@@ -283,10 +284,10 @@ def test_recorded_latency_keys_name_the_draft_size() -> None:
     spec = SubnetSpec(2, 0.5, 1, 3)
     recorded = RecordedLatency({(2, 0.5, 1): 1.0, (2, 0.5, 1, 2, 0.5): 2.5}, {4: 10.0},
                                decode=9.5)
-    assert recorded.predict_ms("draft", spec, 32, 1) == 1.0  # a key of three: depth 1, mlp 1.0
-    assert recorded.predict_ms("draft", spec.replace(depth=2, mlp=0.5), 32, 1) == 2.5
+    assert recorded.step_ms("draft", spec, 32, 1) == 1.0  # a key of three: depth 1, mlp 1.0
+    assert recorded.step_ms("draft", spec.replace(depth=2, mlp=0.5), 32, 1) == 2.5
     with pytest.raises(InputError, match="no recorded draft latency for h2-v0.50-l1-d2-g3"):
-        recorded.predict_ms("draft", spec.replace(depth=2), 32, 1)
+        recorded.step_ms("draft", spec.replace(depth=2), 32, 1)
     with pytest.raises(InputError, match=r"key \(2, 0.5, 1, 2\) must be"):
         RecordedLatency({(2, 0.5, 1, 2): 1.0}, {}, decode=1.0)
 
@@ -294,7 +295,7 @@ def test_recorded_latency_keys_name_the_draft_size() -> None:
 # --- the draft vocabulary --------------------------------------------------------------------
 def _vocab(**kwargs):
     scorer = kwargs.pop("scorer", FakeScorer())
-    return search(VOCAB_SPACE, kwargs.pop("acceptance", scorer), FakeLatency(), fake_params,
+    return run_search(VOCAB_SPACE, kwargs.pop("acceptance", scorer), FakeLatency(), fake_params,
                   context_len=32, show_progress=False, **kwargs), scorer
 
 
@@ -317,9 +318,9 @@ def test_exhaustive_scores_each_draft_vocab_as_its_own_architecture(tmp_path) ->
     lat = FakeLatency()
 
     def speedup(spec):
-        draft = lat.predict_ms("draft", spec, 32, 1)
+        draft = lat.step_ms("draft", spec, 32, 1)
         return float(expected_speedup(tau_of(spec), spec.draft_len, draft,
-                                      lat.predict_ms("verify", None, 32, spec.draft_len + 1),
+                                      lat.step_ms("verify", None, 32, spec.draft_len + 1),
                                       9.5))
 
     best = max(VOCAB_SPACE.enumerate(), key=speedup)
@@ -372,10 +373,10 @@ def test_recorded_latency_keys_name_the_draft_vocab() -> None:
     spec = SubnetSpec(2, 0.5, 1, 3)
     recorded = RecordedLatency({(2, 0.5, 1, 1, 1.0): 1.0, (2, 0.5, 1, 2, 0.5, 0.25): 2.5},
                                {4: 10.0}, decode=9.5)
-    assert recorded.predict_ms("draft", spec, 32, 1) == 1.0  # a key of five: the whole one
-    assert recorded.predict_ms("draft", spec.replace(depth=2, mlp=0.5, draft_vocab=0.25),
+    assert recorded.step_ms("draft", spec, 32, 1) == 1.0  # a key of five: the whole one
+    assert recorded.step_ms("draft", spec.replace(depth=2, mlp=0.5, draft_vocab=0.25),
                                32, 1) == 2.5
     with pytest.raises(InputError, match="no recorded draft latency for h2-v0.50-l1-n0.25-g3"):
-        recorded.predict_ms("draft", spec.replace(draft_vocab=0.25), 32, 1)
+        recorded.step_ms("draft", spec.replace(draft_vocab=0.25), 32, 1)
     with pytest.raises(InputError, match=r"key \(2, 0.5, 1, 2, 0.5, 0.25, 1\) must be"):
         RecordedLatency({(2, 0.5, 1, 2, 0.5, 0.25, 1): 1.0}, {}, decode=1.0)

@@ -99,7 +99,7 @@ def test_score_then_search_writes_every_artefact(tiny_run, cmd) -> None:
     inputs = target.build_inputs(tiny_run[1][0].image_path, tiny_run[1][0].prompt)
     drafter = load_drafter(spec_dir, target)
     spec = json.loads((spec_dir / "spec.json").read_text())["spec"]
-    fast = generate(target, inputs, drafter, gamma=spec["draft_len"], max_new_tokens=12)
+    fast = generate(target, inputs, drafter, shape=spec["draft_len"], max_new_tokens=12)
     assert fast.tokens.tolist() == plain_generate(target, inputs, max_new_tokens=12).tokens.tolist()
 
 
@@ -219,7 +219,7 @@ def test_a_reprofiled_machine_gets_a_new_study_not_the_stored_speedups(tiny_run,
     """search (optuna) -> refit the latency predictor on other timings -> search again: the
     second search computes its speedups with the new predictor instead of resuming the study."""
     import optuna
-    from dreams_nas.latency.predictor import LatencyPredictor
+    from dreams_nas.latency.model.predictor import LatencyPredictor
 
     run, _ = tiny_run
     args = ("search", "--method", "optuna", "--trials", "4", "--limit", "4",
@@ -228,8 +228,8 @@ def test_a_reprofiled_machine_gets_a_new_study_not_the_stored_speedups(tiny_run,
     assert code == 0, err
     folder = run.latency_dir(HW)
     rows = pd.read_csv(folder / "predictor_train.csv")
-    slower = rows.assign(median_ms=rows["median_ms"] * (rows["kind"] == "draft").map(
-        {True: 3.0, False: 1.0}))
+    slower = rows.assign(median_ms=rows["median_ms"] * rows["kind"].isin(
+        ["draft", "draft_first"]).map({True: 3.0, False: 1.0}))
     LatencyPredictor.fit(slower, HW, holdout=0.0).save(folder)  # a re-profile, in effect
     code, second, err = cmd(*args)
     assert code == 0, err
@@ -333,7 +333,7 @@ def _context_of(run: RunFolder, max_new_tokens: int) -> int:
 
 
 def test_a_profile_with_cycle_rows_prices_the_cycle_overhead(tiny_run, cmd) -> None:
-    """Re-fitted with `cycle` rows, the search adds each gamma's overhead to its cycle."""
+    """Re-fitted with `cycle` rows, the search adds each draft_len's overhead to its cycle."""
     from _support.search import fit_synthetic_latency
 
     run, _ = tiny_run

@@ -7,7 +7,7 @@ import pytest
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.supernet.core.errors import InputError
 
-# (tau, gamma, draft_ms, verify_ms, decode_ms, expected)
+# (tau, draft_len, draft_ms, verify_ms, decode_ms, expected)
 CASES = [
     # free drafting, verify as cheap as decode: speedup = tau
     (3.0, 4, 0.0, 10.0, 10.0, 3.0),
@@ -15,16 +15,16 @@ CASES = [
     (1.0, 1, 2.0, 10.0, 10.0, 10.0 / 12.0),
     # worked example: 4.2 * 20 / (5 * 1.5 + 24) = 84 / 31.5
     (4.2, 5, 1.5, 24.0, 20.0, 84.0 / 31.5),
-    # all accepted at gamma 7 (tau = 8), verify twice a decode step, draft 1 ms
+    # all accepted at draft_len 7 (tau = 8), verify twice a decode step, draft 1 ms
     (8.0, 7, 1.0, 20.0, 10.0, 80.0 / 27.0),
-    # a draft as slow as the target: no gain even with tau = gamma + 1
+    # a draft as slow as the target: no gain even with tau = draft_len + 1
     (3.0, 2, 10.0, 10.0, 10.0, 1.0),
 ]
 
 
-@pytest.mark.parametrize(("tau", "gamma", "draft", "verify", "decode", "expected"), CASES)
-def test_table(tau, gamma, draft, verify, decode, expected) -> None:
-    got = expected_speedup(tau, gamma, draft, verify, decode)
+@pytest.mark.parametrize(("tau", "draft_len", "draft", "verify", "decode", "expected"), CASES)
+def test_table(tau, draft_len, draft, verify, decode, expected) -> None:
+    got = expected_speedup(tau, draft_len, draft, verify, decode)
     assert got.shape == ()
     assert float(got) == pytest.approx(expected, rel=1e-12)
 
@@ -38,8 +38,8 @@ def test_vectorised_matches_elementwise() -> None:
 
 def test_broadcasts_one_decode_time_over_a_grid() -> None:
     tau = np.array([[1.5], [3.0]])  # (2, 1)
-    gamma = np.array([1, 2, 3])  # (3,)
-    got = expected_speedup(tau, gamma, 1.0, 10.0, 10.0)
+    draft_len = np.array([1, 2, 3])  # (3,)
+    got = expected_speedup(tau, draft_len, 1.0, 10.0, 10.0)
     assert got.shape == (2, 3)
     assert got[1, 2] == pytest.approx(3.0 * 10 / (3 + 10))
 
@@ -67,12 +67,12 @@ def test_bad_inputs_name_the_value(kwargs, match) -> None:
         expected_speedup(**{**base, **kwargs})
 
 
-# (tau, gamma, draft_ms, first_draft_ms, verify_ms, decode_ms, expected): the cycle's first
+# (tau, draft_len, draft_ms, first_draft_ms, verify_ms, decode_ms, expected): the cycle's first
 # draft step runs after the verify (caches cold) and costs first_draft_ms; the rest draft_ms.
 FIRST_CASES = [
-    # the demo target's CPU: 0.71 ms hot, 1.31 ms cold; 3.2 * 9 / (3 * 0.71 + 1.31 + 8)
+    # the built-in target's CPU: 0.71 ms hot, 1.31 ms cold; 3.2 * 9 / (3 * 0.71 + 1.31 + 8)
     (3.2, 4, 0.71, 1.31, 8.0, 9.0, 28.8 / (2.13 + 1.31 + 8.0)),
-    # gamma 1: the only draft step is the first one; draft_ms plays no part
+    # draft_len 1: the only draft step is the first one; draft_ms plays no part
     (1.8, 1, 123.0, 2.0, 10.0, 10.0, 18.0 / 12.0),
     # first step as hot as the rest: the formula without the term
     (4.2, 5, 1.5, 1.5, 24.0, 20.0, 84.0 / 31.5),
@@ -81,14 +81,14 @@ FIRST_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("tau", "gamma", "draft", "first", "verify", "decode", "expected"),
+@pytest.mark.parametrize(("tau", "draft_len", "draft", "first", "verify", "decode", "expected"),
                          FIRST_CASES)
-def test_table_with_a_cold_first_draft_step(tau, gamma, draft, first, verify, decode,
+def test_table_with_a_cold_first_draft_step(tau, draft_len, draft, first, verify, decode,
                                             expected) -> None:
-    got = expected_speedup(tau, gamma, draft, verify, decode, first_draft_ms=first)
+    got = expected_speedup(tau, draft_len, draft, verify, decode, first_draft_ms=first)
     assert float(got) == pytest.approx(expected, rel=1e-12)
     if first > draft:  # a cold first step only ever lowers the expected speedup
-        assert float(got) < float(expected_speedup(tau, gamma, draft, verify, decode))
+        assert float(got) < float(expected_speedup(tau, draft_len, draft, verify, decode))
 
 
 def test_first_draft_term_broadcasts_and_is_checked() -> None:
@@ -100,7 +100,7 @@ def test_first_draft_term_broadcasts_and_is_checked() -> None:
 
 def test_the_cycle_overhead_adds_to_the_cycle_by_exactly_its_milliseconds() -> None:
     """tau * T_decode / (draft steps + T_verify + T_cycle): hand-made numbers."""
-    # gamma 3: 2 hot steps of 1 ms, a first step of 2 ms, verify 10 ms -> 14 ms; + 2 ms = 16
+    # draft_len 3: 2 hot steps of 1 ms, a first step of 2 ms, verify 10 ms -> 14 ms; + 2 ms = 16
     without = expected_speedup(3.0, 3, 1.0, 10.0, 8.0, first_draft_ms=2.0)
     assert float(without) == pytest.approx(24.0 / 14.0)
     priced = expected_speedup(3.0, 3, 1.0, 10.0, 8.0, first_draft_ms=2.0, cycle_overhead_ms=2.0)

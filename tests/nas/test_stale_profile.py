@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
-from dreams_nas.latency.hardware import detect_hardware
-from dreams_nas.latency.steps import STEP_REVISION
+from dreams_nas.latency.measure.hardware import detect_hardware
+from dreams_nas.latency.measure.steps import STEP_REVISION
 from dreams_nas.nas.stages.profile import profile_fingerprint
 from dreams_nas.nas.stages.search import stale_profile_note
 from dreams_nas.supernet.core.runfolder import RunFolder

@@ -8,9 +8,8 @@ import time
 
 import optuna
 import pytest
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, run_search
 from dreams_nas.nas.search.sampler import key_digest, worker_seed
-from dreams_nas.nas.search.strategies import search
 from dreams_nas.supernet.core.errors import InputError
 
 
@@ -25,14 +24,14 @@ class SlowScorer(FakeScorer):
 class SlowerLatency(FakeLatency):
     """Another latency profile: every draft step 1 ms slower (a re-profiled machine)."""
 
-    def predict_ms(self, kind, spec, context_len, k):
+    def step_ms(self, kind, spec, context_len, k):
         extra = 1.0 if kind in ("draft", "draft_first") else 0.0
-        return super().predict_ms(kind, spec, context_len, k) + extra
+        return super().step_ms(kind, spec, context_len, k) + extra
 
 
 def _search(storage, *, latency=None, **kwargs):
     kwargs.setdefault("method", "optuna")
-    return search(SMALL_SPACE, kwargs.pop("scorer", FakeScorer()), latency or FakeLatency(),
+    return run_search(SMALL_SPACE, kwargs.pop("scorer", FakeScorer()), latency or FakeLatency(),
                   fake_params, context_len=32, storage=storage, show_progress=False,
                   wait_s=60, **kwargs)
 
@@ -178,7 +177,7 @@ def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_pat
                         draft_len=(1, 2, 3, 4))
 
     def run(n: int):
-        return search(space, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+        return run_search(space, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                       method="optuna", n_trials=n, storage=url, study_name="s", seed=0,
                       show_progress=False)
 

@@ -80,7 +80,7 @@ def test_generate_with_an_extracted_spec_folder(setup, trained, capsys):
     from dreams_nas.supernet.core.io import atomic_write_json
     from dreams_nas.supernet.core.space import SubnetSpec
     from dreams_nas.supernet.draft.extract import extract
-    from dreams_nas.supernet.draft.store import load_supernet
+    from dreams_nas.supernet.draft.saving import load_supernet
 
     _, target, jsonl = setup
     run, code, _ = trained

@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, tau_of
+from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, run_search, tau_of
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.speedup import expected_speedup
-from dreams_nas.nas.search.strategies import search
 from dreams_nas.nas.search.study import params_of, search_distributions, spec_of
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
@@ -22,21 +21,21 @@ def _true_speedup(spec: SubnetSpec) -> float:
     """The cycle as the loop runs it: the first draft step over the root, one step per
     further level at its width, then one verify of every node and the root."""
     lat = FakeLatency()
-    first = lat.predict_ms("draft_first", spec, 32, 1)
+    first = lat.step_ms("draft_first", spec, 32, 1)
     if not spec.tree:
-        hot = (spec.draft_len - 1) * lat.predict_ms("draft", spec, 32, 1)
-        verify = lat.predict_ms("verify", None, 32, spec.draft_len + 1)
+        hot = (spec.draft_len - 1) * lat.step_ms("draft", spec, 32, 1)
+        verify = lat.step_ms("verify", None, 32, spec.draft_len + 1)
     else:
         tree = TokenTree(spec.tree)
-        hot = sum(lat.predict_ms("draft", spec, 32, w) for w in tree.widths[:-1])
-        verify = lat.predict_ms("verify_tree", None, 32, tree.nodes + 1)
+        hot = sum(lat.step_ms("draft", spec, 32, w) for w in tree.widths[:-1])
+        verify = lat.step_ms("verify_tree", None, 32, tree.nodes + 1)
     return float(expected_speedup(tau_of(spec), spec.draft_len, 1.0, verify, 9.5,
                                   first_draft_ms=first, hot_draft_ms=hot))
 
 
 def test_a_tree_costs_its_levels_and_its_nodes_and_the_exhaustive_best_is_the_true_best():
     scorer = FakeScorer()
-    result = search(SPACE, scorer, FakeLatency(), fake_params, context_len=32,
+    result = run_search(SPACE, scorer, FakeLatency(), fake_params, context_len=32,
                     show_progress=False)
     assert len(result.candidates) == SPACE.size == 12 * 7
     by_spec = {c.spec: c for c in result.candidates}
@@ -48,9 +47,9 @@ def test_a_tree_costs_its_levels_and_its_nodes_and_the_exhaustive_best_is_the_tr
     lat = FakeLatency()
     widths = TokenTree((3, 2, 1)).widths  # (3, 6, 6): steps over the root, 3 and 6 nodes
     assert tree.cycle_draft_ms == pytest.approx(
-        lat.predict_ms("draft_first", tree.spec, 32, 1)
-        + sum(lat.predict_ms("draft", tree.spec, 32, w) for w in widths[:-1]))
-    assert tree.verify_ms == pytest.approx(lat.predict_ms("verify_tree", None, 32, 16))
+        lat.step_ms("draft_first", tree.spec, 32, 1)
+        + sum(lat.step_ms("draft", tree.spec, 32, w) for w in widths[:-1]))
+    assert tree.verify_ms == pytest.approx(lat.step_ms("verify_tree", None, 32, 16))
     row = tree.to_row()
     assert row["tree"] == "3x2x1" and row["cycle_ms"] == pytest.approx(tree.cycle_ms)
 
@@ -84,9 +83,9 @@ def test_the_optuna_parameters_of_a_tree_space_round_trip():
 
 
 def test_optuna_over_the_whole_tree_space_reaches_the_exhaustive_best():
-    exhaustive = search(SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    exhaustive = run_search(SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                         show_progress=False)
-    optuna = search(SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+    optuna = run_search(SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
                     method="optuna", n_trials=SPACE.size, seed=3, show_progress=False)
     assert {c.spec for c in optuna.candidates} == set(SPACE.enumerate())
     assert optuna.best.spec == exhaustive.best.spec

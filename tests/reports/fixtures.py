@@ -346,7 +346,7 @@ def training_block(warmup: int = 300, stop: int = 700, every: int = 50) -> dict[
     best = max((e for e in evals if "score" in e), key=lambda e: e["score"])
     return {"warmup_steps": warmup, "multires_steps": 900, "loss_curve": curve,
             "convergence": {"evals": evals, "best_step": best["step"], "best": best,
-                            "stopped": "plateau", "steps": stop, "gamma": 7}}
+                            "stopped": "plateau", "steps": stop, "draft_len": 7}}
 
 
 def write_run_json(root: Path, space: Space, aifd: bool = True) -> None:
@@ -356,7 +356,7 @@ def write_run_json(root: Path, space: Space, aifd: bool = True) -> None:
           for i in layers]
     delta = [0.0] + [round(b - a, 4) for a, b in zip(ae, ae[1:], strict=False)]
     data: dict[str, Any] = {
-        "target": {"id": "builtin", "path": "/root/.cache/dreams-nas/demo-target",
+        "target": {"id": "builtin", "path": "/root/.cache/dreams-nas/built-in target",
                    "family": "llava", "num_layers": 16, "hidden_size": 192},
         "space": space.to_dict(),
         "supernet": {"hash": SUPERNET_HASH,

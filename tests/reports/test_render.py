@@ -160,7 +160,7 @@ def test_a_search_of_50k_subnets_keeps_its_page_small(tmp_path) -> None:
 
     from .fixtures import Space, read_rows
 
-    # 16 heads x 20 visual_keep x 16 layers x 10 gammas = 51,200 subnets
+    # 16 heads x 20 visual_keep x 16 layers x 10 draft_lens = 51,200 subnets
     space = Space(heads=tuple(range(1, 17)), visual_keep=tuple(i / 20 for i in range(1, 21)),
                   inject_layer=tuple(range(1, 17)), draft_len=tuple(range(1, 11)))
     n = len(space.specs())
@@ -229,7 +229,7 @@ def test_chains_and_trees_are_told_apart_on_the_front(tmp_path) -> None:
     run = make_run(tmp_path / "run")
     trials = next(run.glob("search/*/trials.csv"))
     frame = pd.read_csv(trials, dtype={"spec_id": str})
-    tree = frame["draft_len"] == 3  # these subnets now draft the tree 3x1x1 (depth 3)
+    tree = frame["draft_len"] == 3  # these subnets now draft the tree 3x1x1 (3 levels)
     assert tree.any()
     frame["tree"] = np.where(tree, "3x1x1", "")
     frame.loc[tree, "spec_id"] = frame.loc[tree, "spec_id"].str.replace("-g3", "-t3x1x1")

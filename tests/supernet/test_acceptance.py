@@ -63,7 +63,7 @@ def test_teacher_forced_tau_agrees_with_real_speculative_runs(trained) -> None:
         lengths = []
         for prompt in prompts:
             out = generate(adapter, prompt, DreamDrafter(draft, spec),
-                           gamma=spec.draft_len, max_new_tokens=MAX_NEW)
+                           shape=spec.draft_len, max_new_tokens=MAX_NEW)
             lengths += out.stats.cycle_lengths
         measured = sum(lengths) / len(lengths)
         assert measured > 1.5  # the check is not the trivial tau = 1
@@ -77,14 +77,14 @@ TREE_SPECS = [SubnetSpec(4, 1.0, 4, 3, tree=(3, 2, 1)), SubnetSpec(2, 0.5, 2, 4,
 
 @pytest.mark.slow  # 24 real tree generations
 def test_teacher_forced_tree_tau_equals_real_tree_decoding(trained) -> None:
-    """At temperature 0 a tree accepts the target's greedy path as deep as each depth's
+    """At temperature 0 a tree accepts the target's greedy path as deep as each level's
     target token is within the draft's top-k there: the rank pass gives tau exactly."""
     adapter, draft, prompts = trained
     rows = {r.spec: r for r in _scorer(trained, draft_lens=(1,)).score(TREE_SPECS)}
     for spec in TREE_SPECS:
         lengths = []
         for prompt in prompts:
-            out = generate(adapter, prompt, DreamDrafter(draft, spec), tree=spec.shape,
+            out = generate(adapter, prompt, DreamDrafter(draft, spec), shape=spec.shape,
                            max_new_tokens=MAX_NEW)
             lengths += out.stats.cycle_lengths
         measured = sum(lengths) / len(lengths)
@@ -94,7 +94,7 @@ def test_teacher_forced_tree_tau_equals_real_tree_decoding(trained) -> None:
 
 
 def test_a_tree_accepts_at_least_its_chain(trained) -> None:
-    """A tree whose first child at every depth is the chain's token accepts everything the
+    """A tree whose first child at every level is the chain's token accepts everything the
     chain does, and more where the target's token is a lower-ranked child."""
     scorer = _scorer(trained, draft_lens=(3,), trees=((3, 2, 1), (1, 1, 1)))
     rows = {r.spec.id: r for r in scorer.score([SubnetSpec(2, 0.5, 2, 3)])}
@@ -124,7 +124,7 @@ def test_empty_prompt_list_is_refused(trained) -> None:
 
 # --- the pure parts ----------------------------------------------------------------------
 CYCLES = [
-    # (matches per start, gamma, max_new, eos_index, lengths, proposed)
+    # (matches per start, draft_len, max_new, eos_index, lengths, proposed)
     ([0] * 9, 3, 10, None, [1] * 9, [3] * 6 + [2, 1, 0]),
     ([3] * 9, 3, 10, None, [4, 4, 1], [3, 3, 0]),
     ([5] * 9, 2, 10, None, [3, 3, 3], [2, 2, 2]),
@@ -140,9 +140,9 @@ CYCLES = [
 ]
 
 
-@pytest.mark.parametrize(("matches", "gamma", "max_new", "eos", "lengths", "proposed"), CYCLES)
-def test_simulate_cycles(matches, gamma, max_new, eos, lengths, proposed) -> None:
-    got = simulate_cycles(np.array(matches), gamma, max_new, eos)
+@pytest.mark.parametrize(("matches", "draft_len", "max_new", "eos", "lengths", "proposed"), CYCLES)
+def test_simulate_cycles(matches, draft_len, max_new, eos, lengths, proposed) -> None:
+    got = simulate_cycles(np.array(matches), draft_len, max_new, eos)
     assert got == (lengths, proposed)
     produced = 1 + sum(lengths)
     assert produced <= max_new or eos is not None
@@ -247,7 +247,7 @@ def test_a_memory_only_draft_scores_as_it_decodes(trained) -> None:
     spec = SubnetSpec(4, 1.0, 4, 3)
     lengths = []
     for prompt in prompts[:4]:
-        out = generate(adapter, prompt, DreamDrafter(other, spec), gamma=3,
+        out = generate(adapter, prompt, DreamDrafter(other, spec), shape=3,
                        max_new_tokens=MAX_NEW)
         lengths += out.stats.cycle_lengths
     scorer = TeacherForcedScorer(adapter, other, prompts[:4], supernet_hash="abc",

@@ -191,7 +191,7 @@ def _write_cells(path, *rows: dict) -> None:
 
 
 def test_an_impossible_tau_is_refused_on_read_naming_the_line(tmp_path) -> None:
-    """tau = 50 for gamma = 7 once loaded and won the search at a predicted 6.35x."""
+    """tau = 50 for draft_len = 7 once loaded and won the search at a predicted 6.35x."""
     path = tmp_path / "a.csv"
     good, bad = _row(SubnetSpec(2, 0.5, 1, 2)), _row(SubnetSpec(4, 0.5, 12, 7))
     _write_cells(path, good.to_csv_row(), {**bad.to_csv_row(), "tau": "50.0", "tau_hi": "51.0"})

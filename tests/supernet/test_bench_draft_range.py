@@ -12,7 +12,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    assert bench_draft_range.main(["--geometry", "demo", "--context", "20", "--visual", "6",
+    assert bench_draft_range.main(["--geometry", "builtin", "--context", "20", "--visual", "6",
                                    "--rounds", "1", "--repeats", "2", *args]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 

@@ -33,9 +33,9 @@ class FixedDistributionDrafter:
     def start(self, target, prefill) -> None:
         pass
 
-    def propose(self, last_token, gamma, sampling, generator) -> Proposal:
-        tokens = torch.multinomial(self.probs, gamma, replacement=True, generator=generator)
-        return Proposal(tokens[None], self.probs.expand(1, gamma, -1))
+    def propose(self, last_token, draft_len, sampling, generator) -> Proposal:
+        tokens = torch.multinomial(self.probs, draft_len, replacement=True, generator=generator)
+        return Proposal(tokens[None], self.probs.expand(1, draft_len, -1))
 
     def update(self, accepted_tokens, n_accepted, verify) -> None:
         pass
@@ -65,7 +65,7 @@ def test_first_sampled_tokens_follow_the_target(tiny_target) -> None:
     counts: dict = {}
     accepted = 0
     for _ in range(draws):
-        result = generate(adapter, inputs, FixedDistributionDrafter(draft), gamma=1,
+        result = generate(adapter, inputs, FixedDistributionDrafter(draft), shape=1,
                           max_new_tokens=3, sampling=sampling, generator=gen)
         pair = tuple(result.tokens[:2].tolist())
         counts[pair] = counts.get(pair, 0) + 1
@@ -83,7 +83,7 @@ def test_sampling_is_reproducible_with_a_generator(tiny_target) -> None:
     adapter = tiny_target("llava")
     inputs = adapter.build_inputs(tiny_image(5), PROMPTS[5])
     sampling = SamplingConfig(temperature=0.8, top_p=0.9)
-    runs = [generate(adapter, inputs, PromptLookupDrafter(), gamma=3, max_new_tokens=10,
+    runs = [generate(adapter, inputs, PromptLookupDrafter(), shape=3, max_new_tokens=10,
                      sampling=sampling, generator=torch.Generator().manual_seed(4)).tokens
             for _ in range(2)]
     assert torch.equal(runs[0], runs[1])
@@ -95,7 +95,7 @@ def test_stats_and_accept_rates(tiny_target) -> None:
     plain = plain_generate(adapter, inputs, max_new_tokens=10, timed=True)
     half = plain.tokens.clone()
     half[3] = (half[3] + 1) % adapter.vocab_size  # the replay goes wrong at token 4
-    result = generate(adapter, inputs, ReplayDrafter(half), gamma=4, max_new_tokens=10,
+    result = generate(adapter, inputs, ReplayDrafter(half), shape=4, max_new_tokens=10,
                       timed=True)
     assert torch.equal(result.tokens, plain.tokens)
     stats = result.stats
@@ -104,7 +104,7 @@ def test_stats_and_accept_rates(tiny_target) -> None:
     assert stats.tau == pytest.approx(sum(stats.cycle_lengths) / len(stats.cycle_lengths))
     rates = stats.accept_rates(4)
     assert len(rates) == 4 and all(r is None or 0 <= r <= 1 for r in rates)
-    summary = stats.to_dict(gamma=4)
+    summary = stats.to_dict(draft_len=4)
     assert summary["new_tokens"] == 10 and summary["tokens_per_s"] > 0
     # the time splits into the prefill phase (both models read the prompt) and the decode phase
     parts = stats.prefill_s + stats.draft_prefill_s + stats.draft_s + stats.verify_s + stats.other_s
@@ -127,7 +127,7 @@ def test_only_a_timed_call_synchronises_per_phase(tiny_target, monkeypatch, time
     inputs = adapter.build_inputs(tiny_image(6), PROMPTS[6])
     ref = plain_generate(adapter, inputs, max_new_tokens=10).tokens
     syncs.clear()
-    result = generate(adapter, inputs, ReplayDrafter(ref), gamma=2, max_new_tokens=10,
+    result = generate(adapter, inputs, ReplayDrafter(ref), shape=2, max_new_tokens=10,
                       timed=timed)
     stats = result.stats
     assert result.tokens.tolist() == ref.tolist() and stats.total_s > 0
@@ -154,7 +154,7 @@ def test_generation_stops_at_eos(tiny_target) -> None:
     try:
         first_eos = ref.tolist().index(int(ref[4]))
         for drafter in (OracleDrafter(8), None):
-            out = generate(adapter, inputs, drafter, gamma=5, max_new_tokens=8)
+            out = generate(adapter, inputs, drafter, shape=5, max_new_tokens=8)
             assert out.tokens.tolist() == ref[: first_eos + 1].tolist()
     finally:
         adapter.eos_token_ids = saved
@@ -170,8 +170,8 @@ def test_drafters_satisfy_the_protocol(tiny_target) -> None:
 def test_bad_arguments(tiny_target, tmp_path) -> None:
     adapter = tiny_target("llava")
     inputs = adapter.build_inputs(tiny_image(0), PROMPTS[0])
-    with pytest.raises(InputError, match="draft length 0 must be >= 1"):
-        generate(adapter, inputs, PromptLookupDrafter(), gamma=0)
+    with pytest.raises(InputError, match="draft_len 0 must be >= 1"):
+        generate(adapter, inputs, PromptLookupDrafter(), shape=0)
     with pytest.raises(InputError, match="unknown drafter 'eagle'"):
         load_drafter("eagle", adapter)
     with pytest.raises(InputError, match="holds no spec.json"):
@@ -207,9 +207,9 @@ def test_lossless_and_sampling_on_cuda(tiny_models) -> None:
             hf_out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
             ref = hf_out[0, inputs["input_ids"].shape[1]:]
         for drafter in (OracleDrafter(12), PromptLookupDrafter()):
-            out = generate(adapter, inputs, drafter, gamma=3, max_new_tokens=12)
+            out = generate(adapter, inputs, drafter, shape=3, max_new_tokens=12)
             assert out.tokens.tolist() == ref.cpu().tolist()
     gen = torch.Generator(device="cuda").manual_seed(0)
-    out = generate(adapter, inputs, PromptLookupDrafter(), gamma=3, max_new_tokens=12,
+    out = generate(adapter, inputs, PromptLookupDrafter(), shape=3, max_new_tokens=12,
                    sampling=SamplingConfig(temperature=1.0, top_p=0.9), generator=gen)
     assert 1 <= out.stats.new_tokens <= 12

@@ -45,12 +45,12 @@ def _run_all(family_case, make_drafter):
     adapter, cases = family_case
     mismatches, results = [], []
     for i, (inputs, ref) in enumerate(cases):
-        for gamma in GAMMAS:
-            result = generate(adapter, inputs, make_drafter(ref), gamma=gamma,
+        for draft_len in GAMMAS:
+            result = generate(adapter, inputs, make_drafter(ref), shape=draft_len,
                               max_new_tokens=MAX_NEW)
-            results.append((gamma, result))
+            results.append((draft_len, result))
             if result.tokens.tolist() != ref.tolist():
-                mismatches.append((i, gamma, result.tokens.tolist(), ref.tolist()))
+                mismatches.append((i, draft_len, result.tokens.tolist(), ref.tolist()))
     assert not mismatches, f"{adapter.family}: speculative != generate for {mismatches[:3]}"
     return results
 
@@ -64,10 +64,10 @@ def test_plain_decoding_equals_generate(family_case) -> None:
 
 
 def test_oracle_is_lossless_and_accepts_everything(family_case) -> None:
-    for gamma, result in _run_all(family_case, lambda ref: OracleDrafter(horizon=MAX_NEW)):
+    for draft_len, result in _run_all(family_case, lambda ref: OracleDrafter(horizon=MAX_NEW)):
         lengths = result.stats.cycle_lengths
-        assert all(n == gamma + 1 for n in lengths[:-1]), (gamma, lengths)
-        assert 1 <= lengths[-1] <= gamma + 1
+        assert all(n == draft_len + 1 for n in lengths[:-1]), (draft_len, lengths)
+        assert 1 <= lengths[-1] <= draft_len + 1
         assert sum(lengths) + 1 == result.stats.new_tokens  # + the prefill's token
 
 
@@ -104,7 +104,7 @@ def _run_trees(family_case, make_drafter):
     mismatches, results = [], []
     for i, (inputs, ref) in enumerate(cases):
         for tree in TREES:
-            result = generate(adapter, inputs, make_drafter(), tree=tree, max_new_tokens=MAX_NEW)
+            result = generate(adapter, inputs, make_drafter(), shape=tree, max_new_tokens=MAX_NEW)
             results.append((tree, result))
             if result.tokens.tolist() != ref.tolist():
                 mismatches.append((i, tree.label, result.tokens.tolist(), ref.tolist()))
@@ -112,10 +112,10 @@ def _run_trees(family_case, make_drafter):
     return results
 
 
-def test_tree_oracle_is_lossless_and_accepts_every_depth(family_case) -> None:
+def test_tree_oracle_is_lossless_and_accepts_every_level(family_case) -> None:
     for tree, result in _run_trees(family_case, lambda: RotatingOracle(horizon=MAX_NEW)):
         lengths = result.stats.cycle_lengths
-        assert all(n == tree.depth + 1 for n in lengths[:-1]), (tree.label, lengths)
+        assert all(n == tree.draft_len + 1 for n in lengths[:-1]), (tree.label, lengths)
 
 
 def test_tree_always_wrong_drafter_is_lossless(family_case) -> None:

@@ -176,7 +176,7 @@ def test_decoding_makes_no_tensor_on_the_default_device(llava, name, sampling) -
         runs = []
         for default in ("cpu", "meta"):
             with torch.device(default):
-                out = generate(adapter, dict(prompt), make() if make else None, gamma=3,
+                out = generate(adapter, dict(prompt), make() if make else None, shape=3,
                                max_new_tokens=MAX_NEW, sampling=sampling,
                                generator=torch.Generator().manual_seed(i))
             assert out.tokens.device.type == "cpu", f"{name}: tokens on {out.tokens.device}"
@@ -191,8 +191,8 @@ def test_teacher_forced_scoring_makes_no_tensor_on_the_default_device(llava) -> 
     results = []
     for default in ("cpu", "meta"):
         with torch.device(default):
-            trace = trace_target(adapter, dict(prompts[0]), (2, 4), MAX_NEW, gamma_max=4)
-            matches = draft_matches(draft, trace, SPEC, gamma_max=4, chunk=3)
+            trace = trace_target(adapter, dict(prompts[0]), (2, 4), MAX_NEW, max_draft_len=4)
+            matches = draft_matches(draft, trace, SPEC, max_draft_len=4, chunk=3)
         assert trace.tokens.device.type == trace.visual_mask.device.type == "cpu"
         results.append((trace.tokens.tolist(), matches.tolist()))
     assert results[0] == results[1]
@@ -208,12 +208,12 @@ def test_decoding_and_teacher_forced_scoring_on_cuda_match_the_cpu() -> None:
     prompt = tiny_prompts(1, seed=3)[0]
     ref = plain_generate(adapter, dict(prompt), max_new_tokens=MAX_NEW).tokens
     for make in _drafters(adapter, draft, ref).values():
-        out = generate(adapter, dict(prompt), make() if make else None, gamma=3,
+        out = generate(adapter, dict(prompt), make() if make else None, shape=3,
                        max_new_tokens=MAX_NEW)
         assert out.tokens.tolist() == ref.tolist()
-    trace = trace_target(adapter, dict(prompt), (2, 4), MAX_NEW, gamma_max=4)
+    trace = trace_target(adapter, dict(prompt), (2, 4), MAX_NEW, max_draft_len=4)
     assert trace.tokens[trace.prompt_len:].tolist() == ref.tolist()
-    matches = draft_matches(draft, trace, SPEC, gamma_max=4, chunk=3)  # raised before the fix
+    matches = draft_matches(draft, trace, SPEC, max_draft_len=4, chunk=3)  # raised before the fix
     assert len(matches) == trace.n_starts and all(0 <= m <= 4 for m in matches)
 
 
@@ -259,7 +259,7 @@ def test_a_greedy_cycle_waits_for_the_device_once(llava, name, monkeypatch) -> N
     monkeypatch.setattr(adapter, "verify", _paused(counter, adapter.verify))
     monkeypatch.setattr(drafter, "start", _paused(counter, drafter.start))
     with counter:
-        out = generate(adapter, dict(prompts[1]), drafter, gamma=3, max_new_tokens=MAX_NEW)
+        out = generate(adapter, dict(prompts[1]), drafter, shape=3, max_new_tokens=MAX_NEW)
     assert out.tokens.tolist() == ref.tolist()
     cycles = len(out.stats.cycle_lengths)
     # one for the prefill's token, one per cycle

@@ -20,8 +20,8 @@ from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_prob
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.extract import CompactDraft, extract
 from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.saving import load_supernet, save_supernet
 from dreams_nas.supernet.draft.state import SharedTargetModules
-from dreams_nas.supernet.draft.store import load_supernet, save_supernet
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
 from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
@@ -147,11 +147,10 @@ def test_greedy_output_with_a_draft_vocabulary_is_the_targets(trained, spec):
     taus = []
     for prompt in prompts:
         ref = plain_generate(adapter, prompt, max_new_tokens=MAX_NEW)
-        kwargs = {"tree": spec.shape} if spec.is_tree else {"gamma": spec.draft_len}
         supernet = generate(adapter, prompt, DreamDrafter(draft, spec), max_new_tokens=MAX_NEW,
-                            **kwargs)
+                            shape=spec.shape)
         out = generate(adapter, prompt, DreamDrafter(compact, spec), max_new_tokens=MAX_NEW,
-                       **kwargs)
+                       shape=spec.shape)
         assert out.tokens.tolist() == ref.tokens.tolist() == supernet.tokens.tolist()
         assert out.stats.cycle_lengths == supernet.stats.cycle_lengths
         taus.append(out.stats.tau)
@@ -168,7 +167,7 @@ def test_teacher_forced_tau_of_a_draft_vocabulary_equals_real_decoding(trained):
     for spec in specs:
         lengths = []
         for prompt in prompts:
-            out = generate(adapter, prompt, DreamDrafter(draft, spec), gamma=spec.draft_len,
+            out = generate(adapter, prompt, DreamDrafter(draft, spec), shape=spec.draft_len,
                            max_new_tokens=MAX_NEW)
             lengths += out.stats.cycle_lengths
         assert rows[spec].tau == pytest.approx(sum(lengths) / len(lengths), rel=0.02)
@@ -202,8 +201,8 @@ def test_sampling_with_a_draft_vocabulary_keeps_the_targets_distribution(trained
     for tree in (None, TokenTree((2,))):
         drafter = DreamDrafter(draft, SubnetSpec(4, 1.0, 4, 1, draft_vocab=0.3))
         for _ in range(runs // 2):
-            out = generate(adapter, prompt, drafter, gamma=1, max_new_tokens=3,
-                           sampling=sampling, generator=gen, tree=tree)
+            out = generate(adapter, prompt, drafter, shape=tree or 1, max_new_tokens=3,
+                           sampling=sampling, generator=gen)
             if len(out.tokens) > 1:
                 counts[out.tokens[1]] += 1
     common = expected * runs >= 5  # chi-square needs expected counts of 5 or more

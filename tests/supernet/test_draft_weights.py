@@ -106,4 +106,4 @@ def test_weights_are_kept_per_architecture_not_per_spec():
         for spec in (SPECS[0], SubnetSpec(1, 1.0, 2, 7, depth=1, mlp=0.25), SPECS[1]):
             with model.using(spec):
                 model.active_weights()
-    assert len(model._weights) == 2  # visual_keep, inject_layer and gamma share the weights
+    assert len(model._weights) == 2  # visual_keep, inject_layer and draft_len share the weights

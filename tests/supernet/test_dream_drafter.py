@@ -53,8 +53,8 @@ def test_greedy_output_is_the_targets_token_for_token(trained, spec):
     taus = []
     for prompt in prompts[:8]:
         ref = plain_generate(adapter, prompt, max_new_tokens=12)
-        for gamma in (1, 3, 5):
-            out = generate(adapter, prompt, drafter, gamma=gamma, max_new_tokens=12)
+        for draft_len in (1, 3, 5):
+            out = generate(adapter, prompt, drafter, shape=draft_len, max_new_tokens=12)
             assert out.tokens.tolist() == ref.tokens.tolist()
             taus.append(out.stats.tau)
     assert sum(taus) / len(taus) > 1.15  # the trained draft is accepted, not merely harmless
@@ -70,9 +70,9 @@ def test_tree_greedy_output_is_the_targets_token_for_token(trained, tree):
         assert drafter.default_tree == TokenTree(tree)
         for prompt in prompts[:8]:
             ref = plain_generate(adapter, prompt, max_new_tokens=12)
-            out = generate(adapter, prompt, drafter, tree=tree_spec.shape, max_new_tokens=12)
+            out = generate(adapter, prompt, drafter, shape=tree_spec.shape, max_new_tokens=12)
             assert out.tokens.tolist() == ref.tokens.tolist()
-            chain = generate(adapter, prompt, DreamDrafter(draft, spec), gamma=len(tree),
+            chain = generate(adapter, prompt, DreamDrafter(draft, spec), shape=len(tree),
                              max_new_tokens=12)
             tree_taus.append(out.stats.tau)
             chain_taus.append(chain.stats.tau)
@@ -106,11 +106,11 @@ def test_an_extracted_subnet_of_any_depth_and_width_is_lossless(trained_elastic,
     taus = []
     for prompt in prompts[:6]:
         ref = plain_generate(adapter, prompt, max_new_tokens=12)
-        supernet = generate(adapter, prompt, DreamDrafter(draft, spec), gamma=spec.draft_len,
+        supernet = generate(adapter, prompt, DreamDrafter(draft, spec), shape=spec.draft_len,
                             max_new_tokens=12)
-        out = generate(adapter, prompt, DreamDrafter(compact, spec), gamma=spec.draft_len,
+        out = generate(adapter, prompt, DreamDrafter(compact, spec), shape=spec.draft_len,
                        max_new_tokens=12)
-        tree = generate(adapter, prompt, DreamDrafter(compact, spec), tree=TokenTree((2, 2)),
+        tree = generate(adapter, prompt, DreamDrafter(compact, spec), shape=TokenTree((2, 2)),
                         max_new_tokens=12)
         assert out.tokens.tolist() == ref.tokens.tolist() == tree.tokens.tolist()
         assert out.stats.cycle_lengths == supernet.stats.cycle_lengths
@@ -125,11 +125,11 @@ def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):
     extract(draft, spec).save_pretrained(folder)
     atomic_write_json(folder / "spec.json", {"schema_version": 1, "spec": spec.to_dict()})
     from_folder = load_drafter(folder, adapter)
-    assert isinstance(from_folder, DreamDrafter) and from_folder.default_gamma == 5
+    assert isinstance(from_folder, DreamDrafter) and from_folder.default_draft_len == 5
     supernet_drafter = DreamDrafter(draft, spec)
     for prompt in prompts[:4]:
-        a = generate(adapter, prompt, from_folder, gamma=5, max_new_tokens=12)
-        b = generate(adapter, prompt, supernet_drafter, gamma=5, max_new_tokens=12)
+        a = generate(adapter, prompt, from_folder, shape=5, max_new_tokens=12)
+        b = generate(adapter, prompt, supernet_drafter, shape=5, max_new_tokens=12)
         assert a.tokens.tolist() == b.tokens.tolist()
         assert a.stats.cycle_lengths == b.stats.cycle_lengths
 
@@ -157,8 +157,8 @@ def test_sampling_keeps_the_targets_distribution(trained, tree):
     counts = torch.zeros_like(expected)
     accepted = 0
     for _ in range(runs):
-        out = generate(adapter, prompt, drafter, gamma=1, max_new_tokens=3, sampling=sampling,
-                       generator=gen, tree=tree)
+        out = generate(adapter, prompt, drafter, shape=tree or 1, max_new_tokens=3,
+                       sampling=sampling, generator=gen)
         counts[out.tokens[1]] += 1
         accepted += out.stats.cycle_lengths[0] > 1
     support = expected > 0

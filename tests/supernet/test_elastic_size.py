@@ -10,8 +10,8 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.draft.extract import extract
 from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.saving import load_supernet, save_supernet
 from dreams_nas.supernet.draft.state import DraftCache
-from dreams_nas.supernet.draft.store import load_supernet, save_supernet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,8 +11,8 @@ from dreams_nas.supernet.core.space import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.extract import CompactDraft, extract
 from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.saving import load_supernet, read_supernet_config, save_supernet
 from dreams_nas.supernet.draft.state import DraftCache
-from dreams_nas.supernet.draft.store import load_supernet, read_supernet_config, save_supernet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -59,7 +59,7 @@ def test_round_trip_without_the_supernet(tmp_path):
     torch.testing.assert_close(_features(loaded), expected)
     with pytest.raises(InputError, match="cannot run"):
         loaded.set_active(SubnetSpec(1, 1.0, 2, 7))
-    loaded.set_active(spec.replace(draft_len=2))  # gamma is inference-only
+    loaded.set_active(spec.replace(draft_len=2))  # draft_len is inference-only
     with pytest.raises(MissingArtefactError, match="no extracted draft"):
         CompactDraft.from_pretrained(tmp_path / "nothing")
 

@@ -1,5 +1,5 @@
-"""The real-shaped proxy targets (supernet/demo/proxy.py, bpe.py): LLaVA-1.5 geometry, a
-32,000-token BPE, a 0.3B+ LM, cached like the demo target and loadable by name."""
+"""The real-shaped proxy targets (supernet/builtin/proxy.py, bpe.py): LLaVA-1.5 geometry, a
+32,000-token BPE, a 0.3B+ LM, cached like the built-in target and loadable by name."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
+from dreams_nas.supernet.builtin.bpe import build_bpe_tokenizer
+from dreams_nas.supernet.builtin.cache import ensure_proxy_target, proxy_target_dir
+from dreams_nas.supernet.builtin.proxy import PROXIES, build_config, build_processor, get_proxy
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.targets import NAMED_TARGETS, PROXY_TARGETS
 from dreams_nas.supernet.data.synth import make_sample, vocabulary_texts
-from dreams_nas.supernet.demo.bpe import build_bpe_tokenizer
-from dreams_nas.supernet.demo.cache import ensure_proxy_target, proxy_target_dir
-from dreams_nas.supernet.demo.proxy import PROXIES, build_config, build_processor, get_proxy
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from PIL import Image
 

@@ -49,7 +49,7 @@ def _write_meta(path, **changes) -> None:
 def test_the_spec_loads_on_its_own_target(folder, targets) -> None:
     ours, _ = targets
     drafter = load_spec_drafter(folder, ours)
-    assert isinstance(drafter, DreamDrafter) and drafter.default_gamma == SPEC.draft_len
+    assert isinstance(drafter, DreamDrafter) and drafter.default_draft_len == SPEC.draft_len
 
 
 def test_another_target_is_refused_naming_both(folder, targets) -> None:

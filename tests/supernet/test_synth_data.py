@@ -4,6 +4,7 @@ import json
 
 import pytest
 from dreams_nas.nas import cli
+from dreams_nas.supernet.builtin.word_tokenizer import build_word_tokenizer
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.data.prompts import (
     builtin_dataset,
@@ -22,7 +23,6 @@ from dreams_nas.supernet.data.synth import (
     sample_seed,
     vocabulary_texts,
 )
-from dreams_nas.supernet.demo.word_tokenizer import build_word_tokenizer
 
 
 def test_samples_are_deterministic_and_cover_every_task() -> None:

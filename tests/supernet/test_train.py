@@ -158,7 +158,7 @@ def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
 def _heldout(samples):
     from dreams_nas.supernet.training.convergence import HeldOut
 
-    return HeldOut(samples[-3:], gamma=3, max_new_tokens=8)
+    return HeldOut(samples[-3:], draft_len=3, max_new_tokens=8)
 
 
 def test_training_stops_at_a_plateau_and_keeps_the_best_evaluation(target_data, tmp_path):

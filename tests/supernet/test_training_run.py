@@ -10,7 +10,7 @@ from _support.models import build_tiny_vlm, tiny_image
 from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace
-from dreams_nas.supernet.draft.store import file_hash
+from dreams_nas.supernet.draft.saving import file_hash
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.recipe import draft_for_run, train_run
 from dreams_nas.supernet.training.tppt import TrainConfig
@@ -54,10 +54,10 @@ def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
     assert data["target"]["num_layers"] == 2
     space = SearchSpace.from_dict(data["space"])
     assert space.inject_layer == (1, 2) and space.heads == (1, 2, 3, 4)
-    assert space.trees and space.max_depth == 7  # the default space: chains and token trees
-    # the training-time test unrolls as deep as the space drafts (gamma 7: 6 passes after
+    assert space.trees and space.max_draft_len == 7  # the default space: chains and token trees
+    # the training-time test unrolls as deep as the space drafts (draft_len 7: 6 passes after
     # the teacher-forced one)
-    assert data["supernet"]["train"]["config"]["unroll"] == space.max_depth - 1
+    assert data["supernet"]["train"]["config"]["unroll"] == space.max_draft_len - 1
     draft = draft_for_run(target, run_dir)
     assert draft.config.inject_layers == (1, 2)
     again = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)

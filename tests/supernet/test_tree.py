@@ -10,14 +10,14 @@ from dreams_nas.supernet.core.tree import TokenTree, tree_family
 
 def test_a_tree_numbers_its_nodes_breadth_first() -> None:
     tree = TokenTree((3, 2, 1))
-    assert tree.widths == (3, 6, 6) and tree.nodes == 15 and tree.depth == 3
+    assert tree.widths == (3, 6, 6) and tree.nodes == 15 and tree.draft_len == 3
     assert tree.parents[:10] == (-1, 0, 0, 0, 1, 1, 2, 2, 3, 3)
     assert tree.ranks[:10] == (0, 0, 1, 2, 0, 1, 0, 1, 0, 1)
-    assert list(tree.level(2)) == list(range(4, 10))
+    assert list(tree.nodes_at(2)) == list(range(4, 10))
     assert tree.children(1) == [4, 5] and tree.children(10) == []
     assert tree.path(12) == [0, 2, 6, 12]
-    for i in range(1, tree.nodes + 1):  # a parent always comes first, one depth up
-        assert tree.parents[i] < i and tree.depths[tree.parents[i]] == tree.depths[i] - 1
+    for i in range(1, tree.nodes + 1):  # a parent always comes first, one level up
+        assert tree.parents[i] < i and tree.levels[tree.parents[i]] == tree.levels[i] - 1
 
 
 def test_a_chain_is_the_tree_of_ones() -> None:
@@ -33,8 +33,8 @@ def test_bad_trees_are_one_line_errors(bad) -> None:
 
 
 def test_the_tree_family_stays_within_its_budget() -> None:
-    family = tree_family(12, max_depth=5)
-    assert family and all(t.nodes <= 12 and not t.is_chain and t.depth <= 5 for t in family)
+    family = tree_family(12, max_draft_len=5)
+    assert family and all(t.nodes <= 12 and not t.is_chain and t.draft_len <= 5 for t in family)
     assert len({t.branching for t in family}) == len(family)
 
 
@@ -53,7 +53,7 @@ def test_a_chain_keeps_its_id_and_json() -> None:
     chain = SubnetSpec(2, 1.0, 8, 3, tree=(1, 1, 1))
     assert chain == SubnetSpec(2, 1.0, 8, 3) and chain.id == "h2-v1.00-l8-g3"
     assert "tree" not in chain.to_dict()
-    with pytest.raises(InputError, match="draft_len=5 must equal the depth"):
+    with pytest.raises(InputError, match="draft_len=5 must equal the levels"):
         SubnetSpec(2, 1.0, 8, 5, tree=(2, 1))
 
 
@@ -64,7 +64,7 @@ def test_a_space_enumerates_chains_then_trees() -> None:
     assert len(specs) == space.size == 2 * 4
     assert [s.id for s in specs[:4]] == ["h1-v1.00-l4-g1", "h1-v1.00-l4-g3",
                                          "h1-v1.00-l4-t3x1", "h1-v1.00-l4-t2x2x1"]
-    assert all(s in space for s in specs) and space.max_depth == 3
+    assert all(s in space for s in specs) and space.max_draft_len == 3
     assert SubnetSpec(1, 1.0, 4, 2, tree=(4, 1)) not in space
     with pytest.raises(InputError, match="tree 4x1 of subnet h1-v1.00-l4-t4x1 isn't"):
         space.validate(SubnetSpec(1, 1.0, 4, 2, tree=(4, 1)))

@@ -172,17 +172,17 @@ def test_tree_walk_gives_the_joint_distribution_of_two_tokens(mode: str) -> None
         draft = torch.cat((DRAFT_0.expand(DRAWS, 1, VOCAB), DRAFT_1[first],
                            torch.zeros(DRAWS, 4, VOCAB)), 1)
     last, nxt = tree_accept_batched(tree, tokens, target, draft, gen)
-    depth = torch.tensor(tree.depths)[last]
+    level = torch.tensor(tree.levels)[last]
     parent = torch.tensor(tree.parents)[last]
     rows = torch.arange(DRAWS)
     # the first two tokens out: the path's, then the next token; after a stop at the root, the
     # next cycle would draw the second token from the target after the first
-    tok1 = torch.where(depth == 0, nxt, tokens[rows, torch.where(depth == 2, parent, last)])
+    tok1 = torch.where(level == 0, nxt, tokens[rows, torch.where(level == 2, parent, last)])
     after = torch.multinomial(TARGET_1[tok1], 1, generator=gen)[:, 0]
-    tok2 = torch.where(depth == 2, tokens[rows, last], torch.where(depth == 1, nxt, after))
+    tok2 = torch.where(level == 2, tokens[rows, last], torch.where(level == 1, nxt, after))
     counts = torch.bincount(tok1 * VOCAB + tok2, minlength=VOCAB * VOCAB)
     _assert_matches(counts, TARGET_0[:, None] * TARGET_1)
-    assert int((depth == 2).sum()) > 0 and int((depth == 0).sum()) > 0  # every branch was hit
+    assert int((level == 2).sum()) > 0 and int((level == 0).sum()) > 0  # every branch was hit
 
 
 def test_unbatched_tree_accept_matches_the_walk() -> None:

@@ -48,7 +48,7 @@ def _check_nodes_match_paths(adapter: TargetAdapter, inputs, tree: TokenTree, se
     assert out.logits.shape == (1, tree.nodes + 1, adapter.vocab_size)
     assert adapter.cache_len == start + tree.nodes + 1
     adapter.rollback(tree.nodes + 1)
-    for leaf in tree.level(tree.depth):  # every node lies on some leaf's path
+    for leaf in tree.nodes_at(tree.draft_len):  # every node lies on some leaf's path
         path = tree.path(leaf)
         chain = adapter.verify(tokens[:, path])
         torch.testing.assert_close(out.logits[0, path], chain.logits[0], **tol)
@@ -86,11 +86,11 @@ def test_every_node_equals_the_chain_of_its_path(case, tree) -> None:
 def test_keep_path_equals_a_fresh_prefill_of_the_path(case) -> None:
     adapter, prompts = case
     tree = TokenTree((3, 2, 1))
-    deepest = tree.level(tree.depth)
+    deepest = tree.nodes_at(tree.draft_len)
     for seed, inputs in enumerate(prompts):
         tokens = _tokens(adapter, tree.nodes + 2, seed)
         nodes, after = tokens[:, :-1], tokens[:, -1:]
-        for path in (tree.path(deepest[3 * seed + 1]), tree.path(tree.level(1)[2]), [0]):
+        for path in (tree.path(deepest[3 * seed + 1]), tree.path(tree.nodes_at(1)[2]), [0]):
             adapter.prefill(inputs)
             start = adapter.cache_len
             adapter.verify_tree(nodes, tree.parents)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize(("heads", "depth"), [(2, 3), (4, 3), (4, 6)])
 def test_pass_k_equals_the_kth_drafting_step(heads, depth):
-    """Every unrolled pass up to the deepest draft (6 after the first step: gamma 7, as
+    """Every unrolled pass up to the deepest draft (6 after the first step: draft_len 7, as
     EAGLE-3 trains) is the real drafting step it stands for."""
     model = tiny_draft()
     gen = torch.Generator().manual_seed(0)

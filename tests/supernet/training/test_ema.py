@@ -49,7 +49,7 @@ def test_the_average_is_the_closed_form_and_applied_restores(target_data):
 
 def test_training_scores_and_keeps_the_average_and_resumes_it(target_data, tmp_path):
     target, samples, aifd = target_data
-    heldout = HeldOut(samples[-3:], gamma=3, max_new_tokens=8)
+    heldout = HeldOut(samples[-3:], draft_len=3, max_new_tokens=8)
     config = TrainConfig(unroll=1, warmup_steps=4, multires_steps=8, batch_size=4, lr=5e-3,
                          lr_warmup_steps=2, eval_every=4, patience=5, checkpoint_every=3,
                          ema_decay=0.8)

@@ -1,5 +1,5 @@
-"""The feature store (`supernet.training.store`) and the lazy prompts of training: the stored
-samples are `collect_sample`'s exactly, a killed build resumes, a store of other inputs is
+"""The feature store (`supernet.training.feature_store`) and the lazy prompts of training: the
+stored samples are `collect_sample`'s exactly, a killed build resumes, a store of other inputs is
 rebuilt, reading is per shard, and training from the store is training from the list."""
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.data.prompts import Example
 from dreams_nas.supernet.target.adapter import TargetAdapter
-from dreams_nas.supernet.training import store as store_module
+from dreams_nas.supernet.training import feature_store as store_module
 from dreams_nas.supernet.training.convergence import HeldOut
+from dreams_nas.supernet.training.feature_store import (
+    INDEX,
+    FeatureStore,
+    build_store,
+    shard_name,
+    store_key,
+)
 from dreams_nas.supernet.training.features import TargetSample, collect_sample
 from dreams_nas.supernet.training.recipe import (
     PromptInputs,
@@ -31,13 +38,6 @@ from dreams_nas.supernet.training.recipe import (
     train_run,
 )
 from dreams_nas.supernet.training.selfdistill import regenerate_answers
-from dreams_nas.supernet.training.store import (
-    INDEX,
-    FeatureStore,
-    build_store,
-    shard_name,
-    store_key,
-)
 from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
 
 pytestmark = pytest.mark.usefixtures("one_thread")

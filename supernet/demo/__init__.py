@@ -1,2 +1,0 @@
-"""The built-in demo target: its variants, how it is built and trained, its cache and its
-word-level tokenizer."""

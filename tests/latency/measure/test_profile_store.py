@@ -1,0 +1,267 @@
+from __future__ import annotations
+
+import pytest
+from dreams_nas.latency.measure.hardware import detect_hardware
+from dreams_nas.latency.measure.plan import StepKey, canonical_spec
+from dreams_nas.latency.measure.profile_store import (
+    PRE_SIZE_COLUMNS,
+    PRE_VOCAB_COLUMNS,
+    PROFILE_COLUMNS,
+    ProfileStore,
+    make_row,
+    old_header_sizes,
+)
+from dreams_nas.latency.measure.timing import Timing
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+
+SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
+
+
+@pytest.fixture
+def hw():
+    return detect_hardware("cpu", threads=1)
+
+
+def _row(hw, key, ms=1.0):
+    return make_row(hw, key, Timing(samples_ms=(ms, ms * 1.1, ms * 0.9), warmup=1, throttled=False))
+
+
+def test_rows_follow_the_schema_and_round_trip(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    draft = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5))
+    verify = StepKey("verify", 64, 4)
+    assert store.append([_row(hw, draft, 2.0), _row(hw, verify, 5.0)]) == 2
+    frame = store.read()
+    assert list(frame.columns) == list(PROFILE_COLUMNS)
+    d, v = frame.iloc[0], frame.iloc[1]
+    assert (d.kind, d.spec_id, d.heads, d.visual_keep, d.inject_layer, d.context_len, d.k) == (
+        "draft", "h2-v0.50-l2-g3", 2, 0.5, "2", 64, 1)
+    assert (d.depth, d.mlp) == (1, 1.0)  # the paper's draft size
+    assert d.median_ms == pytest.approx(2.0) and d.n_samples == 3 and d.status == "ok"
+    assert d.samples_ms.split() == ["2", "2.2", "1.8"]
+    assert (v.kind, v.spec_id, v.heads, v.k) == ("verify", "", "", 4)
+    assert (v.depth, v.mlp) == ("", "")  # a target row has no draft size
+    assert store.done_keys() == {draft.ident, verify.ident}
+
+
+def test_append_never_duplicates_a_key(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("decode", 32)
+    assert store.append([_row(hw, key)]) == 1
+    assert store.append([_row(hw, key), _row(hw, StepKey("decode", 64))]) == 1
+    assert len(store.read()) == 2
+
+
+def test_failed_rows_are_kept_but_not_fitted(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 1.0))
+    store.append([make_row(hw, key, None, status="oom", error="CUDA out of memory.\nTried")])
+    store.append([_row(hw, StepKey("decode", 64))])
+    frame = store.read()
+    assert list(frame.status) == ["oom", "ok"] and frame.error[0] == "CUDA out of memory. Tried"
+    assert list(store.ok_rows().kind) == ["decode"]
+    assert key.ident in store.done_keys()
+
+
+def test_a_torn_last_line_is_skipped_and_repaired(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    store.append([_row(hw, StepKey("decode", 32))])
+    with store.path.open("a") as handle:
+        handle.write("cpu-x,verify,,,,,,32,3,1.2")  # killed mid-row: no newline
+    assert len(store.read()) == 1
+    store.append([_row(hw, StepKey("decode", 64))])
+    assert list(store.read().context_len) == [32, 64]
+
+
+def _set(cells: list[str], column: str, value: str) -> list[str]:
+    """The row's cells with `column`'s replaced by `value`."""
+    at = PROFILE_COLUMNS.index(column)
+    return [*cells[:at], value, *cells[at + 1:]]
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda cells: cells[:5], r"line 3: has 5 fields where the header has 27"),
+    (lambda cells: _set(cells, "median_ms", "fast"), r"line 3: median_ms='fast' is not a number"),
+    (lambda cells: _set(cells, "kind", "prefill"), r"line 3: kind 'prefill' is not one of"),
+    (lambda cells: _set(cells, "context_len", "x"),
+     r"line 3: context_len='x' is not a whole number"),
+])
+def test_corrupt_csv_names_the_file_and_line(tmp_path, hw, damage, message) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    store.append([_row(hw, StepKey("decode", c)) for c in (32, 64, 96)])
+    lines = store.path.read_text().splitlines()
+    lines[2] = ",".join(damage(lines[2].split(",")))
+    store.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"{store.path}, {message}"):
+        store.read()
+    with pytest.raises(InputError, match="profile.csv, line 3"):
+        store.done_keys()
+
+
+def _append_many(path, start, hw_dict):
+    from dreams_nas.latency.measure.hardware import HardwareInfo
+
+    hw = HardwareInfo.from_dict(hw_dict)
+    store = ProfileStore(path)
+    for c in range(start, start + 30):  # overlapping ranges: half the keys are written by both
+        store.append([_row(hw, StepKey("decode", c + 1))])
+
+
+def test_two_processes_appending_never_tear_or_duplicate(tmp_path, hw) -> None:
+    import multiprocessing
+
+    path = tmp_path / "profile.csv"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_append_many, args=(path, s, hw.to_dict())) for s in (0, 15)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    frame = ProfileStore(path).read()
+    assert sorted(frame.context_len) == list(range(1, 46))  # every key once, none torn
+
+
+# --- elastic depth and MLP width ------------------------------------------------------------
+def test_a_draft_rows_depth_and_mlp_round_trip(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    spec = SubnetSpec(2, 0.5, 2, 3, depth=2, mlp=0.5)
+    key = StepKey("draft_first", 64, 1, spec)
+    assert store.append([_row(hw, key, 3.0)]) == 1
+    assert "h2-v0.50-l2-d2-m0.50-g3,2,0.5,2,3,2,0.5,1,64,1," in store.path.read_text()
+    row = store.read().iloc[0]
+    assert (row.spec_id, row.depth, row.mlp) == ("h2-v0.50-l2-d2-m0.50-g3", 2, 0.5)
+    assert SubnetSpec.from_id(row.spec_id) == spec
+    assert store.done_keys() == {key.ident}
+
+
+def _old_file(store, hw, keys, *, torn: bool = False) -> None:
+    """`store`'s file as a version before depth and mlp wrote it (their columns absent)."""
+    lines = [",".join(PRE_SIZE_COLUMNS)]
+    for key in keys:
+        row = _row(hw, key)
+        lines.append(",".join(str(row[c]) for c in PRE_SIZE_COLUMNS))
+    text = "\r\n".join(lines) + "\r\n"
+    store.path.write_text(text + ("cpu-x,verify,,,,,,32,3,1.2" if torn else ""), newline="")
+
+
+def test_a_file_from_before_depth_and_mlp_reads_and_is_migrated_on_append(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    old_draft = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5))
+    _old_file(store, hw, [old_draft, StepKey("verify", 64, 4)], torn=True)
+    frame = store.read()  # read as is: the draft row at depth 1, the whole MLP
+    assert list(frame.columns) == list(PROFILE_COLUMNS)
+    assert list(frame.depth) == [1, ""] and list(frame.mlp) == [1.0, ""]
+    assert store.done_keys() == {old_draft.ident, ("verify", "", 64, 4)}
+    assert store.path.read_text().startswith("hardware_id,kind,spec_id,heads,visual_keep,"
+                                             "inject_layer,draft_len,context_len")  # untouched
+    new = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5))
+    # the old draft key is the depth-1 canonical spec's: resumed, not timed again
+    assert store.append([_row(hw, old_draft), _row(hw, new, 4.0)]) == 1
+    lines = store.path.read_text().splitlines()
+    assert lines[0] == ",".join(PROFILE_COLUMNS) and len(lines) == 4  # the torn line dropped
+    assert ",2,0.5,2,3,1,1,1,64,1," in lines[1] and ",,,,,,,,64,4," in lines[2]
+    frame = store.read()
+    assert list(frame.depth) == [1, "", 2] and list(frame.mlp) == [1.0, "", 0.5]
+    assert list(frame.draft_vocab) == [1.0, "", 1.0]  # every size column filled in at once
+    assert list(frame.median_ms) == pytest.approx([1.0, 1.0, 4.0])
+    assert store.append([_row(hw, StepKey("decode", 64))]) == 1  # migrated once: plain append
+    assert len(store.read()) == 4
+
+
+def test_a_file_of_another_header_is_still_refused_on_append(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    store.path.write_text("hardware_id,kind,spec_id,context_len,k,median_ms,status,extra\n")
+    with pytest.raises(InputError, match="written by another version: move it aside"):
+        store.append([_row(hw, StepKey("decode", 64))])
+
+
+@pytest.mark.parametrize(("cell", "value", "message"), [
+    ("depth", "0", r"depth='0' of a draft row is not a whole number >= 1"),
+    ("depth", "", r"depth='' of a draft row is not a whole number >= 1"),
+    ("mlp", "1.5", r"mlp='1.5' of a draft row is not a share in \(0, 1\]"),
+    ("mlp", "wide", r"mlp='wide' of a draft row is not a share in \(0, 1\]"),
+])
+def test_a_bad_draft_size_names_the_line(tmp_path, hw, cell, value, message) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5))
+    store.append([_row(hw, StepKey("decode", 64)), _row(hw, key)])
+    lines = store.path.read_text().splitlines()
+    lines[2] = ",".join(_set(lines[2].split(","), cell, value))
+    store.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"line 3: {message}; the profile is corrupt"):
+        store.read()
+
+
+# --- the draft vocabulary ---------------------------------------------------------------------
+def test_a_draft_rows_vocabulary_share_round_trips(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    spec = SubnetSpec(2, 0.5, 2, 3, depth=2, mlp=0.5, draft_vocab=0.25)
+    key = StepKey("draft", 64, 1, spec)
+    assert store.append([_row(hw, key, 3.0), _row(hw, StepKey("decode", 64))]) == 2
+    assert "h2-v0.50-l2-d2-m0.50-n0.25-g3,2,0.5,2,3,2,0.5,0.25,64,1," in store.path.read_text()
+    draft, decode = store.read().iloc[0], store.read().iloc[1]
+    assert (draft.spec_id, draft.draft_vocab) == ("h2-v0.50-l2-d2-m0.50-n0.25-g3", 0.25)
+    assert decode.draft_vocab == ""  # a target row has no draft size
+    assert SubnetSpec.from_id(draft.spec_id) == spec
+
+
+def _pre_vocab_file(store, hw, keys) -> None:
+    """`store`'s file as the version with depth and mlp but before draft_vocab wrote it."""
+    lines = [",".join(PRE_VOCAB_COLUMNS)]
+    for key in keys:
+        row = _row(hw, key)
+        lines.append(",".join(str(row[c]) for c in PRE_VOCAB_COLUMNS))
+    store.path.write_text("\r\n".join(lines) + "\r\n", newline="")
+
+
+def test_a_file_from_before_the_draft_vocabulary_reads_and_is_migrated_on_append(tmp_path,
+                                                                                 hw) -> None:
+    assert [c for c in PROFILE_COLUMNS if c not in PRE_VOCAB_COLUMNS] == ["draft_vocab"]
+    assert old_header_sizes(PRE_VOCAB_COLUMNS) == ("draft_vocab",)
+    assert old_header_sizes(PRE_SIZE_COLUMNS) == ("depth", "mlp", "draft_vocab")
+    assert old_header_sizes(PROFILE_COLUMNS) == ()
+    store = ProfileStore(tmp_path / "profile.csv")
+    sized = StepKey("draft_first", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5))
+    _pre_vocab_file(store, hw, [sized, StepKey("verify", 64, 4)])
+    frame = store.read()  # read as is: the draft row at the whole vocabulary
+    assert list(frame.columns) == list(PROFILE_COLUMNS)
+    assert list(frame.depth) == [2, ""] and list(frame.mlp) == [0.5, ""]
+    assert list(frame.draft_vocab) == [1.0, ""]
+    assert store.done_keys() == {sized.ident, ("verify", "", 64, 4)}
+    assert store.path.read_text().startswith(",".join(PRE_VOCAB_COLUMNS))  # untouched
+    quarter = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5, 0.25))
+    # the old key is the whole vocabulary's canonical spec: resumed, not timed again
+    assert store.append([_row(hw, sized), _row(hw, quarter, 4.0)]) == 1
+    lines = store.path.read_text().splitlines()
+    assert lines[0] == ",".join(PROFILE_COLUMNS) and len(lines) == 4
+    assert ",2,0.5,2,3,2,0.5,1,64,1," in lines[1] and ",,,,,,,,64,4," in lines[2]
+    assert ",2,0.5,2,3,2,0.5,0.25,64,1," in lines[3]
+    frame = store.read()
+    assert list(frame.draft_vocab) == [1.0, "", 0.25]
+    assert list(frame.median_ms) == pytest.approx([1.0, 1.0, 4.0])
+    assert store.append([_row(hw, StepKey("decode", 64))]) == 1  # migrated once: plain append
+    assert len(store.read()) == 4
+
+
+def test_a_header_missing_a_size_column_out_of_order_is_refused_on_append(tmp_path, hw) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    moved = [c for c in PRE_VOCAB_COLUMNS if c != "mlp"] + ["mlp"]
+    assert old_header_sizes(moved) == ()
+    store.path.write_text(",".join(moved) + "\n")
+    with pytest.raises(InputError, match="written by another version: move it aside"):
+        store.append([_row(hw, StepKey("decode", 64))])
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "all"])
+def test_a_bad_draft_vocabulary_names_the_line(tmp_path, hw, value) -> None:
+    store = ProfileStore(tmp_path / "profile.csv")
+    key = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, draft_vocab=0.25))
+    store.append([_row(hw, StepKey("decode", 64)), _row(hw, key)])
+    lines = store.path.read_text().splitlines()
+    lines[2] = ",".join(_set(lines[2].split(","), "draft_vocab", value))
+    store.path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=rf"line 3: draft_vocab={value!r} of a draft row is not "
+                                         r"a share in \(0, 1\]; the profile is corrupt"):
+        store.read()
