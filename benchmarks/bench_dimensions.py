@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples, resolve_hardware
     from dreams_nas.nas.stages.verify import measure_end_to_end
     from dreams_nas.supernet.core.runfolder import RunFolder
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     run = RunFolder(args.run)
     hw = resolve_hardware(run, args.hardware)

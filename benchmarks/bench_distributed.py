@@ -44,21 +44,22 @@ def _rank(rank: int, size: int, threads: int, init: str, run_root: str, prompts:
 
 
 def _work(rank: int, run_root: str, prompts: int, steps: int, out: str) -> None:
+    from dreams_nas.supernet.builtin.resolve import resolve_target
     from dreams_nas.supernet.core.dist import current
     from dreams_nas.supernet.core.runfolder import RunFolder
     from dreams_nas.supernet.data.prompts import load_examples
     from dreams_nas.supernet.target.adapter import TargetAdapter
-    from dreams_nas.supernet.training.recipe import prepare_data, train_run
-    from dreams_nas.supernet.training.tppt import TrainConfig
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, prepare_data, train_run
 
     world = current()
     run = RunFolder(run_root)
     run.supernet_dir.mkdir(parents=True, exist_ok=True)
-    target = TargetAdapter.load("builtin")
+    target = TargetAdapter.load(resolve_target("builtin"), target_id="builtin")
     examples = load_examples("builtin", "train", prompts, prompts, 0, "--prompts")
     world.barrier()
     start = time.perf_counter()
-    data = prepare_data(target, examples, num_draft_heads=target.text_config.num_attention_heads,
+    data = prepare_data(target, examples, SupernetRecipe(),
                         answers_cache=run.supernet_dir / "selfdistill.json",
                         feature_store=run.supernet_dir / "features", show_progress=False)
     world.barrier()
@@ -66,7 +67,8 @@ def _work(rank: int, run_root: str, prompts: int, steps: int, out: str) -> None:
     config = TrainConfig(warmup_steps=steps // 2, multires_steps=steps - steps // 2,
                          batch_size=8, checkpoint_every=10_000)
     start = time.perf_counter()
-    train_run(run, target, examples, config, data=data, holdout=0, show_progress=False)
+    train_run(run, target, examples, config, SupernetRecipe(holdout=0), data=data,
+              show_progress=False)
     world.barrier()
     training = time.perf_counter() - start
     if rank == 0:

@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     from dreams_nas.latency.measure.plan import StepKey
     from dreams_nas.latency.measure.steps import ModelSteps
-    from dreams_nas.latency.measure.timing import measure
+    from dreams_nas.latency.measure.timing import Repeats, measure
     from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples, resolve_hardware
     from dreams_nas.supernet.core.runfolder import RunFolder
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.decoding.loop import generate
     from dreams_nas.supernet.draft.extract import extract
@@ -201,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             steps.chain_drafts = False  # the profile's way
 
     def timed(step: Any) -> list[float]:
-        timing = measure(step.run, warmup=3, min_repeats=args.repeats,
-                         max_repeats=args.repeats, budget_s=1e-3, threads=args.threads,
-                         prepare=step.prepare)
+        timing = measure(step.run, Repeats(warmup=3, min_repeats=args.repeats,
+                                           max_repeats=args.repeats, budget_s=1e-3),
+                         threads=args.threads, prepare=step.prepare)
         return list(timing.samples_ms)
 
     builders = {"hot": lambda: steps.build(key), "chain": lambda: chained(key),

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from dreams_nas.latency.measure.steps import draft_forward
-    from dreams_nas.supernet.core.space import DEFAULT_DRAFT_VOCAB, LARGE_VOCAB, SubnetSpec
+    from dreams_nas.supernet.core.space import DEFAULT_DRAFT_VOCAB, LARGE_VOCAB
+    from dreams_nas.supernet.core.spec import SubnetSpec
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.extract import extract

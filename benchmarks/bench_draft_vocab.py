@@ -40,12 +40,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from dreams_nas.latency.measure.plan import StepKey
     from dreams_nas.latency.measure.steps import ModelSteps, build_supernet, visual_tokens_of
-    from dreams_nas.latency.measure.timing import measure
+    from dreams_nas.latency.measure.timing import Repeats, measure
+    from dreams_nas.supernet.builtin.resolve import resolve_target
     from dreams_nas.supernet.core.space import SearchSpace, vocab_rows
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
     dtype = getattr(torch, args.dtype)
-    adapter = TargetAdapter.load(args.target, device="cpu", dtype=dtype)
+    adapter = TargetAdapter.load(resolve_target(args.target), target_id=args.target,
+                                 device="cpu", dtype=dtype)
     text = adapter.text_config
     vocab = int(text.vocab_size)
     space = SearchSpace.default_for(int(text.num_hidden_layers), int(text.num_attention_heads),
@@ -64,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.passes):
         for config in configs:
             step = steps[config]
-            timing = measure(step.run, prepare=step.prepare, threads=args.threads,
-                             min_repeats=args.repeats, max_repeats=args.repeats, budget_s=60.0)
+            timing = measure(step.run, Repeats(min_repeats=args.repeats,
+                                               max_repeats=args.repeats, budget_s=60.0),
+                             prepare=step.prepare, threads=args.threads)
             samples[config] += list(timing.samples_ms)
             medians[config].append(statistics.median(timing.samples_ms))
     rows = []
@@ -95,7 +98,7 @@ def lossless(adapter, supernet, space, layer: int, args: argparse.Namespace) -> 
     from dreams_nas.supernet.decoding.dream import DreamDrafter
     from dreams_nas.supernet.decoding.loop import generate, plain_generate
     from dreams_nas.supernet.draft.extract import extract
-    from dreams_nas.supernet.training.recipe import prompt_inputs
+    from dreams_nas.supernet.training.selfdistill import prompt_inputs
     from dreams_nas.supernet.training.vocab import coverage, frequency_order
 
     prompts = list(prompt_inputs(adapter, load_eval_examples("builtin", args.prompts, seed=0)))

@@ -98,7 +98,7 @@ def measure(hardware: list[Hardware], prompts: int, repeats: int, max_new_tokens
     from dreams_nas.nas.stages.verify import measure_end_to_end
     from dreams_nas.supernet.core.device import torch_threads
     from dreams_nas.supernet.core.runfolder import RunFolder
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     choices = list(dict.fromkeys(h.best for h in hardware))
     specs = [SubnetSpec.from_id(c) for c in choices]

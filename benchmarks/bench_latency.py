@@ -107,7 +107,7 @@ def draft_points(rows: pd.DataFrame) -> list[tuple[int, float, int, float, float
     """The draft grid point of each row, (heads, visual_keep, depth, mlp, draft_vocab,
     context_len); rows without a depth, mlp or draft_vocab column (profiled before it) are at
     1 there."""
-    from dreams_nas.supernet.core.space import SIZE_DEFAULTS
+    from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 
     def column(name: str) -> np.ndarray:
         if name in rows.columns:

@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
-    from dreams_nas.supernet.training.feature_store import build_store
-    from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.feature_store import StoreLayout, build_store
+    from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         answers = [torch.randint(0, proxy.VOCAB, (proxy.ANSWER,), generator=gen)
                    for _ in range(args.batch)]
         store = build_store(Path(tmp) / "features", proxy.StandInTarget(0), prompts,  # type: ignore[arg-type]
-                            answers, proxy.INJECT, proxy.DISTILL, key="step",
+                            answers, StoreLayout("step", proxy.INJECT, proxy.DISTILL),
                             show_progress=False)
         embed = torch.nn.Embedding(proxy.VOCAB, proxy.HIDDEN).to(dtype).requires_grad_(False)
         head = torch.nn.Linear(proxy.HIDDEN, proxy.VOCAB, bias=False).to(dtype)
@@ -66,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                train_supernet(draft, store, proxy.DISTILL, train, show_progress=False,
-                               compute_dtype=dtype)
+                train_supernet(draft, TrainingSet(store, proxy.DISTILL), train,
+                               show_progress=False, compute_dtype=dtype)
             sys.stderr.write(prof.key_averages(group_by_input_shape=True).table(
                 sort_by="self_cpu_time_total", row_limit=12) + "\n")
         else:
-            train_supernet(draft, store, proxy.DISTILL, train, show_progress=False,
-                           compute_dtype=dtype)
+            train_supernet(draft, TrainingSet(store, proxy.DISTILL), train,
+                           show_progress=False, compute_dtype=dtype)
         seconds = time.perf_counter() - start
     print(json.dumps({"dtype": args.dtype, "unroll": args.unroll, "batch": args.batch,
                       "threads": args.threads, "step_s": round(seconds, 1)}))

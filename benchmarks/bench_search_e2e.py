@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples, resolve_hardware
     from dreams_nas.nas.stages.verify import measure_end_to_end
     from dreams_nas.supernet.core.runfolder import RunFolder
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
     from peers import full_and_eagle_specs, predicted_speedups
 
     run = RunFolder(args.run)

@@ -157,7 +157,7 @@ def _median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float
 def part_exhaustive_arrays(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.latency.model.query import MemoizedLatency
     from dreams_nas.nas.search.candidate import DraftCost, Pricing, evaluate_fields
-    from dreams_nas.nas.search.pareto import is_pareto_front
+    from dreams_nas.supernet.core.pareto import is_pareto_front
 
     space = space_of(args.subnets)
     start = time.perf_counter()
@@ -185,7 +185,7 @@ def part_exhaustive_arrays(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def space_spec_id(fields, i: int) -> str:
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     return SubnetSpec(heads=int(fields.heads[i]), visual_keep=float(fields.visual_keep[i]),
                       inject_layer=int(fields.inject_layer[i]),
@@ -224,7 +224,7 @@ def part_exhaustive_objects(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_pareto_2d(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.nas.search.pareto import is_pareto_front
+    from dreams_nas.supernet.core.pareto import is_pareto_front
 
     values = np.random.default_rng(1).random((args.points, 2))
     median, times, mask = _median_time(
@@ -234,7 +234,7 @@ def part_pareto_2d(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def part_old_vs_new(args: argparse.Namespace) -> dict[str, Any]:
-    from dreams_nas.nas.search.pareto import is_pareto_front
+    from dreams_nas.supernet.core.pareto import is_pareto_front
 
     directions = ("maximize", "minimize")
     # rounded: ties and duplicates, as speedups and parameter counts have

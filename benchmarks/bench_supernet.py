@@ -96,7 +96,8 @@ def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = Non
     from dreams_nas.nas.stages.train import load_examples
     from dreams_nas.supernet.acceptance.teacher_forced import TeacherForcedScorer
     from dreams_nas.supernet.data.prompts import builtin_dataset
-    from dreams_nas.supernet.training.recipe import build_draft, prepare_data, prompt_inputs
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, build_draft, prepare_data
+    from dreams_nas.supernet.training.selfdistill import prompt_inputs
 
     torch.set_num_threads(threads)
     target = _target()
@@ -106,8 +107,9 @@ def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = Non
         if path.is_file():
             continue
         start = time.perf_counter()
-        data = prepare_data(target, load_examples("builtin", n_train, seed), num_draft_heads=heads,
-                            distill=("aifd", "middle", "last"), show_progress=False)
+        data = prepare_data(target, load_examples("builtin", n_train, seed),
+                            SupernetRecipe(num_heads=heads), distill=("aifd", "middle", "last"),
+                            show_progress=False)
         torch.save(data, path)
         print(f"seed {seed}: prepared in {time.perf_counter() - start:.0f} s", flush=True)
     traces = out / f"traces{eval_tag(n_eval, eval_seed)}.pt"
@@ -115,7 +117,8 @@ def prepare(out: Path, seeds: list[int], threads: int, n_train: int | None = Non
         start = time.perf_counter()
         data = torch.load(out / f"data-s{seeds[0]}.pt", weights_only=False)
         prompts = prompt_inputs(target, builtin_dataset("eval", n_eval, seed=eval_seed))
-        scorer = TeacherForcedScorer(target, build_draft(target, data, num_heads=heads, seed=0),
+        scorer = TeacherForcedScorer(target, build_draft(target, data,
+                                                         SupernetRecipe(num_heads=heads), seed=0),
                                      prompts, supernet_hash="-", dataset_id="-",
                                      show_progress=False)
         torch.save(scorer.traces(), traces)
@@ -151,9 +154,9 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
     import torch
     from dreams_nas.nas.stages.train import load_examples
     from dreams_nas.supernet.core.runfolder import RunFolder
-    from dreams_nas.supernet.core.space import SubnetSpec
-    from dreams_nas.supernet.training.recipe import draft_for_run, train_run
-    from dreams_nas.supernet.training.tppt import TrainConfig
+    from dreams_nas.supernet.core.spec import SubnetSpec
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, draft_for_run, train_run
 
     torch.set_num_threads(threads)
     root = Path(out)
@@ -191,9 +194,10 @@ def run_job(out: str, variant: str, seed: int, threads: int, steps: str | None =
                            "heldout_tau")}
     else:
         start = time.perf_counter()
+        recipe = SupernetRecipe(distill=distill, cross_attention=cross, visual_in_self=in_self,
+                                depth=depth, mlp=mlp)
         summary = train_run(run, target, load_examples("builtin", n_train, seed), config,
-                            distill=distill, cross_attention=cross, visual_in_self=in_self,
-                            data=data, show_progress=False, depth=depth, mlp=mlp)
+                            recipe, data=data, show_progress=False)
         result = {"variant": variant, "seed": seed,
                   "train_s": round(time.perf_counter() - start, 1), "steps": summary["steps"],
                   "stopped": summary["stopped"], "best_step": summary["best_step"],
@@ -301,7 +305,7 @@ def train_overrides(pairs: list[str]) -> dict:
     ValueError naming the pair and the fix when it is not one."""
     from dataclasses import fields
 
-    from dreams_nas.supernet.training.tppt import TrainConfig
+    from dreams_nas.supernet.training.config import TrainConfig
 
     kinds = {f.name: type(getattr(TrainConfig(), f.name)) for f in fields(TrainConfig)
              if isinstance(getattr(TrainConfig(), f.name), (int, float, bool))}

@@ -76,8 +76,9 @@ def one(n: int, steps: int, batch: int, in_memory: bool, folder: Path) -> dict:
     from dreams_nas.supernet.draft.config import DraftConfig
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
-    from dreams_nas.supernet.training.feature_store import build_store
-    from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.feature_store import StoreLayout, build_store
+    from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 
     start = time.perf_counter()
     target = StandInTarget(0)
@@ -85,8 +86,8 @@ def one(n: int, steps: int, batch: int, in_memory: bool, folder: Path) -> dict:
     prompts = [{"input_ids": torch.randint(0, VOCAB, (1, PROMPT), generator=gen)}
                for _ in range(n)]
     answers = [torch.randint(0, VOCAB, (ANSWER,), generator=gen) for _ in range(n)]
-    store = build_store(folder / "features", target, prompts, answers, INJECT, DISTILL,  # type: ignore[arg-type]
-                        key=f"bench-{n}", show_progress=False)
+    store = build_store(folder / "features", target, prompts, answers,  # type: ignore[arg-type]
+                        StoreLayout(f"bench-{n}", INJECT, DISTILL), show_progress=False)
     samples = list(store) if in_memory else store
     after_store = peak_rss_gb()
     built = time.perf_counter() - start
@@ -96,7 +97,7 @@ def one(n: int, steps: int, batch: int, in_memory: bool, folder: Path) -> dict:
                          intermediate_size=INNER, vocab_size=VOCAB, inject_layers=INJECT,
                          num_target_layers=LAYERS)
     draft = DreamDraft.initialised(config, SharedTargetModules(embed, head), 0)
-    train_supernet(draft, samples, DISTILL,
+    train_supernet(draft, TrainingSet(samples, DISTILL),
                    TrainConfig(warmup_steps=steps, multires_steps=0, batch_size=batch,
                                unroll=0, checkpoint_every=10_000),
                    show_progress=False, compute_dtype=torch.bfloat16)

@@ -54,7 +54,7 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 32
     from dreams_nas.supernet.core.device import torch_threads
     from dreams_nas.supernet.core.io import read_json
     from dreams_nas.supernet.core.runfolder import RunFolder
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     run = RunFolder(run_dir)
     hw = resolve_hardware(run, hardware)

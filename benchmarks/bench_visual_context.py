@@ -60,7 +60,7 @@ def build(geometry: str, dtype: torch.dtype, in_self: bool):
 @torch.inference_mode()
 def step_fn(draft, geometry: str, keep: float, text: int, dtype: torch.dtype):
     """One drafting step of the subnet (all heads, `keep`) after the prompt's prefill."""
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
     from dreams_nas.supernet.draft.state import DraftCache
 
     hidden, heads, _, _, vocab, n_vis = GEOMETRIES[geometry]

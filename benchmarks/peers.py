@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from dreams_nas.supernet.core.errors import MissingArtefactError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 REFERENCE = "HF generate (greedy)"
 

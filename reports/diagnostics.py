@@ -8,11 +8,9 @@ Each is optional: a run without it gets None (or no curves) and the report leave
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from dreams_nas.reports import layout
-from dreams_nas.reports.reading import integer, num, read_csv, read_json_object
+from dreams_nas.reports.reading import integer, json_object, num, read_csv
 from dreams_nas.reports.values import (
     AcceptanceCurve,
     AifdInfo,
@@ -21,9 +19,11 @@ from dreams_nas.reports.values import (
     PredictorInfo,
     TrainingCurve,
 )
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.runfolder import RunFolder
 
 
-def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str | None,
+def load_acceptance(run: RunFolder, spec_ids: Sequence[str], supernet_hash: str | None,
                     trials_tau: Mapping[str, float], dtype: str | None = None
                     ) -> tuple[str | None, tuple[AcceptanceCurve, ...]]:
     """Per-position acceptance curves of `spec_ids` from the acceptance CSV that covers them best.
@@ -32,12 +32,15 @@ def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str |
     Among several datasets, the one whose τ matches the search's τ for the most front subnets
     wins (the search scored on it), then the one covering most of them.
     """
-    base = layout.acceptance_dir(run_dir)
-    if not base.is_dir() or not spec_ids:
+    if not spec_ids:
         return None, ()
     wanted = set(spec_ids)
     best_key, best_choice = None, (None, ())
-    for path in sorted(base.glob("*.csv")):
+    for dataset_id in run.dataset_ids():
+        try:
+            path = run.acceptance_csv(dataset_id)
+        except InputError:  # a name no `dreams-nas score` writes (RunFolder refuses it)
+            continue
         curves: dict[str, AcceptanceCurve] = {}
         for row in read_csv(path):
             sid = (row.get("spec_id") or "").strip()
@@ -58,13 +61,12 @@ def load_acceptance(run_dir: Path, spec_ids: Sequence[str], supernet_hash: str |
         key = (matched, len(curves))
         if curves and (best_key is None or key > best_key):
             best_key = key
-            # The file's stem is its dataset id (layout.acceptance_csv).
-            best_choice = (path.stem, tuple(curves[s] for s in spec_ids if s in curves))
+            best_choice = (dataset_id, tuple(curves[s] for s in spec_ids if s in curves))
     return best_choice
 
 
-def load_predictor(run_dir: Path, hardware_id: str) -> PredictorInfo | None:
-    raw = read_json_object(layout.predictor_json(run_dir, hardware_id))
+def load_predictor(run: RunFolder, hardware_id: str) -> PredictorInfo | None:
+    raw = json_object(run.predictor_json(hardware_id))
     if raw is None:
         return None
     metrics = raw.get("metrics") or {}

@@ -22,7 +22,6 @@ from dreams_nas.reports.diagnostic_figures import (
     training_figure,
     verified_figure,
 )
-from dreams_nas.reports.files import write_bytes_atomic
 from dreams_nas.reports.plotting import STYLE
 from dreams_nas.reports.subnet_figures import (
     acceptance_figure,
@@ -34,6 +33,7 @@ from dreams_nas.reports.subnet_figures import (
 )
 from dreams_nas.reports.svg import figure_to_svg
 from dreams_nas.reports.values import ReportData
+from dreams_nas.supernet.core.io import atomic_write_bytes
 from matplotlib.figure import Figure
 
 
@@ -117,9 +117,9 @@ def save_figures(figures: Sequence[RenderedFigure], folder: Path, dpi: int = 200
                 (folder / f"{name}{suffix}").unlink(missing_ok=True)
     paths = []
     for fig in figures:
-        paths.append(write_bytes_atomic(folder / f"{fig.name}.svg", fig.svg_file.encode()))
+        paths.append(atomic_write_bytes(folder / f"{fig.name}.svg", fig.svg_file.encode()))
         buf = io.BytesIO()
         with matplotlib.rc_context(STYLE):
             fig.figure.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
-        paths.append(write_bytes_atomic(folder / f"{fig.name}.png", buf.getvalue()))
+        paths.append(atomic_write_bytes(folder / f"{fig.name}.png", buf.getvalue()))
     return paths

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import numpy as np
-from dreams_nas.reports import layout
 from dreams_nas.reports.figures import RenderedFigure
 from dreams_nas.reports.values import ReportData
+from dreams_nas.supernet.core.runfolder import RunFolder
 
 # In this file's templates a backslash at a line's end joins the next line to it (no line break
 # in the page): long rules and tags stay within 100 columns without changing the output.
@@ -117,7 +117,7 @@ def _f(value: float | None, fmt: str = ".2f", suffix: str = "") -> str:
 def generate_command(data: ReportData, spec_id: str) -> str:
     """The command that generates with an exported subnet of this run."""
     target = str(data.target.get("id") or "builtin")
-    spec_dir = layout.spec_dir(data.run_dir, spec_id)
+    spec_dir = RunFolder(data.run_dir).spec_dir(spec_id)
     # --target builtin is generate's default: leave it out to keep the line short.
     target_opt = "" if target == "builtin" else f" --target {shlex.quote(target)}"
     return (f"dreams-nas generate{target_opt} --drafter {shlex.quote(str(spec_dir))} "

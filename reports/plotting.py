@@ -13,8 +13,9 @@ from typing import Any
 
 import matplotlib
 import numpy as np
-from dreams_nas.reports.pareto import pareto_mask_array
-from dreams_nas.reports.values import ReportData, SubnetTable
+from dreams_nas.reports.subnets import SubnetTable
+from dreams_nas.reports.values import ReportData
+from dreams_nas.supernet.core.pareto import is_pareto_front
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -184,7 +185,7 @@ def frontier(ax, data: ReportData, x: Axis, y: Axis) -> None:
     if keep.sum() < 2:
         return
     xs, ys = xs[keep], ys[keep]
-    on = pareto_mask_array(ys, xs)
+    on = is_pareto_front(np.column_stack([ys, xs]), ("maximize", "minimize"))
     front = sorted(set(zip(xs[on].tolist(), ys[on].tolist(), strict=True)))
     fx, fy = zip(*front, strict=True)
     ax.step(fx, fy, where="post", color="#555", lw=1.0, ls="--", zorder=3, alpha=0.8)

@@ -7,29 +7,23 @@ numbers read as None, so a loader decides what an absent value means.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.reports.values import ReportError
+from dreams_nas.reports.errors import ReportError
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import read_json
 
 
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ReportError(
-            f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); rerun the command that "
-            "wrote it"
-        ) from None
-
-
-def read_json_object(path: Path) -> dict[str, Any] | None:
+def json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in `path`; None when there is no such file."""
     if not path.is_file():
         return None
-    data = read_json(path)
+    try:
+        data = read_json(path)
+    except InputError as exc:  # malformed, not UTF-8, unreadable: the report cannot use it
+        raise ReportError(str(exc)) from None
     if not isinstance(data, dict):
         raise ReportError(f"{path} must hold a JSON object; rerun the command that wrote it")
     return data
@@ -65,8 +59,3 @@ def num(value: Any) -> float | None:
 def integer(value: Any) -> int | None:
     out = num(value)
     return None if out is None or math.isinf(out) else int(round(out))
-
-
-def flag(value: Any) -> bool:
-    """A 0/1 (or true/false) cell."""
-    return str(value).strip().lower() in {"1", "true", "yes", "1.0"}

@@ -11,26 +11,20 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from dreams_nas.reports import layout
+from dreams_nas.reports.errors import MissingResultsError, ReportError
 from dreams_nas.reports.reading import (
     csv_header,
     integer,
+    json_object,
     num,
     read_csv,
-    read_json_object,
 )
-from dreams_nas.reports.values import (
-    BestSubnet,
-    CrossHardware,
-    HistoryPoint,
-    MissingResultsError,
-    ReportError,
-    Subnet,
-    SubnetTable,
-    Verified,
-)
+from dreams_nas.reports.subnets import SubnetTable
+from dreams_nas.reports.values import BestSubnet, CrossHardware, HistoryPoint, Verified
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.runfolder import RunFolder
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS, SPEC_FIELDS
 
-SPEC_FIELDS = ("heads", "visual_keep", "inject_layer", "draft_len")
 # The trials.csv columns the report reads (the writer writes a few more).
 TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", "draft_ms",
                   "first_draft_ms", "verify_ms", "decode_ms", "speedup", "draft_params",
@@ -39,38 +33,51 @@ TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", 
 # elastic depth and MLP width (absent or empty: depth 1, the whole MLP) and since the draft
 # vocabulary (absent or empty: the whole vocabulary)
 OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms", "depth", "mlp", "draft_vocab")
-# supernet.core.space.SIZE_DEFAULTS, stated again (reports imports no other package)
-SIZE_DEFAULTS = {"depth": 1, "mlp": 1.0, "draft_vocab": 1.0}
+# The files RunFolder has no method for, named as their writers name them (SCHEMAS.md).
+HISTORY_CSV = "history.csv"  # in each RunFolder.search_dir
+SPEC_JSON = "spec.json"  # in each RunFolder.spec_dir
+
+
+def _search_root(run: RunFolder) -> Path:
+    """The folder of `RunFolder.search_dir`s: one per searched hardware id."""
+    return run.root / "search"
+
+
+def _has_trials(run: RunFolder, name: str) -> bool:
+    try:
+        return run.trials_csv(name).is_file()
+    except InputError:  # a folder name no search writes (RunFolder refuses it)
+        return False
 
 
 def searched_hardware_ids(run_dir: str | Path) -> list[str]:
     """Hardware ids with search results (search/<id>/trials.csv) in this run."""
-    run_dir = Path(run_dir)
-    base = layout.search_root(run_dir)
+    run = RunFolder(run_dir)
+    base = _search_root(run)
     if not base.is_dir():
         return []
-    return sorted(p.name for p in base.iterdir() if layout.trials_csv(run_dir, p.name).is_file())
+    return sorted(p.name for p in base.iterdir() if _has_trials(run, p.name))
 
 
-def pick_hardware(run_dir: Path, hardware_ids: Sequence[str], requested: str | None) -> str:
+def pick_hardware(run: RunFolder, hardware_ids: Sequence[str], requested: str | None) -> str:
     """`requested`, or by default the hardware id searched last (the newest best.json)."""
     if requested is not None:
         if requested not in hardware_ids:
             have = ", ".join(hardware_ids) or "none"
             raise MissingResultsError(
                 f"no search results for hardware id {requested!r} in "
-                f"{layout.search_root(run_dir)} (searched: {have}); run `dreams-nas search "
+                f"{_search_root(run)} (searched: {have}); run `dreams-nas search "
                 f"--hardware {requested}` or pick one of those"
             )
         return requested
     if not hardware_ids:
         raise MissingResultsError(
-            f"no search results in {layout.search_root(run_dir)}/<hardware-id>/trials.csv; run "
+            f"no search results in {_search_root(run)}/<hardware-id>/trials.csv; run "
             "`dreams-nas search` first"
         )
 
     def created(hw: str) -> str:
-        raw = read_json_object(layout.best_json(run_dir, hw)) or {}
+        raw = json_object(run.best_json(hw)) or {}
         return str(raw.get("created") or "")
 
     return max(hardware_ids, key=lambda hw: (created(hw), hw))
@@ -121,13 +128,13 @@ def _is(column: pd.Series, values: Sequence[str]) -> np.ndarray:
     return np.append(hit.astype(bool), False)[codes]
 
 
-def load_subnet_table(run_dir: Path, hardware_id: str) -> SubnetTable:
+def load_subnet_table(run: RunFolder, hardware_id: str) -> SubnetTable:
     """Every scored subnet of trials.csv as columns, in file order, none marked on the front.
 
     A row is scored when its state is `complete` and its tau, speedup and draft steps are
     numbers; SCHEMAS.md: a subnet listed twice keeps its last scored row.
     """
-    path = layout.trials_csv(run_dir, hardware_id)
+    path = run.trials_csv(hardware_id)
     if not path.is_file():
         raise MissingResultsError(f"no search results in {path}; run `dreams-nas search` first")
     missing = [c for c in TRIALS_COLUMNS if c not in csv_header(path)]
@@ -195,29 +202,20 @@ def _cell(value: Any) -> str:
     return "" if value != value else str(value)
 
 
-def load_subnets(run_dir: Path, hardware_id: str) -> list[Subnet]:
-    """Every scored subnet of trials.csv, in file order, none marked on the front yet (as
-    objects: `load_subnet_table` reads them as columns)."""
-    return list(load_subnet_table(run_dir, hardware_id))
-
-
-def mark_front(run_dir: Path, hardware_id: str, subnets: Sequence[Subnet] | SubnetTable
-               ) -> list[Subnet] | SubnetTable:
-    """`subnets`, those listed in pareto.csv (the search's front) marked on the front."""
-    path = layout.pareto_csv(run_dir, hardware_id)
+def mark_front(run: RunFolder, hardware_id: str, table: SubnetTable) -> SubnetTable:
+    """`table`, the subnets listed in pareto.csv (the search's front) marked on the front."""
+    path = run.pareto_csv(hardware_id)
     if not path.is_file():
         raise MissingResultsError(f"no Pareto front in {path}; run `dreams-nas search` (again)")
     front = {(row.get("spec_id") or "").strip() for row in read_csv(path)}
-    if isinstance(subnets, SubnetTable):
-        return replace(subnets, on_front=np.isin(subnets.spec_id, sorted(front)))
-    return [replace(s, on_front=s.spec_id in front) for s in subnets]
+    return replace(table, on_front=np.isin(table.spec_id, sorted(front)))
 
 
-def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verified, ...],
-                                                        dict[str, Any]]:
+def load_best(run: RunFolder, hardware_id: str) -> tuple[BestSubnet, tuple[Verified, ...],
+                                                         dict[str, Any]]:
     """best.json as the best subnet, the subnets verified end to end, and the raw document."""
-    path = layout.best_json(run_dir, hardware_id)
-    raw = read_json_object(path)
+    path = run.best_json(hardware_id)
+    raw = json_object(path)
     if raw is None:
         raise MissingResultsError(f"no best subnet in {path}; run `dreams-nas search` first")
     spec = raw.get("spec") or {}
@@ -250,7 +248,7 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
         measured_speedup_end_to_end=num(meas.get("speedup_end_to_end")),
         measured_range=_interval(meas.get("speedup_range")),
         measured_repeats=integer(meas.get("repeats")),
-        exported=(run_dir / spec_dir / layout.SPEC_JSON).is_file(),
+        exported=(run.root / spec_dir / SPEC_JSON).is_file(),
         # spec.json omits depth, mlp and draft_vocab at the paper's draft size and the whole
         # vocabulary (and wrote none of them before)
         depth=integer(spec.get("depth")) or SIZE_DEFAULTS["depth"],
@@ -265,9 +263,9 @@ def load_best(run_dir: Path, hardware_id: str) -> tuple[BestSubnet, tuple[Verifi
     return best, tuple(verified), raw
 
 
-def load_history(run_dir: Path, hardware_id: str) -> tuple[HistoryPoint, ...]:
+def load_history(run: RunFolder, hardware_id: str) -> tuple[HistoryPoint, ...]:
     """history.csv (Optuna searches only; () without one)."""
-    path = layout.history_csv(run_dir, hardware_id)
+    path = run.search_dir(hardware_id) / HISTORY_CSV
     if not path.is_file():
         return ()
     points = []
@@ -278,16 +276,16 @@ def load_history(run_dir: Path, hardware_id: str) -> tuple[HistoryPoint, ...]:
     return tuple(sorted(points, key=lambda p: p.number))
 
 
-def cross_hardware(run_dir: Path, hardware_ids: Sequence[str]) -> CrossHardware | None:
+def cross_hardware(run: RunFolder, hardware_ids: Sequence[str]) -> CrossHardware | None:
     """Each searched hardware's best subnet, looked up in every hardware's trials."""
     if len(hardware_ids) < 2:
         return None
     tables: dict[str, SubnetTable] = {}
     bests: dict[str, str] = {}
     for hw in hardware_ids:
-        table = tables[hw] = load_subnet_table(run_dir, hw)
+        table = tables[hw] = load_subnet_table(run, hw)
         # best.json is the search's last write: until it is there, the fastest subnet stands in.
-        raw = read_json_object(layout.best_json(run_dir, hw)) or {}
+        raw = json_object(run.best_json(hw)) or {}
         bests[hw] = str(raw.get("spec_id") or table.spec_id[int(np.argmax(table.speedup))])
 
     def speedup(hw: str, spec_id: str) -> float | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import matplotlib
 import numpy as np
-from dreams_nas.reports.pareto import pareto_mask_array
 from dreams_nas.reports.plotting import (
     BEST_COLOR,
     DENSE_ABOVE,
@@ -17,7 +16,9 @@ from dreams_nas.reports.plotting import (
     mark_best,
     scatter_subnets,
 )
-from dreams_nas.reports.values import ReportData, Subnet, SubnetTable
+from dreams_nas.reports.subnets import Subnet, SubnetTable
+from dreams_nas.reports.values import ReportData
+from dreams_nas.supernet.core.pareto import is_pareto_front
 from matplotlib.figure import Figure
 
 
@@ -106,7 +107,7 @@ def cross_front_figure(data: ReportData) -> Figure | None:
     if paired is None or len(paired.spec_id) < 2:
         return None
     fig, ax = make_axes()
-    on = pareto_mask_array(paired.there, -paired.here)  # both maximised
+    on = is_pareto_front(np.column_stack([paired.here, paired.there]), ("maximize", "maximize"))
     if len(paired.spec_id) > DENSE_ABOVE:
         cells = ax.hexbin(paired.here[~on], paired.there[~on], gridsize=48, bins="log",
                           mincnt=1, cmap="Greys", linewidths=0, zorder=1)

@@ -2,7 +2,8 @@
 training, acceptance scoring, prompt data and the built-in target.
 
 Rooms, bottom to top (a room imports only those below it; `lint-imports` holds this):
-`core` (no torch), `data`, `demo`, `target`, `draft`, `decoding`, `training`, `acceptance`.
+`core` (no torch), `ops`, `data`, `builtin`, `target`, `draft`, `decoding`, `training`,
+`acceptance`.
 The names below are imported lazily so that light uses (specs, the run folder, the CLI's
 --help) never pay for importing torch.
 """
@@ -15,9 +16,9 @@ from typing import Any
 _EXPORTS = {
     "InputError": "dreams_nas.supernet.core.errors",
     "MissingArtefactError": "dreams_nas.supernet.core.errors",
-    "SubnetSpec": "dreams_nas.supernet.core.space",
+    "SubnetSpec": "dreams_nas.supernet.core.spec",
     "SearchSpace": "dreams_nas.supernet.core.space",
-    "SPEC_FIELDS": "dreams_nas.supernet.core.space",
+    "SPEC_FIELDS": "dreams_nas.supernet.core.spec",
     "RunFolder": "dreams_nas.supernet.core.runfolder",
     "DEFAULT_RUN_DIR": "dreams_nas.supernet.core.runfolder",
     "library_versions": "dreams_nas.supernet.core.versions",
@@ -31,7 +32,7 @@ _EXPORTS = {
     "read_supernet_config": "dreams_nas.supernet.draft.saving",
     "DreamDrafter": "dreams_nas.supernet.decoding.dream",
     "AifdResult": "dreams_nas.supernet.training.aifd",
-    "TrainConfig": "dreams_nas.supernet.training.tppt",
+    "TrainConfig": "dreams_nas.supernet.training.config",
     "train_supernet": "dreams_nas.supernet.training.tppt",
     "train_run": "dreams_nas.supernet.training.recipe",
     "TargetAdapter": "dreams_nas.supernet.target.adapter",

@@ -12,6 +12,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (pyproject's addopts: one worker per core, at most 2) each worker, and each
+# process it starts, runs torch on one intra-op thread: two workers of two threads each on two
+# cores spin OpenMP threads against each other. Set before any test module imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 def _has_cuda() -> bool:
@@ -28,6 +34,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("cuda"):
                 item.add_marker(skip)
+    _slow_modules_first(items)
+
+
+def _slow_modules_first(items: list[pytest.Item]) -> None:
+    """Modules holding a `slow` test run first, each module's tests kept together and in order:
+    xdist hands out whole modules (`--dist loadscope --no-loadscope-reorder`) in this order, so
+    the long ones start early and the run ends on short ones, not on one worker's last long
+    module while the other idles. Every worker computes the same order."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: collection order otherwise
 
 
 @pytest.fixture
@@ -92,16 +108,22 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def builtin_cache(tmp_path_factory):
-    """A DREAMS_NAS_CACHE folder holding the tiny built-in target, built once per session."""
+    """A DREAMS_NAS_CACHE folder holding the tiny built-in target, built once per test run (and
+    shared by the xdist workers, `_support.shared`)."""
     from _support.demo import build_builtin_cache
+    from _support.shared import shared_folder
 
-    return build_builtin_cache(tmp_path_factory.mktemp("demo-cache"))
+    return shared_folder(tmp_path_factory, "demo-cache", build_builtin_cache)
 
 
 @pytest.fixture(scope="session")
 def tiny_demo(builtin_cache, tmp_path_factory):
     """`dreams-nas demo` at test size (`_support.demo.DEMO_ARGS`) on the tiny built-in target, run
-    once per session: a `_support.demo.TinyDemo`. Read its folder; copy it to write."""
-    from _support.demo import build_tiny_demo
+    once per test run (shared by the xdist workers): a `_support.demo.TinyDemo`. Read its folder;
+    copy it to write."""
+    from _support.demo import build_tiny_demo, read_tiny_demo
+    from _support.shared import shared_folder
 
-    return build_tiny_demo(builtin_cache, tmp_path_factory.mktemp("tiny-demo") / "run")
+    folder = shared_folder(tmp_path_factory, "tiny-demo",
+                           lambda into: build_tiny_demo(builtin_cache, into / "run"))
+    return read_tiny_demo(builtin_cache, folder / "run")

@@ -1,16 +1,17 @@
 """The order a profile times its keys in: shuffled, with each context's target steps side by side.
 
 The speedup a profile predicts is a ratio of its rows: the target's one-token step over the
-cycle's draft steps, verify and overhead. On a shared machine a step's cost moves 20-40 % from
-minute to minute, and in a grid shuffled key by key the decode step of a context is timed in
-other seconds than that context's verify steps: the profile's verify / decode ratio then moved
-from 1.26 to 1.55 between four profiles of one run where the decoding loop measured 1.34-1.40,
-and with it the predicted speedup (BENCHMARKS.md). So the keys of the target's kinds (decode,
-verify, verify_tree, cycle, cycle_tree) of one context are one *unit*: the units and the draft
-keys are shuffled (a slow drift still spreads over the grid as noise, not along one of its
-axes), and a unit's keys are timed one after another, the decode step in the middle, the chain
-verify steps next to it, then the cycle steps, the trees at the ends; an interleaved pass
-visits a unit's keys together (the odd passes backwards, keeping the decode in the middle).
+cycle's draft steps, verify and overhead. On a shared machine a step's cost moves by tens of
+percent from minute to minute, and in a grid shuffled key by key the decode step of a context is
+timed in other seconds than that context's verify steps: the profile's verify / decode ratio
+then moved between profiles of one run far more than the decoding loop's did, and with it the
+predicted speedup (BENCHMARKS.md, 'Predicted vs measured speedup of the pick'). So the keys of
+the target's kinds (decode, verify, verify_tree, cycle, cycle_tree) of one context are one
+*unit*: the units and the draft keys are shuffled (a slow drift still spreads over the grid as
+noise, not along one of its axes), and a unit's keys are timed one after another, the decode
+step in the middle, the chain verify steps next to it, then the cycle steps, the trees at the
+ends; an interleaved pass visits a unit's keys together (the odd passes backwards, keeping the
+decode in the middle).
 
 `blocks` cuts the order into the profile's blocks without splitting a unit.
 """

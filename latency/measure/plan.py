@@ -56,7 +56,8 @@ from dataclasses import dataclass
 import numpy as np
 from dreams_nas.latency.kinds import DRAFT_AXES, DRAFT_KINDS, KINDS
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 
 DEFAULT_VERIFY_KS = tuple(range(2, 9))

@@ -5,19 +5,14 @@ loses at most the row in flight. A rerun reads the keys already there -- (kind, 
 context_len, k) -- and times only the rest; the append re-checks the keys under a lock so two
 processes timing the same hardware id (two identical GPUs) never write a key twice.
 
-A file written before a draft size column existed -- before elastic depth and MLP width (no
-``depth``/``mlp``/``draft_vocab``, `PRE_SIZE_COLUMNS`) or before the draft vocabulary (no
-``draft_vocab``, `PRE_VOCAB_COLUMNS`): any header that is PROFILE_COLUMNS less some of
-`SIZE_COLUMNS` -- reads as it is, its draft rows at the paper's size for each missing column
-(depth 1, the whole MLP, the whole vocabulary: the only size there was); the first append
-migrates it once, under the lock, to the current header (draft rows get ``1`` there, target
-rows stay empty), so a file has one header.
+A file of another header (another dreams-nas version's columns) is refused, read or appended
+to, in one line naming the columns it lacks or adds and `dreams-nas profile`, which times it
+anew: its rows are never read with defaults.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -30,8 +25,8 @@ from dreams_nas.latency.measure.hardware import HardwareInfo
 from dreams_nas.latency.measure.plan import StepKey
 from dreams_nas.latency.measure.timing import Timing
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_text, locked
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS
+from dreams_nas.supernet.core.io import append_csv_rows, locked
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 
 PROFILE_COLUMNS: tuple[str, ...] = (
     "hardware_id", "kind", "spec_id", "heads", "visual_keep", "inject_layer", "draft_len",
@@ -41,11 +36,6 @@ PROFILE_COLUMNS: tuple[str, ...] = (
 )
 # The draft size columns (SubnetSpec.depth, .mlp and .draft_vocab): empty on target rows.
 SIZE_COLUMNS: tuple[str, ...] = tuple(SIZE_DEFAULTS)
-# The headers of files written before them, read as is and migrated to PROFILE_COLUMNS on the
-# first append (`old_header_sizes`): before elastic depth and MLP width (every draft row: depth
-# 1, the whole MLP, the whole vocabulary), and before the draft vocabulary (the whole one).
-PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in PROFILE_COLUMNS if c not in SIZE_COLUMNS)
-PRE_VOCAB_COLUMNS: tuple[str, ...] = tuple(c for c in PROFILE_COLUMNS if c != "draft_vocab")
 STATUSES = ("ok", "oom", "failed")
 _INT_COLUMNS = ("context_len", "k", "n_samples", "throttled")
 _FLOAT_COLUMNS = ("median_ms", "p10_ms", "p90_ms")
@@ -92,16 +82,6 @@ def make_row(
     return row
 
 
-def old_header_sizes(header: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """The size columns an older profile header lacks: () for the current header or a foreign
-    one; else the missing ones of `SIZE_COLUMNS`, where `header` is PROFILE_COLUMNS, in order,
-    less those (`PRE_SIZE_COLUMNS`, `PRE_VOCAB_COLUMNS`)."""
-    missing = tuple(c for c in SIZE_COLUMNS if c not in header)
-    if not missing or list(header) != [c for c in PROFILE_COLUMNS if c not in missing]:
-        return ()
-    return missing
-
-
 class ProfileStore:
     """Reads and appends one hardware id's profile.csv."""
 
@@ -132,13 +112,7 @@ class ProfileStore:
         header = next(reader, None)
         if header is None:
             return pd.DataFrame(columns=list(PROFILE_COLUMNS))
-        missing = [c for c in ("kind", "spec_id", "context_len", "k", "median_ms", "status")
-                   if c not in header]
-        if missing:
-            raise InputError(
-                f"{self.path}, line 1: the header lacks column(s) {missing}; this is not a "
-                "dreams-nas profile: move it aside and rerun `dreams-nas profile`"
-            )
+        self._check_header(header)
         records = []
         for values in reader:
             line = reader.line_num
@@ -148,11 +122,22 @@ class ProfileStore:
                 self._corrupt(line, f"has {len(values)} fields where the header has {len(header)}")
             record = dict(zip(header, values, strict=True))
             records.append(self._parse(record, line))
-        # A file from before a size column reads with it (`_parse` fills them in), in the
-        # current column order; columns this version does not know are kept, last.
-        columns = [c for c in PROFILE_COLUMNS if c in header or c in SIZE_COLUMNS]
-        columns += [c for c in header if c not in PROFILE_COLUMNS]
-        return pd.DataFrame.from_records(records, columns=columns)
+        return pd.DataFrame.from_records(records, columns=list(PROFILE_COLUMNS))
+
+    def _check_header(self, header: list[str]) -> None:
+        """Refuse, in one line, a header that is not this version's (PROFILE_COLUMNS): the
+        columns it lacks and adds, and the command that times the profile anew."""
+        if header == list(PROFILE_COLUMNS):
+            return
+        missing = [c for c in PROFILE_COLUMNS if c not in header]
+        unknown = [c for c in header if c not in PROFILE_COLUMNS]
+        found = (f"lacks {missing} and adds {unknown}" if missing and unknown
+                 else f"lacks {missing}" if missing else f"adds {unknown}" if unknown
+                 else "has them in another order")
+        raise InputError(
+            f"{self.path} has the header of another dreams-nas version: it {found} against "
+            f"this version's {len(PROFILE_COLUMNS)} columns; move it aside and run "
+            "`dreams-nas profile` to time the steps again")
 
     def _corrupt(self, line: int, problem: str) -> None:
         raise InputError(
@@ -166,13 +151,12 @@ class ProfileStore:
         if record["status"] not in STATUSES:
             self._corrupt(line, f"status {record['status']!r} is not one of {list(STATUSES)}")
         for name in _INT_COLUMNS:
-            if name in record:
-                try:
-                    record[name] = int(record[name] or 0)
-                except ValueError:
-                    self._corrupt(line, f"{name}={record[name]!r} is not a whole number")
+            try:
+                record[name] = int(record[name] or 0)
+            except ValueError:
+                self._corrupt(line, f"{name}={record[name]!r} is not a whole number")
         for name in _FLOAT_COLUMNS:
-            text = record.get(name, "")
+            text = record[name]
             if text == "" and record["status"] != "ok":
                 record[name] = math.nan
                 continue
@@ -188,13 +172,10 @@ class ProfileStore:
             try:
                 record["heads"] = int(record["heads"])
                 record["visual_keep"] = float(record["visual_keep"])
-            except (KeyError, ValueError):
+            except ValueError:
                 self._corrupt(line, "a draft row needs whole-number heads and a numeric "
                                     "visual_keep")
-        for name, default in SIZE_DEFAULTS.items():
-            if name not in record:  # written before the column: the paper's draft size
-                record[name] = default if drafted else ""
-            elif drafted:
+            for name in SIZE_COLUMNS:
                 record[name] = self._size(record[name], name, line)
         return record
 
@@ -222,7 +203,6 @@ class ProfileStore:
         """Append rows whose key is not recorded yet; returns how many were written."""
         rows = list(rows)
         with locked(self.path.with_name(self.path.name + ".keys")):
-            self._migrate_old_header()
             done = self.done_keys()
             fresh = []
             for row in rows:
@@ -232,38 +212,6 @@ class ProfileStore:
                     done.add(key)
                     fresh.append(row)
             return append_csv_rows(self.path, fresh, PROFILE_COLUMNS)
-
-    def _migrate_old_header(self) -> None:
-        """Rewrite a file of an older header (`old_header_sizes`) with PROFILE_COLUMNS, once:
-        draft rows at the paper's size in each missing size column (what they measured), target
-        rows empty there. A line torn by a kill is dropped (`read` skips it); a damaged line is
-        kept as it is, for `read` to name. Atomic, under the lock `append_csv_rows` takes (the
-        caller holds only the keys lock); a file of any other header is left for
-        `append_csv_rows` to refuse."""
-        if not self.exists():
-            return
-        with locked(self.path):
-            text = self.path.read_bytes().decode("utf-8", errors="replace")
-            lines = text.splitlines()
-            if not text.endswith("\n"):
-                lines = lines[:-1]  # torn by a kill
-            records = list(csv.reader(lines))
-            if not records or not old_header_sizes(records[0]):
-                return
-            header = records[0]
-            kind = header.index("kind")
-            out = io.StringIO()
-            writer = csv.writer(out)  # csv's line ends, as `append_csv_rows` writes them
-            writer.writerow(PROFILE_COLUMNS)
-            for values in records[1:]:
-                if len(values) == len(header):
-                    drafted = values[kind] in DRAFT_KINDS
-                    filled = {c: f"{SIZE_DEFAULTS[c]:g}" if drafted else ""
-                              for c in SIZE_COLUMNS if c not in header}
-                    cells = {**dict(zip(header, values, strict=True)), **filled}
-                    values = [cells[c] for c in PROFILE_COLUMNS]
-                writer.writerow(values)
-            atomic_write_text(self.path, out.getvalue())
 
     def ok_rows(self) -> pd.DataFrame:
         """The successful measurements (what the predictor fits)."""

@@ -19,7 +19,7 @@ from dreams_nas.latency.measure.order import blocks, timing_order
 from dreams_nas.latency.measure.passes import PassJournal, journal_path
 from dreams_nas.latency.measure.plan import StepKey
 from dreams_nas.latency.measure.profile_store import ProfileStore, make_row
-from dreams_nas.latency.measure.timing import Timing, measure
+from dreams_nas.latency.measure.timing import Repeats, Timing, measure
 
 log = logging.getLogger("dreams_nas.latency")
 
@@ -199,11 +199,12 @@ def _time_one(builder: StepBuilder, key: StepKey, hw: HardwareInfo, settings: Ti
     """The step's timing, or the row recording why it could not be timed."""
     try:
         step = builder.build(key)
-        timing = measure(step.run, device=hw.device, warmup=settings.warmup,
-                         min_repeats=settings.min_repeats, max_repeats=settings.repeats,
-                         budget_s=settings.budget_s, threads=settings.threads, probe=probe,
-                         clock=settings.clock if hw.kind == "cpu" else "wall",
-                         prepare=step.prepare, excluded=step.excluded)
+        repeats = Repeats(warmup=settings.warmup, min_repeats=settings.min_repeats,
+                          max_repeats=settings.repeats, budget_s=settings.budget_s)
+        timing = measure(step.run, repeats,
+                         device=hw.device, threads=settings.threads, probe=probe,
+                         clock=settings.clock if hw.kind == "cpu" else "wall", prepare=step.prepare,
+                         excluded=step.excluded)
         del step
         return timing
     except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError

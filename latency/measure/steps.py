@@ -10,8 +10,8 @@
   back to back. (With `chain_drafts` each repeat is instead prepared, untimed, by what
   precedes a cycle's later step in the loop: the target's verify and the first draft step on
   the same draft cache. `benchmarks/bench_draft_chain.py` times both beside the loop's own
-  steps: back to back the step costs what the loop's later steps cost, 0.94-1.03x at the
-  median, chained 1.10-1.17x, and a chained profile takes 1.2-1.8x as long: BENCHMARKS.md.)
+  steps: back to back the step costs what the loop's later steps cost, chained a little more,
+  and a chained profile takes longer: BENCHMARKS.md, 'Latency predictor accuracy'.)
 * ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
   (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
   runs the target's verify over the cycle's max_draft_len + 1 positions at the same context length
@@ -41,13 +41,14 @@ from dreams_nas.latency.measure.plan import StepKey
 from dreams_nas.latency.measure.prefills import KeptPrefills
 from dreams_nas.latency.measure.profiler import Step
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from torch import nn
 
 # How this program runs the steps it times, as a number raised whenever a change makes a timed
 # step cost differently: 1, every profile before it was recorded; 2, the draft's weights kept
-# per subnet (a draft step ~0.7x of revision 1's on the CPU). A profile records it in its
+# per subnet (a cheaper draft step on the CPU). A profile records it in its
 # fingerprint (predictor.json), and a search on a profile of another revision warns that its
 # prices are another program's (`nas.stages.search.stale_profile_note`).
 STEP_REVISION = 2

@@ -69,29 +69,34 @@ class Timing:
         return float(np.percentile(self.samples_ms, 90))
 
 
-def measure(
-    step: Callable[[], object],
-    *,
-    device: str = "cpu",
-    warmup: int = 3,
-    min_repeats: int = 5,
-    max_repeats: int = 50,
-    budget_s: float = 1.0,
-    threads: int | None = None,
-    probe: ClockProbe | None = None,
-    clock_drop: float = 0.10,
-    clock: str = "wall",
-    prepare: Callable[[], object] | None = None,
-    excluded: Callable[[str], float] | None = None,
-) -> Timing:
-    """Time `step()`: `warmup` untimed calls, then repeats until `max_repeats` or until
-    `budget_s` seconds have passed (but at least `min_repeats`).
+# A timing is flagged throttled when the SM clock fell more than this share below its highest.
+CLOCK_DROP = 0.10
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """How often a step is timed: `warmup` untimed calls, then repeats until `max_repeats` or
+    until `budget_s` seconds have passed (but at least `min_repeats`)."""
+
+    warmup: int = 3
+    min_repeats: int = 5
+    max_repeats: int = 50
+    budget_s: float = 1.0
+
+
+def measure(step: Callable[[], object], repeats: Repeats = Repeats(), *, device: str = "cpu",
+            threads: int | None = None, clock: str = "wall", probe: ClockProbe | None = None,
+            prepare: Callable[[], object] | None = None,
+            excluded: Callable[[str], float] | None = None) -> Timing:
+    """Time `step()` `repeats` times (`Repeats`).
 
     `probe` (NVML) is read after every repeat; the timing is flagged `throttled` when a slowdown
-    reason was set or the SM clock fell more than `clock_drop` below the highest clock seen.
+    reason was set or the SM clock fell more than `CLOCK_DROP` below the highest clock seen.
     `prepare`, when given, runs untimed before every warm-up call and every sample;
     `excluded`, when given, is subtracted from every sample (module docstring).
     """
+    warmup, min_repeats, max_repeats, budget_s = (repeats.warmup, repeats.min_repeats,
+                                                  repeats.max_repeats, repeats.budget_s)
     if min_repeats < 1 or max_repeats < min_repeats:
         raise ValueError(
             f"repeats must satisfy 1 <= min_repeats ({min_repeats}) <= max_repeats ({max_repeats})"
@@ -132,7 +137,7 @@ def measure(
                     clocks.append(int(mhz))
             if len(samples) >= min_repeats and time.perf_counter() >= deadline:
                 break
-    if clocks and min(clocks) < (1.0 - clock_drop) * max(clocks):
+    if clocks and min(clocks) < (1.0 - CLOCK_DROP) * max(clocks):
         throttled = True
     return Timing(samples_ms=tuple(samples), warmup=warmup, throttled=throttled,
                   clock_mhz=tuple(clocks))

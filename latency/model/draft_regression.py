@@ -8,8 +8,8 @@ tree level's nodes). `DraftFeatures` turns a row into exactly these products of 
 sizes (heads, visual_keep, blocks = 2 * depth + 1, mlp, draft_vocab, a tree level's extra
 nodes) and, at most once in each, the attended keys or the context: every feature is affine in
 the context, so a model linear in them is linear in the context, inside the profiled range and
-beyond it. Nothing squares the context or takes its log: a ridge on squared log features once
-predicted 296 ms at context 2000 from a fit on 592..832 where the truth was 17 ms.
+beyond it. Nothing squares the context or takes its log: a ridge on squared log features
+predicts many times the true cost a few spans beyond the profiled contexts.
 
 `RelativeRidge` fits milliseconds (not their log: a model linear in the context fitted on
 log(ms) is exponential in the context) with weights 1 / ms^2, so what it minimises is the squared
@@ -20,8 +20,7 @@ one-standard-error rule. Gradient boosting, random forests and polynomials of th
 not candidates: the first two are flat outside the profiled range, the last explodes.
 
 Each draft kind (``draft``, with its tree levels, and ``draft_first``) gets its own selector
-(`dreams_nas.latency.model.regressor.LatencyRegressor`); the target's steps are not regressed at all
-(`dreams_nas.latency.model.target_table`).
+(`regressor.LatencyRegressor`); the target's steps are not regressed at all (`target_table`).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dreams_nas.latency.kinds import DRAFT_KINDS
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 from sklearn.base import BaseEstimator, RegressorMixin, TransformerMixin, clone
 from sklearn.linear_model import RidgeCV
 from sklearn.model_selection import GroupKFold, KFold

@@ -26,7 +26,7 @@ import pandas as pd
 from dreams_nas.latency.kinds import DRAFT_KINDS
 from dreams_nas.latency.model.regressor import SKOPS_TRUSTED_TYPES
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 from dreams_nas.supernet.core.versions import library_versions
 
 log = logging.getLogger("dreams_nas.latency")

@@ -31,7 +31,7 @@ from dreams_nas.supernet.core.io import (
     atomic_write_text,
     read_json,
 )
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SubnetSpec
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS, SubnetSpec
 from dreams_nas.supernet.core.versions import library_versions
 
 # A search may run at most this share of the profiled contexts' span outside them. The context it

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from dreams_nas.latency.kinds import DRAFT_KINDS, KINDS, TARGET_KINDS
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 # Every field of a spec's architecture (draft_len and the tree are how many steps a cycle
 # takes, never what one costs): what a draft step may depend on when a model says no less.

@@ -23,7 +23,7 @@ import pandas as pd
 from dreams_nas.latency.kinds import DRAFT_KINDS
 from dreams_nas.latency.model.draft_regression import latency_metrics
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 
 METRIC_KINDS = ("draft", "draft_tree", "draft_first", "decode", "verify", "verify_tree",
                 "cycle", "cycle_tree")

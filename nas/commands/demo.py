@@ -24,7 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_threads(parser, "while profiling", default="physical cores")
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
-        "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size built-in target)")
+        "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size built-in target, whose demo "
+        "takes test sizes for the options not given: 16 prompts, 20 + 20 steps, a profile "
+        "budget of 16 at 3 repeats, 4 prompts of 16 new tokens, 2 verified)")
     small.add_argument("--train-prompts", type=whole(1), default=None, metavar="N",
                        help="supernet training prompts (default 384)")
     small.add_argument("--train-steps", type=whole(0), default=None, metavar="N",
@@ -40,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default: 0.25,1 for a vocabulary of 16,000 tokens or more)")
     small.add_argument("--profile-budget", default=None, metavar="N|FRACTION",
                        help="draft measurements of the profile (default: the whole grid)")
-    small.add_argument("--repeats", type=whole(1), default=40, metavar="N",
+    small.add_argument("--repeats", type=whole(1), default=None, metavar="N",
                        help="timed repeats per profiled step, in 4 passes (default 40)")
     small.add_argument("--warmup", type=whole(0), default=3, metavar="N",
                        help="untimed runs of a profiled step before each pass (default 3)")
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "evaluation prompt to the longest plus --max-new-tokens)")
     small.add_argument("--limit", type=whole(1), default=None, metavar="N",
                        help="evaluation prompts scored (default 32)")
-    small.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
+    small.add_argument("--max-new-tokens", type=whole(1), default=None, metavar="N",
                        help="tokens per prompt when training, scoring and verifying (default 64)")
     small.add_argument("--verify-prompts", type=whole(1), default=None, metavar="N",
                        help="prompts decoded to verify the best subnets (default: all scored)")
@@ -58,15 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(default 1, to keep the demo short; `search` takes 3)")
 
 
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.nas.stages.demo import DemoOptions, run_demo
     from dreams_nas.nas.stages.train import TrainOptions
 
+    # the sizes not given are the target variant's demo sizes (`stages.demo.sized`), and
+    # training decodes the demo's --max-new-tokens
     train = TrainOptions(n_train=args.train_prompts, warmup_steps=args.train_steps,
-                         multires_steps=args.train_steps, max_new_tokens=args.max_new_tokens,
-                         depth=args.depth, mlp=args.mlp, draft_vocab=args.draft_vocab)
+                         multires_steps=args.train_steps, depth=args.depth, mlp=args.mlp,
+                         draft_vocab=args.draft_vocab)
     options = DemoOptions(
         device=args.device, dtype=args.dtype, seed=args.seed, target=args.target, train=train,
         profile_budget=args.profile_budget,

@@ -60,7 +60,7 @@ def _check_args(args: argparse.Namespace) -> Any:
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
         raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
                          "of a spec folder (specs/<spec_id>/ in the run folder)")
-    from dreams_nas.supernet.target.adapter import open_image
+    from dreams_nas.supernet.target.images import open_image
 
     return open_image(args.image)
 
@@ -105,8 +105,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.supernet.core.device import resolve_device, torch_dtype
 
     device = resolve_device(args.device)
-    target = TargetAdapter.load(args.target, device=device,
-                                dtype=torch_dtype(_dtype_of(args, device)))
+    from dreams_nas.supernet.builtin.resolve import resolve_target
+
+    target = TargetAdapter.load(resolve_target(args.target), target_id=args.target,
+                                device=device, dtype=torch_dtype(_dtype_of(args, device)))
     inputs = target.build_inputs(image, args.prompt)
     check_positions(int(inputs["input_ids"].shape[-1]), args.max_new_tokens,
                     getattr(target.text_config, "max_position_embeddings", None))

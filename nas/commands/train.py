@@ -30,6 +30,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-train", type=whole(1), default=None, metavar="N",
                         help="use the first N prompts (builtin: how many to synthesise; "
                              "default 384)")
+    _add_schedule(parser.add_argument_group("schedule"))
+    _add_losses(parser.add_argument_group("losses"))
+    _add_supernet(parser.add_argument_group("the supernet"))
+    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
+                        help="length cap of the target's self-distilled answers")
+    add_device(parser, "to train on (the target and the draft)")
+    add_dtype(parser)
+
+
+def _add_schedule(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument("--warmup-steps", type=whole(0), default=None, metavar="N",
                         help="phase 1 steps, full draft (default 300)")
     parser.add_argument("--multires-steps", type=whole(0), default=None, metavar="N",
@@ -72,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS",
                         help="stop optimising after this long and keep the best evaluation "
                              "(default: no limit but the step caps)")
+
+
+def _add_losses(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument("--lambda-kl", type=real(0.0), default=None,
                         help="weight of KL(target||draft) (1.0)")
     parser.add_argument("--lambda-distill", type=real(0.0), default=None,
@@ -81,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--distill", choices=("aifd", "middle", "last", "none"),
                         default="aifd", help="distillation layer: AIFD-chosen (default), fixed "
                                              "middle, the last layer, or none")
+
+
+def _add_supernet(parser: argparse._ArgumentGroup) -> None:
     parser.add_argument("--visual-context", choices=("self", "cross"), default="self",
                         help="where the draft reads the kept visual tokens: self (its own "
                              "sequence, where each kept token costs attention on every step, "
@@ -102,10 +118,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "0.25,1 for a vocabulary of 16,000 tokens or more, else 1)")
     parser.add_argument("--heads", type=whole(1), default=None, metavar="N",
                         help="heads of the maximal draft (default: the target's)")
-    parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N",
-                        help="length cap of the target's self-distilled answers")
-    add_device(parser, "to train on (the target and the draft)")
-    add_dtype(parser)
 
 
 def check_arguments(args: argparse.Namespace) -> None:

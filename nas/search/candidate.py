@@ -22,7 +22,7 @@ from dreams_nas.latency.model.query import LatencyModel
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SubnetSpec
+from dreams_nas.supernet.core.spec import SIZE_DEFAULTS, SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from numpy.typing import ArrayLike
 

@@ -13,11 +13,11 @@ from typing import Any
 from dreams_nas.latency.model.query import ScalarLatency
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 
 class RecordedAcceptance:
-    """An `AcceptanceScorer` over rows measured before; counts what it is asked for."""
+    """An `AcceptanceScorer` over rows scored earlier; counts what it is asked for."""
 
     def __init__(self, rows: Iterable[AcceptanceRow]) -> None:
         self._rows = {r.spec: r for r in rows}
@@ -34,9 +34,10 @@ class RecordedAcceptance:
 
 
 def _arch_key(key: Sequence[Any]) -> tuple[int, float, int, int, float, float]:
-    """(heads, visual_keep, inject_layer, depth, mlp, draft_vocab) of a recorded key; a key of
-    three (a table recorded before elastic sizes) is depth 1 with the whole MLP, one of five
-    (before the draft vocabulary) predicts over the whole vocabulary."""
+    """(heads, visual_keep, inject_layer, depth, mlp, draft_vocab) of a recorded key. The keys
+    are an in-memory table a caller writes, not a file: a short key leaves out the paper's
+    sizes (`SIZE_DEFAULTS`), so three fields are depth 1 with the whole MLP and vocabulary, and
+    five predict over the whole vocabulary."""
     h, v, lyr, *size = key
     if len(size) not in (0, 2, 3):
         raise InputError(f"recorded draft latency key {tuple(key)!r} must be (heads, visual_keep, "

@@ -21,7 +21,8 @@ from dreams_nas.nas.search.candidate import AcceptanceScorer
 from dreams_nas.nas.search.shared import expand, triple_key, triple_of
 from dreams_nas.supernet.acceptance.table import AcceptanceRow, AcceptanceTable
 from dreams_nas.supernet.core.progress import progress
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 if TYPE_CHECKING:
     from dreams_nas.nas.search.claims import ClaimLedger

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from dreams_nas.nas.search.claims import create_tables
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from sqlalchemy import exc as sa_exc
 
 TABLE = "dreams_nas_acceptance"

@@ -33,9 +33,9 @@ from dreams_nas.nas.search.candidate import (
 )
 from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
 from dreams_nas.nas.search.config import SearchConfig, check_front
-from dreams_nas.nas.search.pareto import is_pareto_front
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.pareto import is_pareto_front
 from dreams_nas.supernet.core.space import SearchSpace
 
 FRONT_DIRECTIONS = ("maximize", "minimize")

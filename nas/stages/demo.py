@@ -24,11 +24,17 @@ from dreams_nas.supernet.core.runfolder import RunFolder
 log = logging.getLogger("dreams_nas")
 STAGES = ("target", "train", "profile", "score", "search", "report")
 PROFILE_BUDGET = "--profile-budget"  # the demo's name of the profile's --budget
+# the real pipeline's sizes that have no default elsewhere (a variant's `DemoSizes` may shrink)
+PROFILE_REPEATS = 40
+MAX_NEW_TOKENS = 64
 
 
 @dataclass(frozen=True)
 class DemoOptions:
-    """The demo's settings; the defaults are the real pipeline (tests shrink them)."""
+    """The demo's settings; the defaults are the real pipeline (tests shrink them). The sizes
+    left None (training prompts and steps, profile budget and repeats, limit, max_new_tokens,
+    verify_prompts) are the built-in target variant's demo sizes (`BuiltinVariant.demo`: the
+    real pipeline's for `default`, seconds for `tiny`), see `sized`."""
 
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
@@ -37,14 +43,15 @@ class DemoOptions:
     train: TrainOptions = field(default_factory=TrainOptions)
     profile_budget: float | int | str | None = None  # None: the whole grid
     # the demo's profile: 40 timed repeats per step in 4 interleaved passes (`dreams-nas
-    # profile` defaults to 100 in 10); the demo's 20-minute bar pays for every pass's set-up
-    profile_repeats: int = 40
+    # profile` defaults to 100 in 10); the demo's 20-minute bar pays for every pass's set-up.
+    # None: the variant's demo size, else PROFILE_REPEATS
+    profile_repeats: int | None = None
     profile_warmup: int = 3
     profile_passes: int = 4
     context_lengths: tuple[int, ...] | None = None
     threads: int | None = None  # CPU threads while profiling (default: physical cores)
     limit: int | None = None  # evaluation prompts (default 32)
-    max_new_tokens: int = 64
+    max_new_tokens: int | None = None  # None: the variant's, else MAX_NEW_TOKENS (train's too)
     verify: int = 3
     verify_prompts: int | None = None  # None: every scored evaluation prompt
     # passes over them (the median speedup); one keeps the demo's time (`search`: 3)
@@ -102,9 +109,9 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
                          f"one of {', '.join((BUILTIN, *PROXY_TARGETS))} (other targets: "
                          "`dreams-nas train`, `profile`, `score` and `search` one by one)")
     device = resolve_device(options.device)
-    # one dtype for every stage, resolved once (the run's when it has one)
-    options = replace(options, dtype=run.dtype(options.dtype, device))
     variant = _variant(options.target)
+    # one dtype for every stage, resolved once (the run's when it has one)
+    options = replace(sized(options), dtype=run.dtype(options.dtype, device))
     show = options.show_progress
     stages = _Stages(show)
     try:
@@ -127,6 +134,34 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
         stages.close()
     return _summary(run, variant, device, hardware_id, searched, report, stages.outcomes,
                     time.perf_counter() - started)
+
+
+def sized(options: DemoOptions) -> DemoOptions:
+    """`options` with every size left None set: the built-in target variant's demo sizes
+    (`BuiltinVariant.demo`; a proxy target has none), then the real pipeline's. The training
+    stage decodes as many new tokens as scoring and verification."""
+    from dreams_nas.supernet.builtin.variants import DemoSizes, get_variant
+    from dreams_nas.supernet.core.targets import BUILTIN
+
+    sizes = get_variant(_variant(options.target)).demo if options.target == BUILTIN \
+        else DemoSizes()
+
+    def pick(given: Any, size: Any, default: Any = None) -> Any:
+        return given if given is not None else size if size is not None else default
+
+    train = options.train
+    max_new_tokens = pick(options.max_new_tokens, sizes.max_new_tokens, MAX_NEW_TOKENS)
+    train = replace(
+        train, n_train=pick(train.n_train, sizes.train_prompts),
+        warmup_steps=pick(train.warmup_steps, sizes.train_steps),
+        multires_steps=pick(train.multires_steps, sizes.train_steps),
+        max_new_tokens=max_new_tokens)
+    return replace(
+        options, train=train, max_new_tokens=max_new_tokens,
+        profile_budget=pick(options.profile_budget, sizes.profile_budget),
+        profile_repeats=pick(options.profile_repeats, sizes.profile_repeats, PROFILE_REPEATS),
+        limit=pick(options.limit, sizes.limit),
+        verify_prompts=pick(options.verify_prompts, sizes.verify_prompts))
 
 
 def _variant(target: str) -> str:
@@ -177,7 +212,8 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
 
 
 def _profile(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str, Any], bool]:
-    from dreams_nas.nas.stages.profile import completed_profile, profile
+    from dreams_nas.nas.stages.profile import profile
+    from dreams_nas.nas.stages.profile_reuse import completed_profile
 
     profile_options = _profile_options(options, device)
     done = completed_profile(run, profile_options)

@@ -22,7 +22,7 @@ from dreams_nas.nas.search.candidate import FRONTS, Candidate
 from dreams_nas.nas.search.strategies import SearchResult
 from dreams_nas.supernet.core.io import atomic_write_json, atomic_write_text
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SPEC_SCHEMA_VERSION, SubnetSpec
+from dreams_nas.supernet.core.spec import SPEC_SCHEMA_VERSION, SubnetSpec
 from dreams_nas.supernet.core.versions import library_versions
 
 TRIAL_COLUMNS: tuple[str, ...] = (

@@ -15,7 +15,8 @@ from dreams_nas.supernet.acceptance.table import AcceptanceRow, AcceptanceTable
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import file_sha256, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 if TYPE_CHECKING:
     from dreams_nas.latency.model.predictor import LatencyPredictor
@@ -256,10 +257,11 @@ class RunModels:
                 raise MissingArtefactError(f"no target in {self.run.run_json}; "
                                            "run `dreams-nas train` first")
             log.info("loading target %s", where)
+            from dreams_nas.supernet.builtin.resolve import resolve_target
             from dreams_nas.supernet.core.device import torch_dtype
 
-            self._target = TargetAdapter.load(where, device=self.device,
-                                              dtype=torch_dtype(self.dtype))
+            self._target = TargetAdapter.load(resolve_target(where), target_id=where,
+                                              device=self.device, dtype=torch_dtype(self.dtype))
         return self._target
 
     @property

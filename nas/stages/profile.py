@@ -12,15 +12,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from dreams_nas.latency.kinds import KINDS
 from dreams_nas.latency.measure.hardware import HardwareInfo, detect_hardware
 from dreams_nas.latency.measure.plan import DEFAULT_VERIFY_KS, build_plan
 from dreams_nas.latency.measure.profile_store import ProfileStore
 from dreams_nas.latency.measure.profiler import TimingSettings, run_profile
 from dreams_nas.latency.model.predictor import LatencyPredictor
 from dreams_nas.nas.stages.contexts import measure_data_contexts
+from dreams_nas.nas.stages.profile_checks import (
+    check_same_hardware,
+    check_same_target,
+    profile_fingerprint,
+)
 from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
@@ -91,10 +95,13 @@ def check_context_lengths(contexts: Sequence[int], visual_tokens: int, config: A
 
 
 def load_target(target: str, device: str, dtype: Any) -> Any:
-    """The engine's `TargetAdapter` over `target` ("builtin", a checkpoint folder or hub id)."""
+    """The engine's `TargetAdapter` over `target` ("builtin", a checkpoint folder or hub id;
+    a named target is resolved, built on first use, first)."""
+    from dreams_nas.supernet.builtin.resolve import resolve_target
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    return TargetAdapter.load(target, device=device, dtype=dtype)
+    return TargetAdapter.load(resolve_target(target), target_id=str(target), device=device,
+                              dtype=dtype)
 
 
 def _eval_examples(options: ProfileOptions) -> list[Any]:
@@ -154,13 +161,36 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
 
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
-    from dreams_nas.latency.measure.steps import ModelSteps, default_context_lengths
     from dreams_nas.nas.stages.inputs import check_run_folder
-    from dreams_nas.supernet.core.device import torch_dtype
 
     started = time.perf_counter()
     check_run_folder(run)
     device = resolve_device(options.device)
+    _check_options(options, device)
+    dtype_name = run.dtype(options.dtype, device)
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    store = ProfileStore(run.profile_csv(hw.hardware_id))
+    if options.fit_only:
+        timed, result = _recorded(run, hw, store, device), None
+    else:
+        timed, result = _time_steps(run, options, hw, store)
+    summary = _fit(run, options, timed, store)
+    summary.update(device=device, seconds=round(time.perf_counter() - started, 1))
+    if result is not None:
+        summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
+    return summary
+
+
+class _Timed(NamedTuple):
+    """What the fit needs of the timing: the rows' machine, the visual tokens of a prompt and
+    the target's architecture hash."""
+
+    hw: HardwareInfo
+    visual_tokens: int
+    architecture: str | None
+
+
+def _check_options(options: ProfileOptions, device: str) -> None:
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
     if options.warmup < 0:
@@ -169,94 +199,114 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         raise InputError(f"--passes {options.passes} must be at least 1")
     if options.chunk < 0:
         raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
-    dtype_name = run.dtype(options.dtype, device)
-    dtype = torch_dtype(dtype_name)
     if options.clock not in ("wall", "cpu"):
         raise InputError(f"--clock {options.clock!r} must be wall or cpu")
     if options.clock == "cpu" and (device != "cpu" or options.threads != 1):
         raise InputError(
             "--clock cpu (thread CPU time) is for the CPU with one thread; add --device cpu "
-            "--threads 1, or use --clock wall"
-        )
-    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+            "--threads 1, or use --clock wall")
+
+
+def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str) -> _Timed:
+    """`--fit-only`: the recorded profile's machine, visual tokens and architecture."""
     folder = run.latency_dir(hw.hardware_id)
-    store = ProfileStore(run.profile_csv(hw.hardware_id))
-    result = None
-    if options.fit_only:
-        if not store.exists():
-            others = run.hardware_ids()
-            hint = (f" (profiled in this run: {', '.join(others)}; give the --device and "
-                    "--threads they were timed with)") if others else ""
-            raise MissingArtefactError(
-                f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
-                f"without --fit-only first{hint}"
-            )
-        plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
-        visual_tokens = int(plan_info.get("visual_tokens", 0))
-        architecture = plan_info.get("architecture_hash")
-        if (folder / "hardware.json").is_file():  # the rows' own identity, not this machine's
-            hw = HardwareInfo.from_dict(read_json(folder / "hardware.json"))
+    if not store.exists():
+        others = run.hardware_ids()
+        hint = (f" (profiled in this run: {', '.join(others)}; give the --device and "
+                "--threads they were timed with)") if others else ""
+        raise MissingArtefactError(
+            f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
+            f"without --fit-only first{hint}")
+    plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
+    if (folder / "hardware.json").is_file():  # the rows' own identity, not this machine's
+        hw = HardwareInfo.from_dict(read_json(folder / "hardware.json"))
+    return _Timed(hw, int(plan_info.get("visual_tokens", 0)), plan_info.get("architecture_hash"))
+
+
+def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store: ProfileStore
+                ) -> tuple[_Timed, Any]:
+    """Time every planned step that profile.csv lacks (plan.json and hardware.json written
+    first): the real target and the supernet's extracted drafts."""
+    from dreams_nas.latency.measure.steps import ModelSteps
+    from dreams_nas.supernet.builtin.resolve import resolve_target
+    from dreams_nas.supernet.core.device import torch_dtype
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+
+    folder = run.latency_dir(hw.hardware_id)
+    check_same_hardware(folder, hw, options.clock)
+    examples = _eval_examples(options)  # a bad --data fails before the slow load
+    target_id = options.target or run.target_source() or "builtin"
+    where = resolve_target(target_id)  # a built-in target is built (and logged) on first use
+    check_same_target(folder, where, target_id)  # from its config, before the slow load
+    adapter = TargetAdapter.load(where, target_id=target_id, device=hw.device,
+                                 dtype=torch_dtype(hw.dtype))
+    entry = adapter.describe()
+    space, supernet = _space_and_supernet(run, adapter.model, options.seed)
+    visual_tokens, contexts, data = _contexts(adapter, options, examples)
+    keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
+                      budget_option=options.budget_option)
+    passes = timing_passes(options.repeats, options.passes)
+    if passes < options.passes:
+        log.info("--passes %d is more than --repeats %d: each step is timed in %d passes of "
+                 "one repeat", options.passes, options.repeats, passes)
+    existing = run.read_run()
+    run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()),
+                                         ("dtype", hw.dtype)) if k not in existing})
+    atomic_write_json(folder / "hardware.json", hw.to_dict())
+    atomic_write_json(folder / "plan.json", {
+        "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
+        "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
+        "repeats": options.repeats, "warmup": options.warmup, "clock": options.clock,
+        "threads": hw.threads, "passes": passes, "chunk": options.chunk,
+        "verify_after": space.largest().id, "target": entry.get("id"),
+        "architecture_hash": entry["architecture_hash"],
+        "data_contexts": None if data is None else data.to_dict(),
+    })
+    settings = TimingSettings(warmup=options.warmup, repeats=options.repeats,
+                              min_repeats=min(5, options.repeats), threads=hw.threads,
+                              clock=options.clock, passes=passes, chunk=options.chunk)
+    # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
+    steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
+                       precede=space.largest(), trees=space.trees)
+    log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
+    result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
+    return _Timed(hw, visual_tokens, entry["architecture_hash"]), result
+
+
+def _contexts(adapter: Any, options: ProfileOptions, examples: list[Any]
+              ) -> tuple[int, list[int], Any]:
+    """(visual tokens of a prompt, the context grid, the data's contexts or None): the grid
+    spans the evaluation prompts' contexts unless `--context-lengths` gives one."""
+    from dreams_nas.latency.measure.steps import default_context_lengths
+
+    data = measure_data_contexts(adapter, examples, options.data, options.max_new_tokens)
+    if data is not None:
+        visual_tokens = data.median_visual_tokens
+        log.info("evaluation prompts (%s, %d): %s visual tokens, %s tokens long; contexts "
+                 "span %d..%d", options.data, len(examples),
+                 _range(data.visual_tokens), _range(data.prompt_lens), *data.span())
     else:
-        _check_same_hardware(folder, hw, options.clock)
-        target_id = options.target or run.target_source() or "builtin"
-        _check_same_target(folder, target_id)  # from its config, before the slow load
-        examples = _eval_examples(options)  # a bad --data fails before the slow load
-        adapter = load_target(target_id, device, dtype)
-        entry = adapter.describe()
-        architecture = entry["architecture_hash"]
-        space, supernet = _space_and_supernet(run, adapter.model, options.seed)
-        data = measure_data_contexts(adapter, examples, options.data, options.max_new_tokens)
-        if data is not None:
-            visual_tokens = data.median_visual_tokens
-            log.info("evaluation prompts (%s, %d): %s visual tokens, %s tokens long; contexts "
-                     "span %d..%d", options.data, len(examples),
-                     _range(data.visual_tokens), _range(data.prompt_lens), *data.span())
-        else:
-            visual_tokens = count_visual_tokens(adapter)
-        contexts = list(options.context_lengths
-                        or (data.grid() if data is not None
-                            else default_context_lengths(visual_tokens)))
-        check_context_lengths(contexts, visual_tokens, adapter.model.config)
-        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
-                          budget_option=options.budget_option)
-        passes = timing_passes(options.repeats, options.passes)
-        if passes < options.passes:
-            log.info("--passes %d is more than --repeats %d: each step is timed in %d passes of "
-                     "one repeat", options.passes, options.repeats, passes)
-        existing = run.read_run()
-        run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()),
-                                             ("dtype", dtype_name)) if k not in existing})
-        atomic_write_json(folder / "hardware.json", hw.to_dict())
-        atomic_write_json(folder / "plan.json", {
-            "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
-            "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
-            "repeats": options.repeats, "warmup": options.warmup, "clock": options.clock,
-            "threads": hw.threads,
-            "passes": passes, "chunk": options.chunk,
-            "verify_after": space.largest().id, "target": entry.get("id"),
-            "architecture_hash": architecture,
-            "data_contexts": None if data is None else data.to_dict(),
-        })
-        settings = TimingSettings(warmup=options.warmup, repeats=options.repeats,
-                                  min_repeats=min(5, options.repeats),
-                                  threads=hw.threads, clock=options.clock, passes=passes,
-                                  chunk=options.chunk)
-        # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
-        steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
-                           precede=space.largest(), trees=space.trees)
-        log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id,
-                 folder)
-        result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
+        visual_tokens = count_visual_tokens(adapter)
+    contexts = list(options.context_lengths or (data.grid() if data is not None
+                                                else default_context_lengths(visual_tokens)))
+    check_context_lengths(contexts, visual_tokens, adapter.model.config)
+    return visual_tokens, contexts, data
+
+
+def _fit(run: RunFolder, options: ProfileOptions, timed: _Timed, store: ProfileStore
+         ) -> dict[str, Any]:
+    """Fit the predictor on the profile's ok rows, save it beside them; the summary."""
+    hw, folder = timed.hw, run.latency_dir(timed.hw.hardware_id)
     fitted = store.ok_rows()
-    predictor = LatencyPredictor.fit(fitted, hw.hardware_id, visual_tokens=visual_tokens,
+    predictor = LatencyPredictor.fit(fitted, hw.hardware_id, visual_tokens=timed.visual_tokens,
                                      holdout=options.holdout, seed=options.seed, stat=options.stat,
-                                     fingerprint=profile_fingerprint(hw, architecture))
+                                     fingerprint=profile_fingerprint(hw, timed.architecture))
     warn_partial_fit(store, len(fitted), folder / "plan.json")
     predictor.save(folder)
     report = predictor.report()
     log_accuracy(predictor.metrics_by_kind)
-    summary: dict[str, Any] = {
-        "hardware_id": hw.hardware_id, "device": device, "dtype": hw.dtype,
+    return {
+        "hardware_id": hw.hardware_id, "dtype": hw.dtype,
         "profile": str(store.path), "rows": int(len(store.read())),
         "regressor": report["regressor"], "stat": options.stat,
         **{k: round(v, 4) for k, v in predictor.metrics.items()},
@@ -264,11 +314,7 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
                     for kind, m in predictor.metrics_by_kind.items()},
         "context_range": report["context_range"],
         "n_train": report["n_train"], "n_holdout": report["n_holdout"],
-        "seconds": round(time.perf_counter() - started, 1),
     }
-    if result is not None:
-        summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
-    return summary
 
 
 def log_accuracy(by_kind: dict[str, dict[str, float]]) -> None:
@@ -299,135 +345,3 @@ def warn_partial_fit(store: ProfileStore, fitted: int, plan_path: Path) -> str |
                    f"timed (status oom or failed in {store.path})")
     log.warning("warning: %s", warning)
     return warning
-
-
-# What a profile's timings depend on besides the hardware id: rows timed under another value of
-# any of these are another machine's, refused rather than merged.
-FINGERPRINT = ("torch", "transformers", "driver", "cuda", "mig_profile", "power_cap_w")
-
-
-def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict[str, Any]:
-    """What the predictor of these rows answers for: the hardware id, dtype, software stack
-    (`FINGERPRINT`) and the target's architecture hash."""
-    from dreams_nas.latency.measure.steps import STEP_REVISION
-
-    info = hw.to_dict()
-    return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,
-            **{key: info.get(key) for key in FINGERPRINT},
-            "architecture_hash": architecture_hash, "step_revision": STEP_REVISION}
-
-
-def _check_same_target(folder: Path, target: str) -> None:
-    """Refuse to append rows of another target architecture to a profile."""
-    from dreams_nas.supernet.target.adapter import TargetAdapter
-
-    plan = folder / "plan.json"
-    old = read_json(plan).get("architecture_hash") if plan.is_file() else None
-    if not old:
-        return
-    new = TargetAdapter.architecture(target)
-    if old != new:
-        raise InputError(
-            f"the profile in {folder} timed a target of architecture {old}, this target "
-            f"({target}) is {new}: its rows would mix two models; profile it into another "
-            "--run folder")
-
-
-def _check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
-    """Refuse to append rows timed in another dtype, with another clock or on another software
-    stack (`FINGERPRINT`) to a profile."""
-    path = folder / "hardware.json"
-    if path.is_file():
-        old = read_json(path)
-        if old.get("dtype") != hw.dtype:
-            raise InputError(
-                f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "
-                f"{hw.dtype}; pass --dtype {old.get('dtype')} or use another --run folder"
-            )
-        now = hw.to_dict()
-        for key in FINGERPRINT:
-            if key in old and old[key] != now.get(key):
-                raise InputError(
-                    f"the profile in {folder} was timed with {key} {old[key]}, this machine has "
-                    f"{now.get(key)}: its rows would mix two machines; profile into another "
-                    f"--run folder, or move {folder} aside to profile afresh")
-    plan = folder / "plan.json"
-    if plan.is_file() and hw.kind == "cpu":
-        recorded_clock = read_json(plan).get("clock", "wall")
-        if recorded_clock != clock:
-            raise InputError(
-                f"the profile in {folder} was timed with --clock {recorded_clock}, "
-                f"this run asks for --clock {clock}; pass --clock {recorded_clock} or use "
-                "another --run folder"
-            )
-
-
-def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any] | None:
-    """The summary of this device's finished profile (every planned step timed with the same
-    settings, predictor fitted after the last row), or None when `profile` has work to do --
-    then the log says why ("profile: redone (repeats 3 -> 5)").
-
-    Loads no model: the demo and `search` use it to skip a profile that is already done."""
-    device = resolve_device(options.device)
-    dtype_name = run.dtype(options.dtype, device)
-    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
-    store = ProfileStore(run.profile_csv(hw.hardware_id))
-    plan_path = run.latency_dir(hw.hardware_id) / "plan.json"
-    predictor_path = run.predictor_json(hw.hardware_id)
-    missing = [p for p in (store.path, plan_path, predictor_path)
-               if not (p.is_file() and p.stat().st_size > 0)]
-    if missing:
-        log.info("profile: nothing to reuse (no %s)", missing[0])
-        return None
-    changes = profile_changes(run, options, store, read_json(plan_path), predictor_path)
-    if changes:
-        log.info("profile: redone (%s)", "; ".join(changes))
-        return None
-    report = read_json(predictor_path)
-    return {"hardware_id": hw.hardware_id, "device": device, "profile": str(store.path),
-            "rows": int(len(store.read())), "predictor": str(predictor_path),
-            "regressor": report.get("regressor") if isinstance(report, dict) else None}
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, list | tuple):
-        return "[" + " ".join(map(str, value)) + "]"
-    return str(value)
-
-
-def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore,
-                    plan: Any, predictor_path: Path) -> list[str]:
-    """Why the profile in `store` is not the finished one `options` ask for, each as
-    "name recorded -> asked" or in words; empty when it can be reused."""
-    plan = plan if isinstance(plan, dict) else {}
-    asked: dict[str, Any] = {
-        "budget": options.budget, "repeats": options.repeats, "clock": options.clock,
-        "passes": timing_passes(options.repeats, options.passes), "seed": options.seed}
-    if options.context_lengths is not None:
-        asked["context_lengths"] = list(options.context_lengths)
-    if "warmup" in plan:  # plans written before the option timed 3 warm-ups
-        asked["warmup"] = options.warmup
-    changes = [f"{key} {_show(plan.get(key))} -> {_show(value)}"
-               for key, value in asked.items() if plan.get(key) != value]
-    if run.read_run().get("space") not in (None, plan.get("space")):
-        changes.append("the run's search space changed since the plan")  # new steps to time
-    report = read_json(predictor_path)
-    fitted_stat = report.get("stat", "median_ms") if isinstance(report, dict) else None
-    if fitted_stat != options.stat:
-        changes.append(f"stat {_show(fitted_stat)} -> {options.stat}")
-    if changes:
-        return changes
-    rows = store.read()
-    planned, done = int(plan.get("n_keys", 0)), len(store.done_keys())
-    if done < planned:
-        changes.append(f"{planned - done} of {planned} planned steps not timed yet")
-    trees = bool((plan.get("space") or {}).get("trees"))  # *_tree kinds: for trees only
-    absent = [kind for kind in KINDS
-              if kind not in set(rows["kind"]) and (trees or not kind.endswith("_tree"))]
-    if absent:
-        changes.append(f"no {', '.join(absent)} step timed yet")
-    if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
-        changes.append("profile.csv has rows newer than the fitted predictor")
-    return changes

@@ -1,21 +1,21 @@
 """The chosen subnet's cost parts re-timed while the search verifies it.
 
 A search predicts a speedup from the profile's step times and measures it minutes (or days)
-later. On a machine whose speed changes in between -- a shared VM whose neighbours come and
-go, a GPU that throttles -- the steps do not all change alike (on the 2-vCPU VM a busy hour
-slowed the draft's small steps by 2.1x and the target's decode by 1.6x), so the ratio the
-formula forms moves, and the gap between prediction and measurement mixes two things: the
-formula's error, and the machine's change since the profile.
+later. On a machine whose speed changes in between -- a shared VM whose neighbours come and go,
+a GPU that throttles -- the steps do not all change alike (a busy hour slows a draft's small
+steps more than the target's larger ones), so the ratio the formula forms moves, and the gap
+between prediction and measurement mixes two things: the formula's error, and the machine's
+change since the profile.
 
-This module separates them. Before each prompt the verification decodes (and after the last)
-it times the best subnet's steps again, a couple of repeats each, with the profile's own step
-builder (`latency.measure.steps.ModelSteps`, the same keys the predictor priced: its draft and first
-draft step, the verify over draft_len + 1 positions after the largest subnet's draft steps, a plain
-decoding step, the cycle's own work) at the search's context -- so the re-timed steps see the
-same changes of the machine's speed as the decoding beside them -- and prices the same formula
-with their medians. Its gap to the measured speedup is the formula's error with the machine as
-it is now; each part's ratio to the profile's prediction is the machine's drift since the
-profile. Chains only: a token tree's steps are not re-timed.
+This module separates them. Before each prompt the verification decodes (and after the last) it
+times the best subnet's steps again, a couple of repeats each, with the profile's own step
+builder (`latency.measure.steps.ModelSteps`, the same keys the predictor priced: its draft and
+first draft step, the verify over draft_len + 1 positions after the largest subnet's draft
+steps, a plain decoding step, the cycle's own work) at the search's context -- so the re-timed
+steps see the same changes of the machine's speed as the decoding beside them -- and prices the
+same formula with their medians. Its gap to the measured speedup is the formula's error with the
+machine as it is now; each part's ratio to the profile's prediction is the machine's drift since
+the profile. Chains only: a token tree's steps are not re-timed.
 """
 
 from __future__ import annotations
@@ -61,16 +61,16 @@ class Retimer:
         return keys
 
     def __call__(self, _call: int = 0) -> None:
-        from dreams_nas.latency.measure.timing import measure
+        from dreams_nas.latency.measure.timing import Repeats, measure
 
         for part, key in self.keys().items():
             # built again every call: a target step starts from the profile's kept prefill,
             # which the decoding since the last call has swapped out of the adapter
             step = self.steps.build(key)
-            timing = measure(step.run, device=self.device, warmup=self.warmup,
-                             min_repeats=self.repeats, max_repeats=self.repeats,
-                             budget_s=1e-3, threads=self.threads, prepare=step.prepare,
-                             excluded=step.excluded)
+            repeats = Repeats(warmup=self.warmup, min_repeats=self.repeats,
+                              max_repeats=self.repeats, budget_s=1e-3)
+            timing = measure(step.run, repeats, device=self.device, threads=self.threads,
+                             prepare=step.prepare, excluded=step.excluded)
             self.samples.setdefault(part, []).extend(timing.samples_ms)
 
     def parts(self) -> dict[str, float]:
@@ -107,7 +107,7 @@ def build_retimer(run: Any, models: Any, candidate: Candidate, context_len: int,
     token tree or a run whose profile plan is missing (nothing to re-time against)."""
     from dreams_nas.latency.measure.steps import ModelSteps
     from dreams_nas.supernet.core.io import read_json
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     if candidate.spec.is_tree:
         return None

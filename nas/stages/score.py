@@ -10,7 +10,7 @@ from typing import Any
 from dreams_nas.supernet.core.dist import World, current, local_device
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 
 @dataclass(frozen=True)

@@ -298,27 +298,27 @@ def _summary(result: Any, setup: _Setup, paths: dict[str, Any], measured: dict[s
 def cycle_overhead_note(latency: Any, space: Any, hardware_id: str) -> str | None:
     """None when the predictor prices the speculative cycle's own work for every shape the
     space drafts (chains, and trees when it has them); else the one line that says the
-    search prices it 0 ms (a profile made before the ``cycle`` kinds) and how to fix it."""
+    search prices it 0 ms (a profile without the ``cycle`` kinds) and how to fix it."""
     missing = [kind for kind, tree in (("cycle", False), ("cycle_tree", True))
                if (tree and space.trees or not tree) and not latency.prices(kind)]
     if not missing:
         return None
-    return (f"the latency profile of {hardware_id} has no {'/'.join(missing)} rows (profiled "
-            "before the speculative cycle's own work was timed): its expected speedups price "
+    return (f"the latency profile of {hardware_id} has no {'/'.join(missing)} rows (the "
+            "speculative cycle's own work was not timed): its expected speedups price "
             "that work as 0 ms and run high; rerun `dreams-nas profile` (it times only the "
             "missing rows) to price it")
 
 
 def stale_profile_note(latency: Any, run: RunFolder, hardware_id: str) -> str | None:
     """None when the predictor's rows were timed by this program's way of running the steps
-    (`latency.measure.steps.STEP_REVISION`, a profile before it recorded one: 1); else the one line
-    that says its prices are another program's and how to profile again."""
+    (`latency.measure.steps.STEP_REVISION`); else the one line that says its prices are another
+    program's and how to profile again."""
     from dreams_nas.latency.measure.steps import STEP_REVISION
 
     fingerprint = getattr(latency, "fingerprint", None)
     if not isinstance(fingerprint, dict) or not fingerprint:
         return None  # a model fitted without a profile's fingerprint (tests, replays)
-    have = fingerprint.get("step_revision") or 1
+    have = fingerprint.get("step_revision")
     if have == STEP_REVISION:
         return None
     return (f"the latency profile of {hardware_id} was timed by another dreams-nas (step "

@@ -39,7 +39,7 @@ class TrainOptions:
     patience: int | None = None
     tolerance: float | None = None
     time_budget: float | None = None  # seconds of optimisation (TrainConfig.max_seconds)
-    holdout: int | None = None  # held-out training prompts (None: `recipe.default_holdout`)
+    holdout: int | None = None  # held-out training prompts (None: `convergence.default_holdout`)
     lambda_kl: float | None = None
     lambda_distill: float | None = None
     lambda_feat: float | None = None
@@ -73,7 +73,7 @@ class TrainOptions:
     def config(self) -> Any:
         """The `TrainConfig` these options ask for (None keeps its default)."""
         from dreams_nas.supernet.training.batching import LossWeights
-        from dreams_nas.supernet.training.tppt import TrainConfig
+        from dreams_nas.supernet.training.config import TrainConfig
 
         base = TrainConfig()
         changes = {name: getattr(self, name) for name in
@@ -221,10 +221,11 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     """Train the supernet of `options.target` into `run` (resuming a killed run); the summary.
     `examples`: the training prompts when already loaded (else read from `options.data`)."""
     from dreams_nas.nas.stages.inputs import check_run_folder
+    from dreams_nas.supernet.builtin.resolve import resolve_target
     from dreams_nas.supernet.core.device import resolve_device, torch_dtype
     from dreams_nas.supernet.core.dist import local_device
     from dreams_nas.supernet.target.adapter import TargetAdapter
-    from dreams_nas.supernet.training.recipe import train_run
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
 
     check_run_folder(run)
     config = options.config()  # bad settings fail here, before the (slow) target load
@@ -232,11 +233,14 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     dtype = run.dtype(options.dtype, device)
     if examples is None:
         examples = load_examples(options.data, options.n_train, options.seed)
-    target = TargetAdapter.load(options.target, device=device, dtype=torch_dtype(dtype))
-    return train_run(run, target, examples, config, num_heads=options.heads,
-                     max_new_tokens=options.max_new_tokens, distill=options.distill,
-                     device=device, holdout=options.holdout,
-                     visual_in_self=options.visual_context == "self",
-                     depth=options.sizes()[0], mlp=options.sizes()[1],
-                     draft_vocab=options.vocab_shares(),
+    where = resolve_target(options.target, show_progress=options.show_progress)
+    target = TargetAdapter.load(where, target_id=options.target, device=device,
+                                dtype=torch_dtype(dtype))
+    depth, mlp = options.sizes()
+    recipe = SupernetRecipe(num_heads=options.heads, depth=depth, mlp=mlp,
+                            draft_vocab=options.vocab_shares(),
+                            visual_in_self=options.visual_context == "self",
+                            distill=options.distill,
+                            max_new_tokens=options.max_new_tokens, holdout=options.holdout)
+    return train_run(run, target, examples, config, recipe, device=device,
                      show_progress=options.show_progress)

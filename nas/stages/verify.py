@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dreams_nas.nas.search.candidate import Candidate
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 GAP_WARN = 0.15
 # A divergence is a near tie when the target's top-2 logit margin there is at most this many
@@ -178,75 +178,102 @@ def measure_end_to_end(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     after the last (i = len(prompts) x repeats), e.g. to time the steps again among the
     prompts, under the same changes of the machine's speed (`retime`)."""
     from dreams_nas.supernet.core.progress import progress
-    from dreams_nas.supernet.decoding.dream import DreamDrafter
-    from dreams_nas.supernet.decoding.loop import generate, plain_generate
     from dreams_nas.supernet.draft.extract import extract
 
-    drafts = {spec: extract(supernet, spec) for spec in specs}
+    session = _Session(target, {spec: extract(supernet, spec) for spec in specs},
+                       max_new_tokens)
     # Warm-up: one whole decode of the first prompt by each decoder, so first-call work (a
     # GPU's kernel selection and allocator growth for every context length and verify width
     # the decode meets) is not counted as decoding speed.
-    first = dict(prompts[0])
-    plain_generate(target, first, max_new_tokens=max_new_tokens)
-    for spec, draft in drafts.items():
-        generate(target, first, DreamDrafter(draft, spec), shape=spec.shape,
-                 max_new_tokens=max_new_tokens)
-    repeats = max(1, repeats)
-    n = len(prompts)
-    base_all, all_totals = _Totals(), {s: _Totals() for s in specs}
-    per_repeat: dict[SubnetSpec, list[tuple[float, float]]] = {s: [] for s in specs}
-    divergences: dict[SubnetSpec, list[Divergence]] = {s: [] for s in specs}
-    outputs: dict[tuple[Any, int], list[int]] = {}  # (spec or None, prompt) -> first tokens
+    session.decode_all(dict(prompts[0]), timed=False)
+    repeats, n = max(1, repeats), len(prompts)
     bar = progress(total=n * repeats, desc="verifying end to end", unit="prompt",
                    disable=None if show_progress is None else not show_progress)
     for repeat in range(repeats):
-        base, totals = _Totals(), {s: _Totals() for s in specs}
+        session.start_repeat()
         for index, prompt in enumerate(prompts):
             if between is not None:
                 between(repeat * n + index)
-            plain = plain_generate(target, dict(prompt), max_new_tokens=max_new_tokens,
-                                   timed=True)
-            plain_tokens = _same_output(outputs, None, index, plain.tokens.tolist())
-            base.add(plain.stats, plain=True)
-            base_all.add(plain.stats, plain=True)
-            for spec, draft in drafts.items():
-                out = generate(target, dict(prompt), DreamDrafter(draft, spec),
-                               shape=spec.shape, max_new_tokens=max_new_tokens, timed=True)
-                tokens = _same_output(outputs, spec, index, out.tokens.tolist())
-                if repeat == 0:
-                    at = first_divergence(tokens, plain_tokens)
-                    if at is not None:
-                        divergences[spec].append(_check_divergence(target, spec, index, prompt,
-                                                                   plain_tokens, at))
-                totals[spec].add(out.stats, plain=False)
-                all_totals[spec].add(out.stats, plain=False)
+            session.prompt(repeat, index, prompt)
             bar.update(1)
-        base_rates = base.rates(n)
-        for spec in specs:
-            rates = totals[spec].rates(n)
-            per_repeat[spec].append((rates[1] / base_rates[1], rates[0] / base_rates[0]))
+        session.end_repeat(n)
     bar.close()
     if between is not None:
         between(repeats * n)
-    baseline, baseline_decode = base_all.rates(n * repeats)
-    out_rows = []
-    for s in specs:
-        t = all_totals[s]
-        n_cycles = max(1, len(t.cycles))
-        whole, decode = t.rates(n * repeats)
-        out_rows.append(Measured(
-            spec=s, tau=sum(t.cycles) / n_cycles, tokens_per_s=whole,
-            baseline_tokens_per_s=baseline, decode_tokens_per_s=decode,
-            baseline_decode_tokens_per_s=baseline_decode,
-            draft_ms=1000 * t.draft_s / max(1, t.draft_steps),
-            verify_ms=1000 * t.verify_s / n_cycles,
-            other_ms=1000 * t.other_s / n_cycles,
-            decode_ms=1000 * base_all.verify_s / max(1, base_all.decode_steps),
-            prompts=n, identical_prompts=n - len(divergences[s]),
-            divergences=tuple(divergences[s]),
-            repeat_speedups=tuple(r[0] for r in per_repeat[s]),
-            repeat_speedups_end_to_end=tuple(r[1] for r in per_repeat[s])))
-    return out_rows
+    return session.measured(n, repeats)
+
+
+class _Session:
+    """One verification: plain decoding and each spec's draft over the same prompts, their
+    totals per repeat and over all repeats, the first repeat's outputs and divergences."""
+
+    def __init__(self, target: Any, drafts: dict[SubnetSpec, Any], max_new_tokens: int) -> None:
+        self.target, self.drafts, self.max_new_tokens = target, drafts, max_new_tokens
+        self.base_all, self.all_totals = _Totals(), {s: _Totals() for s in drafts}
+        self.per_repeat: dict[SubnetSpec, list[tuple[float, float]]] = {s: [] for s in drafts}
+        self.divergences: dict[SubnetSpec, list[Divergence]] = {s: [] for s in drafts}
+        self.outputs: dict[tuple[Any, int], list[int]] = {}  # (spec or None, prompt) -> tokens
+        self.base, self.totals = _Totals(), {s: _Totals() for s in drafts}
+
+    def decode_all(self, prompt: Mapping[str, Any], timed: bool) -> list[Any]:
+        """Plain decoding then each spec's draft on `prompt`: [plain, *per spec] results."""
+        from dreams_nas.supernet.decoding.dream import DreamDrafter
+        from dreams_nas.supernet.decoding.loop import generate, plain_generate
+
+        out = [plain_generate(self.target, dict(prompt), max_new_tokens=self.max_new_tokens,
+                              timed=timed)]
+        for spec, draft in self.drafts.items():
+            out.append(generate(self.target, dict(prompt), DreamDrafter(draft, spec),
+                                shape=spec.shape, max_new_tokens=self.max_new_tokens,
+                                timed=timed))
+        return out
+
+    def start_repeat(self) -> None:
+        self.base, self.totals = _Totals(), {s: _Totals() for s in self.drafts}
+
+    def prompt(self, repeat: int, index: int, prompt: Mapping[str, Any]) -> None:
+        """Decode prompt `index` plainly and by every spec; check the outputs (lossless on the
+        first repeat, reproduced on later ones) and add the times."""
+        plain, *drafted = self.decode_all(prompt, timed=True)
+        plain_tokens = _same_output(self.outputs, None, index, plain.tokens.tolist())
+        self.base.add(plain.stats, plain=True)
+        self.base_all.add(plain.stats, plain=True)
+        for spec, out in zip(self.drafts, drafted, strict=True):
+            tokens = _same_output(self.outputs, spec, index, out.tokens.tolist())
+            if repeat == 0:
+                at = first_divergence(tokens, plain_tokens)
+                if at is not None:
+                    self.divergences[spec].append(
+                        _check_divergence(self.target, spec, index, prompt, plain_tokens, at))
+            self.totals[spec].add(out.stats, plain=False)
+            self.all_totals[spec].add(out.stats, plain=False)
+
+    def end_repeat(self, n: int) -> None:
+        base_rates = self.base.rates(n)
+        for spec in self.drafts:
+            rates = self.totals[spec].rates(n)
+            self.per_repeat[spec].append((rates[1] / base_rates[1], rates[0] / base_rates[0]))
+
+    def measured(self, n: int, repeats: int) -> list[Measured]:
+        baseline, baseline_decode = self.base_all.rates(n * repeats)
+        rows = []
+        for s in self.drafts:
+            t = self.all_totals[s]
+            n_cycles = max(1, len(t.cycles))
+            whole, decode = t.rates(n * repeats)
+            rows.append(Measured(
+                spec=s, tau=sum(t.cycles) / n_cycles, tokens_per_s=whole,
+                baseline_tokens_per_s=baseline, decode_tokens_per_s=decode,
+                baseline_decode_tokens_per_s=baseline_decode,
+                draft_ms=1000 * t.draft_s / max(1, t.draft_steps),
+                verify_ms=1000 * t.verify_s / n_cycles,
+                other_ms=1000 * t.other_s / n_cycles,
+                decode_ms=1000 * self.base_all.verify_s / max(1, self.base_all.decode_steps),
+                prompts=n, identical_prompts=n - len(self.divergences[s]),
+                divergences=tuple(self.divergences[s]),
+                repeat_speedups=tuple(r[0] for r in self.per_repeat[s]),
+                repeat_speedups_end_to_end=tuple(r[1] for r in self.per_repeat[s])))
+        return rows
 
 
 def _same_output(outputs: dict[tuple[Any, int], list[int]], spec: SubnetSpec | None, index: int,

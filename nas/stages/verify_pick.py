@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dreams_nas.nas.stages.search import SearchOptions
 from dreams_nas.supernet.core.runfolder import RunFolder
+
+if TYPE_CHECKING:  # the search stage calls this module
+    from dreams_nas.nas.stages.search import SearchOptions
 
 log = logging.getLogger("dreams_nas")
 
@@ -51,20 +53,7 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
                                      show_progress=options.show_progress, between=retimer)
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
-        verified.append({"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
-                         "measured_speedup": m.speedup,
-                         "measured_speedup_range": list(m.speedup_range),
-                         "repeat_speedups": list(m.repeat_speedups),
-                         "gap_pct": speedup_gap(cand, m)["gap_pct"],
-                         "measured_speedup_end_to_end": m.speedup_end_to_end,
-                         "measured_tau": m.tau,
-                         "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
-                         "baseline_tokens_per_s": m.baseline_tokens_per_s,
-                         "decode_tokens_per_s": m.decode_tokens_per_s,
-                         "baseline_decode_tokens_per_s": m.baseline_decode_tokens_per_s,
-                         "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
-                                         "loop_overhead": m.other_ms, "decode": m.decode_ms},
-                         "identical_prompts": m.identical_prompts})
+        verified.append(_verified(cand, m))
         warning = gap_warning(cand, m)
         if warning:
             log.warning("warning: %s", warning)
@@ -82,19 +71,8 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
         if stale:
             log.warning("warning: %s", stale)
             warnings.append(stale)
-    measured = {"speedup": best.speedup, "speedup_range": list(best.speedup_range),
-                "repeats": len(best.repeat_speedups),
-                "repeat_speedups": list(best.repeat_speedups),
-                "speedup_end_to_end": best.speedup_end_to_end,
-                "predicted_speedup": gap["predicted_speedup"], "gap_pct": gap["gap_pct"],
-                "tau": best.tau, "tokens_per_s": best.tokens_per_s,
-                "baseline_tokens_per_s": best.baseline_tokens_per_s,
-                "decode_tokens_per_s": best.decode_tokens_per_s,
-                "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
-                "prompts": best.prompts, "identical_prompts": best.identical_prompts,
-                "divergences": [asdict(d) for d in best.divergences],
-                "dtype": str(models.target.dtype).removeprefix("torch."),
-                "max_new_tokens": options.max_new_tokens}
+    measured = _measured(best, gap, str(models.target.dtype).removeprefix("torch."),
+                         options.max_new_tokens)
     if retimed is not None:
         measured["retimed"] = retimed
     for cand, m in zip(chosen, results, strict=True):
@@ -115,3 +93,37 @@ def this_machine(device: str, profiled: dict[str, Any]) -> str:
     threads = profiled.get("threads") if device.startswith("cpu") else None
     return detect_hardware(device, dtype=str(profiled.get("dtype") or "float32"),
                            threads=int(threads) if threads else None).hardware_id
+
+
+def _verified(cand: Any, m: Any) -> dict[str, Any]:
+    """best.json's `verified` entry of one measured candidate."""
+    from dreams_nas.nas.stages.verify import speedup_gap
+
+    return {"spec_id": cand.spec.id, "predicted_speedup": cand.speedup,
+            "measured_speedup": m.speedup, "measured_speedup_range": list(m.speedup_range),
+            "repeat_speedups": list(m.repeat_speedups),
+            "gap_pct": speedup_gap(cand, m)["gap_pct"],
+            "measured_speedup_end_to_end": m.speedup_end_to_end, "measured_tau": m.tau,
+            "predicted_tau": cand.tau, "tokens_per_s": m.tokens_per_s,
+            "baseline_tokens_per_s": m.baseline_tokens_per_s,
+            "decode_tokens_per_s": m.decode_tokens_per_s,
+            "baseline_decode_tokens_per_s": m.baseline_decode_tokens_per_s,
+            "measured_ms": {"draft": m.draft_ms, "verify": m.verify_ms,
+                            "loop_overhead": m.other_ms, "decode": m.decode_ms},
+            "identical_prompts": m.identical_prompts}
+
+
+def _measured(best: Any, gap: dict[str, Any], dtype: str, max_new_tokens: int
+              ) -> dict[str, Any]:
+    """best.json's `measured` block of the best subnet's measurement."""
+    return {"speedup": best.speedup, "speedup_range": list(best.speedup_range),
+            "repeats": len(best.repeat_speedups), "repeat_speedups": list(best.repeat_speedups),
+            "speedup_end_to_end": best.speedup_end_to_end,
+            "predicted_speedup": gap["predicted_speedup"], "gap_pct": gap["gap_pct"],
+            "tau": best.tau, "tokens_per_s": best.tokens_per_s,
+            "baseline_tokens_per_s": best.baseline_tokens_per_s,
+            "decode_tokens_per_s": best.decode_tokens_per_s,
+            "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
+            "prompts": best.prompts, "identical_prompts": best.identical_prompts,
+            "divergences": [asdict(d) for d in best.divergences], "dtype": dtype,
+            "max_new_tokens": max_new_tokens}

@@ -15,7 +15,7 @@ import torch
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.acceptance.teacher_forced import accept_rates, dtype_name, pooled_tau
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate
 from dreams_nas.supernet.decoding.sampling import SamplingConfig

@@ -5,11 +5,8 @@ is appended under a lock as rows are scored, so a killed scoring run resumes whe
 stopped. Rows are keyed by (supernet hash, dataset id, spec, temperature, dtype,
 max_new_tokens): everything the measured acceptance depends on, so a row scored under other
 settings is never reused. A file that holds another supernet's rows is refused, never mixed
-in. A file written before `dtype` and `max_new_tokens` were recorded is migrated once (its
-rows kept with those cells empty: they match no table and are scored again); so is one written
-before token trees (its rows are chains), before elastic depth and MLP width (its rows read
-as depth 1 and the whole MLP, the only draft size there was) or before the draft vocabulary
-(its rows read as the whole vocabulary, `draft_vocab` 1.0).
+in; so is a file of another header (another dreams-nas version's columns), in one line naming
+the columns it lacks or adds and `dreams-nas score`, which writes it anew.
 
 Every row is checked when it is made and when it is read (`AcceptanceRow.__post_init__`): a
 row that is impossible (tau outside [1, draft_len + 1], a rate outside [0, 1], ...) would win the
@@ -29,8 +26,8 @@ from typing import Any
 
 from dreams_nas.supernet.core.device import DTYPES
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import append_csv_rows, atomic_write_text, locked
-from dreams_nas.supernet.core.space import SIZE_DEFAULTS, SubnetSpec
+from dreams_nas.supernet.core.io import append_csv_rows
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 MAX_POSITIONS = 7  # accept_rate_1 .. accept_rate_7
 _RATE_COLUMNS = tuple(f"accept_rate_{i}" for i in range(1, MAX_POSITIONS + 1))
@@ -39,18 +36,8 @@ ACCEPTANCE_COLUMNS: tuple[str, ...] = (
     "draft_len", "tree", "depth", "mlp", "draft_vocab", "temperature", "dtype", "max_new_tokens",
     "method", "tau", "tau_lo", "tau_hi", "n_prompts", "n_tokens", *_RATE_COLUMNS, "context_len",
 )
-# The header of files written before the draft vocabulary (every row the whole vocabulary).
-PRE_VOCAB_COLUMNS: tuple[str, ...] = tuple(c for c in ACCEPTANCE_COLUMNS if c != "draft_vocab")
-# The header of files written before elastic depth and MLP width (every row depth 1, whole MLP).
-PRE_SIZE_COLUMNS: tuple[str, ...] = tuple(c for c in PRE_VOCAB_COLUMNS
-                                          if c not in SIZE_DEFAULTS)
-# The header of files written before token trees (every row a chain: `tree` empty).
-PRE_TREE_COLUMNS: tuple[str, ...] = tuple(c for c in PRE_SIZE_COLUMNS if c != "tree")
-# The header of files written before dtype and max_new_tokens were part of the key.
-LEGACY_COLUMNS: tuple[str, ...] = tuple(
-    c for c in PRE_TREE_COLUMNS if c not in ("dtype", "max_new_tokens")
-)
-OLD_HEADERS = (PRE_VOCAB_COLUMNS, PRE_SIZE_COLUMNS, PRE_TREE_COLUMNS, LEGACY_COLUMNS)
+# The columns every row has a cell in (the accept rates stop at the row's draft_len).
+_CELL_COLUMNS = tuple(c for c in ACCEPTANCE_COLUMNS if c not in _RATE_COLUMNS)
 TAU_METHODS = ("teacher-forced", "sampled", "expected")
 # Slack on the bounds of tau: it is a ratio of token counts, exact up to float rounding.
 TAU_TOLERANCE = 1e-6
@@ -162,15 +149,18 @@ class AcceptanceRow:
 
     @classmethod
     def from_csv_row(cls, row: Mapping[str, str]) -> AcceptanceRow:
-        """The row of one record; `depth`, `mlp` and `draft_vocab` absent or empty (a row
-        written before elastic sizes or the draft vocabulary) read as `SIZE_DEFAULTS`: depth 1,
-        the whole MLP and the whole vocabulary."""
+        """The row of one record (`tree` empty for a chain); a record without one of this
+        version's columns (another version wrote it) is one InputError naming them."""
+        missing = [c for c in _CELL_COLUMNS if c not in row]
+        if missing:
+            raise InputError(
+                f"the acceptance row of {row.get('spec_id') or '?'} lacks {missing}: another "
+                "dreams-nas version wrote it; score it again with `dreams-nas score`")
         spec = SubnetSpec(
             heads=int(row["heads"]), visual_keep=float(row["visual_keep"]),
             inject_layer=int(row["inject_layer"]), draft_len=int(row["draft_len"]),
-            tree=row.get("tree") or (), depth=int(row.get("depth") or 1),
-            mlp=float(row.get("mlp") or 1.0),
-            draft_vocab=float(row.get("draft_vocab") or 1.0),
+            tree=row["tree"] or (), depth=int(row["depth"]), mlp=float(row["mlp"]),
+            draft_vocab=float(row["draft_vocab"]),
         )
         rates = []
         for i in range(1, MAX_POSITIONS + 1):
@@ -206,32 +196,6 @@ def _read_header(path: Path) -> list[str] | None:
     if not path.exists() or path.stat().st_size == 0:
         return None
     return next(csv.reader(io.StringIO(_text(path), newline="")), [])
-
-
-def _migrate(path: Path, old: tuple[str, ...]) -> None:
-    """Rewrite a file of an old header with the current one.
-
-    Every complete old row is kept, the cells of the columns it lacks empty: a row written before
-    the draft vocabulary predicts over the whole one (`draft_vocab` empty, read as 1.0); one
-    written before elastic sizes is depth 1 with the whole MLP (`depth`, `mlp` empty, read as 1
-    and 1.0); one written before trees is a chain (`tree` empty); one written before `dtype` and
-    `max_new_tokens` were recorded matches no table (the settings it was scored under are
-    unknown) and is scored again. A line torn by a kill is dropped, as `load` would skip it. Done
-    under the file's lock, atomically, and only if the header is still the old one once the lock
-    is held (another process may have migrated it meanwhile). Must not be called with the lock
-    held: it is not reentrant.
-    """
-    with locked(path):
-        if _read_header(path) != list(old):
-            return
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(ACCEPTANCE_COLUMNS), restval="")
-        writer.writeheader()
-        for raw in csv.DictReader(io.StringIO(_text(path), newline="")):
-            if None in raw or any(v is None for v in raw.values()):
-                continue  # torn by a kill
-            writer.writerow(raw)
-        atomic_write_text(path, out.getvalue())
 
 
 def _complete_records(path: Path) -> list[tuple[int, dict[str, str]]]:
@@ -276,20 +240,21 @@ class AcceptanceTable:
         self.dtype = dtype
         self.max_new_tokens = int(max_new_tokens)
 
-    def _ensure_current_header(self) -> None:
-        """Migrate an old-header file once; refuse a file that is no acceptance file at all."""
+    def _check_header(self) -> None:
+        """Refuse, in one line, a file whose header is not this version's (ACCEPTANCE_COLUMNS):
+        the columns it lacks and adds, and the command that writes it anew."""
         header = _read_header(self.path)
         if header is None or header == list(ACCEPTANCE_COLUMNS):
             return
-        for old in OLD_HEADERS:
-            if header == list(old):
-                _migrate(self.path, old)
-                return
         missing = [c for c in ACCEPTANCE_COLUMNS if c not in header]
         unknown = [c for c in header if c not in ACCEPTANCE_COLUMNS]
+        found = (f"lacks {missing} and adds {unknown}" if missing and unknown
+                 else f"lacks {missing}" if missing else f"adds {unknown}" if unknown
+                 else "has them in another order")
         raise InputError(
-            f"{self.path} is not an acceptance file of this version (missing column(s) "
-            f"{missing}, unknown {unknown}); move it aside and run `dreams-nas score`"
+            f"{self.path} has the header of another dreams-nas version: it {found} against "
+            f"this version's {len(ACCEPTANCE_COLUMNS)} columns; move it aside and run "
+            "`dreams-nas score` to score the subnets again"
         )
 
     def _is_mine(self, row: AcceptanceRow) -> bool:
@@ -298,14 +263,14 @@ class AcceptanceTable:
 
     def load(self) -> dict[SubnetSpec, AcceptanceRow]:
         """This table's rows already scored, by spec (the last row wins if a spec was appended
-        twice). Rows of other temperatures, dtypes or budgets, and migrated rows whose dtype is
-        empty, are not this table's: they are skipped, and stay in the file.
+        twice). Rows of other temperatures, dtypes or budgets are not this table's: they are
+        skipped, and stay in the file.
 
-        Every row but a migrated one is checked (`AcceptanceRow`), this table's or not: one that
-        is damaged or impossible is an InputError naming the file and line, never used and never
-        skipped. A last line torn by a kill (the file does not end with a line end) is skipped:
-        its spec is scored again."""
-        self._ensure_current_header()
+        Every row is checked (`AcceptanceRow`), this table's or not: one that is damaged or
+        impossible is an InputError naming the file and line, never used and never skipped. A
+        last line torn by a kill (the file does not end with a line end) is skipped: its spec
+        is scored again."""
+        self._check_header()
         if not self.path.exists():
             return {}
         out: dict[SubnetSpec, AcceptanceRow] = {}
@@ -317,8 +282,6 @@ class AcceptanceTable:
                     "acceptance of different supernets cannot be mixed: move the file "
                     "aside and rerun `dreams-nas score`"
                 )
-            if raw["dtype"] == "":
-                continue  # migrated from the old header: scored under unrecorded settings
             row = self._parse(line, raw)
             if row.dataset_id == self.dataset_id and self._is_mine(row):
                 out[row.spec] = row
@@ -339,7 +302,7 @@ class AcceptanceTable:
 
     def append(self, rows: Iterable[AcceptanceRow]) -> int:
         """Append rows of this table's supernet, dataset, dtype and budget (another's are
-        refused); migrates an old-header file first. Returns the number of rows written."""
+        refused), to a file of this version's header. Returns the number of rows written."""
         rows = list(rows)
         for row in rows:
             if row.supernet_hash != self.supernet_hash or row.dataset_id != self.dataset_id:
@@ -353,5 +316,5 @@ class AcceptanceTable:
                     f"max_new_tokens={row.max_new_tokens}, not this table's {self.dtype} with "
                     f"max_new_tokens={self.max_new_tokens}; score it with the table's settings"
                 )
-        self._ensure_current_header()
+        self._check_header()
         return append_csv_rows(self.path, (r.to_csv_row() for r in rows), ACCEPTANCE_COLUMNS)

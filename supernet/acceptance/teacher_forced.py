@@ -35,7 +35,7 @@ import torch
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.cycles import accepted_levels, simulate_cycles
 from dreams_nas.supernet.draft.model import DreamDraft
@@ -136,7 +136,7 @@ def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
     # host-side bookkeeping (which starts are alive, what they drafted) stays on the CPU with
     # the trace; the draft's inputs and features live on its device
     is_text = torch.ones(seq, dtype=torch.bool, device="cpu")
-    with draft.using(spec.triple):  # the prompt positions the subnet's own sequence holds
+    with draft.using(spec.arch):  # the prompt positions the subnet's own sequence holds
         is_text[: trace.prompt_len] = draft.draft_positions(
             trace.visual_mask[None], trace.visual_scores[None])[0]
     text_pos = is_text.nonzero().flatten()  # (n_text,) target positions the draft runs over
@@ -148,7 +148,7 @@ def draft_ranks(draft: DreamDraft, trace: TargetTrace, spec: SubnetSpec,
     ids_all = trace.tokens[text_pos].to(device)
     pos_all = text_pos.to(device)
     cont = trace.continuation
-    with draft.using(spec.triple):
+    with draft.using(spec.arch):
         memory = draft.memory(trace.layer_hidden[spec.inject_layer][None].to(device, dtype),
                               trace.visual_mask[None].to(device),
                               trace.visual_scores[None].to(device))
@@ -303,7 +303,7 @@ class TeacherForcedScorer:
     """The `AcceptanceScorer` of the search, over one evaluation set.
 
     Traces the target once per prompt (lazily, then kept); scoring a spec rolls the draft out
-    once for its architecture (`SubnetSpec.triple`, i.e. `arch`: heads, visual_keep,
+    once for its architecture (`SubnetSpec.arch`: heads, visual_keep,
     inject_layer, depth, mlp and draft_vocab -- each draft vocabulary is rolled out on its own)
     and returns rows for every draft length in `draft_lens` and every tree in `trees` of that
     architecture (they are free), so the cache fills a whole architecture at a time.
@@ -355,7 +355,7 @@ class TeacherForcedScorer:
     def score(self, specs: Sequence[SubnetSpec]) -> list[AcceptanceRow]:
         wanted: dict[SubnetSpec, set[tuple[int, tuple[int, ...]]]] = {}
         for s in specs:
-            wanted.setdefault(s.triple, set()).add((s.draft_len, s.tree))
+            wanted.setdefault(s.arch, set()).add((s.draft_len, s.tree))
         rows: list[AcceptanceRow] = []
         for triple, shapes in wanted.items():
             lens = sorted(set(self.draft_lens) | {g for g, t in shapes if not t})

@@ -3,7 +3,7 @@
 `build_builtin_target` trains a real `LlavaForConditionalGeneration` (a one-layer CLIP vision tower
 with patch size = the synthetic tasks' cell size, and a deep, narrow Llama) on the synthetic tasks
 of `data.synth` until its greedy answers match the references (trained shallow with an auxiliary
-per-cell loss on the image tokens, see `demo.training.CellPatterns`, then grown to full depth
+per-cell loss on the image tokens, see `training.CellPatterns`, then grown to full depth
 function-preservingly and fine-tuned, see `grow_text_layers`), then saves model + processor with
 `save_pretrained`, so the folder loads like any checkpoint on disk.
 """
@@ -96,36 +96,8 @@ def _build(out: Path, spec: BuiltinVariant, seed: int, progress: bool) -> dict[s
     model = init_model(config, seed)
     encoder = Encoder(processor)
 
-    total = spec.train.max_steps + (spec.finetune.max_steps if grow and spec.finetune else 0)
-    bar = progress_bar(total=total, desc=f"training built-in target ({variant})",
-                       unit="step", disable=None if progress else True)
-    state: dict[str, float] = {}
-
-    def on_step(step: int, loss: float, val: float | None) -> None:
-        if val is not None:
-            state["val"] = val
-            log.info("built-in target step %d: loss %.4f, validation exact match %.3f",
-                     step + 1, loss, val)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}", val_em=f"{state.get('val', 0.0):.2f}")
-
-    try:
-        result = _train_phase(model, encoder, spec.train, spec, seed, on_step)
-        finetune_steps = 0
-        if grow and spec.finetune is not None:
-            bar.total = result["steps"] + spec.finetune.max_steps
-            log.info("built-in target: growing %d -> %d layers after %d steps", first_layers,
-                     spec.text_layers, result["steps"])
-            model = grow_text_layers(model, spec.text_layers, seed + 2)
-            tuned = _train_phase(model, encoder, spec.finetune, spec, seed, on_step,
-                                 sample_offset=result["steps"] * spec.train.batch_size)
-            finetune_steps = tuned["steps"]
-            result = {"steps": result["steps"],
-                      "loss_curve": result["loss_curve"] + tuned["loss_curve"],
-                      "val_history": result["val_history"] + [
-                          {**h, "phase": "finetune"} for h in tuned["val_history"]]}
-    finally:
-        bar.close()
+    model, result, finetune_steps = _train_and_grow(model, encoder, spec, seed, progress,
+                                                    grow, first_layers)
     train_s = time.perf_counter() - start
 
     eval_samples = [make_sample("eval", seed, i) for i in range(spec.n_eval)]
@@ -165,6 +137,44 @@ def _build(out: Path, spec: BuiltinVariant, seed: int, progress: bool) -> dict[s
                     "its answers are less predictable than intended", em, REQUIRED_EXACT_MATCH,
                     result["steps"])
     return metrics
+
+
+def _train_and_grow(model: Any, encoder: Encoder, spec: BuiltinVariant, seed: int,
+                    progress: bool, grow: bool, first_layers: int
+                    ) -> tuple[Any, dict[str, Any], int]:
+    """Train `model` (shallow when it grows), then grow it to the variant's depth and fine-tune
+    it: (the model, the run's steps, loss curve and validation history, fine-tune steps)."""
+    total = spec.train.max_steps + (spec.finetune.max_steps if grow and spec.finetune else 0)
+    bar = progress_bar(total=total, desc=f"training built-in target ({spec.name})",
+                       unit="step", disable=None if progress else True)
+    state: dict[str, float] = {}
+
+    def on_step(step: int, loss: float, val: float | None) -> None:
+        if val is not None:
+            state["val"] = val
+            log.info("built-in target step %d: loss %.4f, validation exact match %.3f",
+                     step + 1, loss, val)
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.3f}", val_em=f"{state.get('val', 0.0):.2f}")
+
+    try:
+        result = _train_phase(model, encoder, spec.train, spec, seed, on_step)
+        finetune_steps = 0
+        if grow and spec.finetune is not None:
+            bar.total = result["steps"] + spec.finetune.max_steps
+            log.info("built-in target: growing %d -> %d layers after %d steps", first_layers,
+                     spec.text_layers, result["steps"])
+            model = grow_text_layers(model, spec.text_layers, seed + 2)
+            tuned = _train_phase(model, encoder, spec.finetune, spec, seed, on_step,
+                                 sample_offset=result["steps"] * spec.train.batch_size)
+            finetune_steps = tuned["steps"]
+            result = {"steps": result["steps"],
+                      "loss_curve": result["loss_curve"] + tuned["loss_curve"],
+                      "val_history": result["val_history"] + [
+                          {**h, "phase": "finetune"} for h in tuned["val_history"]]}
+    finally:
+        bar.close()
+    return model, result, finetune_steps
 
 
 def _train_phase(model: Any, encoder: Encoder, cfg: TargetTrainConfig, spec: BuiltinVariant,

@@ -81,7 +81,8 @@ def ensure_builtin_target_with_metrics(
                                  threads=threads)
 
     return _ensure_built(folder, build, {"version": BUILTIN_VERSION, "variant": variant,
-                                         "seed": seed}, f"the built-in target ({variant})", rebuild)
+                                         "seed": seed}, f"the built-in target {variant}",
+                         "minutes", rebuild)
 
 
 def proxy_target_dir(cache_dir: str | Path | None = None, name: str = "proxy-llava",
@@ -103,13 +104,15 @@ def ensure_proxy_target(name: str = "proxy-llava", cache_dir: str | Path | None 
         return build_proxy_target(tmp, name=name, seed=seed)
 
     return _ensure_built(folder, build, {"version": PROXY_VERSION, "variant": name,
-                                         "seed": seed}, f"the proxy target {name}", rebuild)
+                                         "seed": seed}, f"the proxy target {name}", "seconds",
+                         rebuild)
 
 
 def _ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]], meta: dict[str, Any],
-                  what: str, rebuild: bool) -> tuple[Path, dict[str, Any], bool]:
+                  what: str, takes: str, rebuild: bool) -> tuple[Path, dict[str, Any], bool]:
     """Build into a temporary folder beside `folder`, write the completion marker, rename into
-    place; a valid marker means the folder is reused as it is."""
+    place; a valid marker means the folder is reused as it is (and nothing is logged). A build
+    is logged at INFO before it starts: `what` is built into `folder`, which `takes` long."""
     marker = None if rebuild else read_complete_marker(folder)
     if marker is not None:
         return folder, marker["metrics"], True
@@ -126,7 +129,7 @@ def _ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]], meta: d
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
         try:
-            log.info("building %s into %s; this happens once", what, folder)
+            log.info("building %s into %s (%s, once)", what, folder, takes)
             metrics = {**build(tmp), "folder": str(folder)}
             files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
             atomic_write_json(tmp / MARKER, {**meta, "files": files, "metrics": metrics})

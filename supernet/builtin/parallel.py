@@ -2,8 +2,8 @@
 
 the built-in target's training step is a few hundred small operations, each of which one process's
 threads meet at the end of: on a shared 2-core machine another tenant's work stalls them, while
-two one-thread processes, each taking half the batch, meet once per step (BENCHMARKS.md, 'Demo
-target build': the same speed on a quiet machine, 2.2x beside a busy neighbour).
+two one-thread processes, each taking half the batch, meet once per step: as fast on a quiet
+machine, faster beside a busy neighbour (BENCHMARKS.md, 'Built-in target build').
 
 `train_on_ranks` starts `ranks` worker processes
 (``python -m dreams_nas.supernet.builtin.parallel``,

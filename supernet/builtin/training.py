@@ -1,4 +1,4 @@
-"""Training and evaluation of the built-in target on the synthetic tasks (used by `demo.build`).
+"""Training and evaluation of the built-in target on the synthetic tasks (used by `build`).
 
 Sequences are exactly what inference sees: the processor's chat template with the image first
 (``<s>USER: <image>*36 question ASSISTANT:``) followed by the answer and ``</s>``; the loss covers

@@ -19,6 +19,21 @@ REQUIRED_EXACT_MATCH = 0.95
 
 
 @dataclass(frozen=True)
+class DemoSizes:
+    """`dreams-nas demo`'s stage sizes on a variant, for the flags not given. None keeps the real
+    pipeline's: 384 training prompts, 300 + 400 supernet steps, the whole profile grid at 40
+    repeats, 32 evaluation prompts of 64 new tokens, every scored prompt verified."""
+
+    train_prompts: int | None = None  # --train-prompts
+    train_steps: int | None = None  # --train-steps: each of the two supernet training phases
+    profile_budget: int | None = None  # --profile-budget: draft measurements of the profile
+    profile_repeats: int | None = None  # --repeats: timed repeats per profiled step
+    limit: int | None = None  # --limit: evaluation prompts scored
+    max_new_tokens: int | None = None  # --max-new-tokens: when training, scoring, verifying
+    verify_prompts: int | None = None  # --verify-prompts: prompts decoded to verify
+
+
+@dataclass(frozen=True)
 class BuiltinVariant:
     """Sizes and training recipe of one built-in target variant."""
 
@@ -41,6 +56,8 @@ class BuiltinVariant:
     # share the build's torch threads: the small model's step gains nothing from a second
     # thread, and a second process doubles the steps per second on two cores.
     build_ranks: int = 1
+    # The demo's stage sizes on this variant (`dreams-nas demo` with DREAMS_NAS_DEMO_VARIANT)
+    demo: DemoSizes = DemoSizes()
 
 
 # Chart reading takes the most steps to learn, then scenes (telling four shapes apart at 8 x 8
@@ -82,7 +99,10 @@ VARIANTS: dict[str, BuiltinVariant] = {
                           eval_every=50, n_val=100, target_exact_match=0.99,
                           task_mix=DEFAULT_TASK_MIX, cell_aux_weight=CELL_AUX_WEIGHT),
         n_eval=100, timing_repeats=10, build_ranks=2),
-    # The same code at test size: builds in seconds, answers are not expected to be right.
+    # The same code at test size: builds in seconds, answers are not expected to be right. Its
+    # demo runs every stage at a size to match (about 30 s on 2 quiet cores, its build
+    # included): a supernet trained 20 + 20 steps on 16 prompts, a profile of 16 draft
+    # measurements at 3 repeats, 4 evaluation prompts of 16 new tokens.
     "tiny": BuiltinVariant(
         name="tiny", vision_hidden=16, vision_layers=1, vision_heads=2, text_hidden=32,
         text_layers=2, text_heads=2, text_intermediate=64,
@@ -90,7 +110,9 @@ VARIANTS: dict[str, BuiltinVariant] = {
                           n_val=4, target_exact_match=1.01, cell_aux_weight=CELL_AUX_WEIGHT),
         n_eval=8, timing_repeats=3, grow_from_layers=1,
         finetune=TargetTrainConfig(max_steps=2, batch_size=4, lr=1e-3, warmup_steps=1, eval_every=2,
-                             n_val=4, target_exact_match=1.01)),
+                             n_val=4, target_exact_match=1.01),
+        demo=DemoSizes(train_prompts=16, train_steps=20, profile_budget=16, profile_repeats=3,
+                       limit=4, max_new_tokens=16, verify_prompts=2)),
 }
 
 

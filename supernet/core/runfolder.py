@@ -126,13 +126,21 @@ class RunFolder:
 
     # --- run.json -------------------------------------------------------------------
     def read_run(self) -> dict[str, Any]:
-        """The run's metadata; an empty dict for a new run."""
+        """The run's metadata; an empty dict for a new run. A run.json of another schema
+        version (another dreams-nas wrote it) is refused in one line: its artefacts are that
+        version's, so the run starts again in a new folder."""
         if not self.run_json.exists():
             return {}
         data = read_json(self.run_json)
         if not isinstance(data, dict):
             raise InputError(f"{self.run_json} must hold a JSON object; "
                              "move it aside to start anew")
+        version = data.get("schema_version", RUN_SCHEMA_VERSION)
+        if version != RUN_SCHEMA_VERSION:
+            raise InputError(
+                f"{self.run_json} has schema_version {version!r}; this dreams-nas reads "
+                f"schema {RUN_SCHEMA_VERSION}: run `dreams-nas train` (or `dreams-nas demo`) "
+                "into a new --run folder")
         return data
 
     def update_run(self, **fields: Any) -> dict[str, Any]:

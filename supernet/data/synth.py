@@ -34,8 +34,8 @@ TASKS = ("scene", "count", "ocr", "chart", "math")
 # the built-in *training* split draws OCR three times in every seven prompts (the evaluation
 # split and the built-in target's own training: each task a fifth). Reading the image's characters
 # is the skill a one-layer draft wins or misses by chance when OCR is a fifth of its prompts,
-# so trainings that differ only in their seed end apart (BENCHMARKS.md, 'Supernet training
-# over seeds, and the ablations'); tasks are drawn round-robin over this tuple
+# so trainings that differ only in their seed end apart (BENCHMARKS.md, 'Supernet
+# acceptance over seeds'); tasks are drawn round-robin over this tuple
 TRAIN_TASKS = ("scene", "count", "ocr", "chart", "math", "ocr", "ocr")
 BACKGROUND = (20, 20, 28)
 

@@ -21,7 +21,7 @@ spec's inject layer) is built once at `start`.
 from __future__ import annotations
 
 import torch
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.protocol import Proposal, TreeProposal
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, choose, logits_to_probs, sample

@@ -1,6 +1,6 @@
 """The drafter protocol: what the speculative loop asks of every drafter.
 
-A drafter guesses the next tokens; the loop in `decoding.py` verifies them with the target. The
+A drafter guesses the next tokens; the loop (`decoding.loop`) verifies them with the target. The
 protocol (in the spirit of transformers' ``CandidateGenerator``) has three calls per sequence:
 
 ``start(target, prefill)``

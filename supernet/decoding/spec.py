@@ -4,11 +4,11 @@ The folder holds `spec.json` (the subnet and its provenance), `config.json` and
 `draft.safetensors` (the extracted compact draft). The target's embedding and LM head are
 attached from the target being decoded; nothing of the supernet is needed.
 
-A folder is refused, in one line, unless its spec.json is a JSON object of a schema version this
-code reads, and unless the target being decoded is the one the spec was searched for (same
-architecture hash, or -- for a spec that records none -- same family, depth and width) and is
-loaded in the spec's dtype: the draft was trained against that target's features, and its
-measured acceptance and predicted speedup hold for that target only.
+A folder is refused, in one line, unless its spec.json is a JSON object of this code's schema
+version, and unless the target being decoded is the one the spec was searched for (the same
+architecture hash) and is loaded in the spec's dtype: the draft was trained against that
+target's features, and its measured acceptance and predicted speedup hold for that target
+only.
 """
 
 from __future__ import annotations
@@ -19,23 +19,19 @@ from typing import Any
 
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import read_json
-from dreams_nas.supernet.core.space import SPEC_SCHEMA_VERSION, SubnetSpec
+from dreams_nas.supernet.core.spec import SPEC_SCHEMA_VERSION, SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.draft.extract import CompactDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
 
-# The spec.json schema versions this code reads.
-KNOWN_SPEC_VERSIONS: tuple[int, ...] = (SPEC_SCHEMA_VERSION,)
-# What a spec without an architecture hash is matched on ({Target} keys).
-_TARGET_SHAPE = ("family", "num_layers", "hidden_size")
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number",
                float: "a number", bool: "a boolean", type(None): "null"}
 
 
 def read_spec_json(path: str | Path) -> dict[str, Any]:
     """The checked spec.json of the spec folder `path` ({} when the folder has none): a JSON
-    object whose `schema_version` is one this code reads."""
+    object of this code's `schema_version` (SPEC_SCHEMA_VERSION)."""
     meta_path = Path(path) / "spec.json"
     if not meta_path.is_file():
         return {}
@@ -45,17 +41,17 @@ def read_spec_json(path: str | Path) -> dict[str, Any]:
         raise InputError(f"{meta_path} holds {kind}, not a JSON object; export the spec again "
                          "(`dreams-nas search`)")
     version = meta.get("schema_version")
-    if isinstance(version, bool) or version not in KNOWN_SPEC_VERSIONS:
+    if isinstance(version, bool) or version != SPEC_SCHEMA_VERSION:
         raise InputError(
-            f"{meta_path} has schema_version={version!r}, which this dreams-nas does not read "
-            f"(it reads {list(KNOWN_SPEC_VERSIONS)}); export the spec again with this version "
+            f"{meta_path} has schema_version={version!r}; this dreams-nas reads schema "
+            f"{SPEC_SCHEMA_VERSION}: export the spec again with this version "
             "(`dreams-nas search`), or use the dreams-nas that wrote it")
     return meta
 
 
 def spec_dtype(path: str | Path) -> str | None:
     """The dtype a spec folder was searched and exported in (spec.json ``dtype``; None for a
-    folder written before specs recorded it)."""
+    folder whose spec.json records none: one written by hand)."""
     value = read_spec_json(path).get("dtype")
     return str(value) if value else None
 
@@ -76,21 +72,21 @@ def _describe(target: Mapping[str, Any]) -> str:
 
 def check_spec_target(meta: Mapping[str, Any], target: TargetAdapter, where: str | Path) -> None:
     """Refuse `target` unless it is the one spec.json's `target` records: the same architecture
-    hash when recorded, else the same family, layer count and hidden size (the keys recorded).
-    A spec that records no target ({}: written without a run.json target) is not checked."""
+    hash. A spec that records no target ({}: written without a run.json target) is not
+    checked; a target recorded without its architecture hash (another dreams-nas version wrote
+    it) is refused."""
     recorded = meta.get("target")
     if recorded is None or recorded == {}:
         return
     if not isinstance(recorded, Mapping):
         raise InputError(f"{Path(where) / 'spec.json'} has target={recorded!r}, not a target "
                          "object; export the spec again (`dreams-nas search`)")
+    if not recorded.get("architecture_hash"):
+        raise InputError(f"{Path(where) / 'spec.json'} records its target without an "
+                         "architecture_hash: another dreams-nas version wrote it; export the "
+                         "spec again (`dreams-nas search`)")
     loaded = target.describe()
-    if recorded.get("architecture_hash"):
-        same = recorded["architecture_hash"] == loaded.get("architecture_hash")
-    else:
-        same = all(recorded[key] == loaded.get(key) for key in _TARGET_SHAPE
-                   if recorded.get(key) is not None)
-    if same:
+    if recorded["architecture_hash"] == loaded.get("architecture_hash"):
         return
     source = recorded.get("path") or recorded.get("id")
     raise InputError(

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 CONFIG_SCHEMA_VERSION = 1
 
@@ -29,18 +29,17 @@ class DraftConfig:
     cross_attention: bool = True  # False: no cross-attention layer (two decoder layers)
     # True: the kept visual tokens are positions of the draft's own sequence (its
     # self-attention reads them, so each kept token costs attention work on every step), as
-    # well as of the cross-attention memory; False: the memory only (drafts saved before this
-    # field read as False). With neither, the draft is text-only.
+    # well as of the cross-attention memory; False: the memory only. With neither, the draft
+    # is text-only.
     visual_in_self: bool = True
     # Decoder layers on each side of the cross-attention (the supernet's stacks; a subnet uses
-    # the first `SubnetSpec.depth` of each). Drafts saved before elastic depth read as 1.
+    # the first `SubnetSpec.depth` of each).
     num_layers: int = 1
     # The MLP widths (shares of intermediate_size) the supernet is trained and searched at;
-    # (1.0,): the whole MLP only, as drafts saved before elastic width.
+    # (1.0,): the whole MLP only.
     mlp_shares: tuple[float, ...] = (1.0,)
     # The draft vocabularies (shares of vocab_size, most frequent tokens first: the model's
-    # `vocab_order`) the supernet offers; (1.0,): the target's whole vocabulary only, as drafts
-    # saved before the draft vocabulary.
+    # `vocab_order`) the supernet offers; (1.0,): the target's whole vocabulary only.
     vocab_shares: tuple[float, ...] = (1.0,)
     # Set on an extracted draft only: the subnet it was cut from.
     spec: SubnetSpec | None = None
@@ -95,14 +94,19 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DraftConfig:
+        """The config `to_dict` wrote: this schema version, every field present (a config
+        without one was written by another dreams-nas version and is refused, naming it)."""
         data = dict(data)
-        version = data.pop("schema_version", CONFIG_SCHEMA_VERSION)
+        missing = [name for name in ("schema_version", *cls.__dataclass_fields__)
+                   if name not in data]
+        if missing:
+            raise InputError(f"the draft config lacks {missing}: another dreams-nas version "
+                             "wrote it")
+        version = data.pop("schema_version")
         if version != CONFIG_SCHEMA_VERSION:
-            raise InputError(f"draft config schema_version={version!r} is not supported "
-                             f"(this dreams-nas reads {CONFIG_SCHEMA_VERSION}); "
-                             "retrain or re-extract")
-        spec = data.pop("spec", None)
-        data.setdefault("visual_in_self", False)  # written before the field: memory only
+            raise InputError(f"draft config schema_version={version!r} is another dreams-nas "
+                             f"version's (this one reads {CONFIG_SCHEMA_VERSION})")
+        spec = data.pop("spec")
         return cls(**data, spec=None if spec is None else SubnetSpec.from_dict(spec))
 
     def largest(self) -> SubnetSpec:

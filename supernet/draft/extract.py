@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
-from dreams_nas.supernet.draft.model import DreamDraft, skipped_layers
+from dreams_nas.supernet.draft.layers import skipped_layers
+from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from torch import Tensor
 

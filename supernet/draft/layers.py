@@ -224,3 +224,21 @@ class LayerInput(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(self.norm(x), self.proj.weight)
+
+
+class ActiveWeights(NamedTuple):
+    """The weights one subnet's forward reads: views of the draft's parameters."""
+
+    fuse: Tensor
+    before: tuple[DecoderWeights, ...]
+    cross: CrossWeights | None
+    after: tuple[DecoderWeights, ...]
+    norm: Tensor
+    norm_eps: float | None
+
+
+def skipped_layers(num_layers: int, depth: int) -> tuple[str, ...]:
+    """State-dict prefixes of the decoder layers a subnet of `depth` does not run (of a
+    supernet with `num_layers` a side): layers_in.{depth..}, layers_out.{..num_layers-depth-1}."""
+    return (tuple(f"layers_in.{i}." for i in range(depth, num_layers))
+            + tuple(f"layers_out.{i}." for i in range(num_layers - depth)))

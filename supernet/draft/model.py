@@ -23,7 +23,7 @@ prompt's text and kept visual positions, in their original order. The memory is 
 only, known in full at prefill, so training (teacher forced) and drafting see the same memory
 and its keys/values are computed once per request. Without ``visual_in_self`` the sequence is
 text only and the image reaches the draft through the memory alone (measured worse:
-BENCHMARKS.md).
+BENCHMARKS.md, 'Ablations: distillation layer and the image').
 
 The target's embedding and LM head are shared, frozen, and not part of this module's
 parameters or state dict (they are held outside the module tree and passed in).
@@ -33,23 +33,25 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, vocab_rows
+from dreams_nas.supernet.core.space import SearchSpace, vocab_rows
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
+from dreams_nas.supernet.draft.head import HeadRows, full_logits, vocab_logits
 from dreams_nas.supernet.draft.layers import (
+    ActiveWeights,
     CrossAttentionLayer,
-    CrossWeights,
     DecoderLayer,
-    DecoderWeights,
     LayerInput,
     SwiGLU,
     cross_step,
     decoder_step,
+    skipped_layers,
 )
 from dreams_nas.supernet.draft.state import (
     DraftCache,
@@ -59,33 +61,10 @@ from dreams_nas.supernet.draft.state import (
     gather_rows,
     select_memory_positions,
 )
-from dreams_nas.supernet.ops.linear import linear, slow_backward
+from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
 
 
-def _version(tensor: Tensor) -> int:
-    """The tensor's in-place version counter (-1 for an inference tensor, which has none and
-    cannot be changed in place outside inference mode)."""
-    return -1 if tensor.is_inference() else int(tensor._version)
-
-
-# --- the draft ------------------------------------------------------------------------
-class ActiveWeights(NamedTuple):
-    """The weights one subnet's forward reads: views of the draft's parameters."""
-
-    fuse: Tensor
-    before: tuple[DecoderWeights, ...]
-    cross: CrossWeights | None
-    after: tuple[DecoderWeights, ...]
-    norm: Tensor
-    norm_eps: float | None
-
-
-def skipped_layers(num_layers: int, depth: int) -> tuple[str, ...]:
-    """State-dict prefixes of the decoder layers a subnet of `depth` does not run (of a
-    supernet with `num_layers` a side): layers_in.{depth..}, layers_out.{..num_layers-depth-1}."""
-    return (tuple(f"layers_in.{i}." for i in range(depth, num_layers))
-            + tuple(f"layers_out.{i}." for i in range(num_layers - depth)))
 class DreamDraft(nn.Module):
     """The elastic DREAM-S draft (the supernet); an extracted subnet uses the same class."""
 
@@ -102,7 +81,7 @@ class DreamDraft(nn.Module):
                                             for lyr in config.inject_layers})
         self._shared = shared  # plain attribute: not a submodule, not saved
         self._active = config.spec or config.largest()
-        self._head_rows: dict[tuple[Any, ...], tuple[Tensor, Tensor | None]] = {}
+        self._head_rows = HeadRows()  # the LM head's rows of the draft vocabulary
         self._checked: set[SubnetSpec] = set()  # the specs `set_active` accepted
         # (heads, depth, mlp) -> the weights of those subnets: `active_weights`
         self._weights: dict[tuple[int, int, float], ActiveWeights] = {}
@@ -229,50 +208,18 @@ class DreamDraft(nn.Module):
         """feature: (..., hidden) -> (..., vocab) through the target's LM head.
 
         With a draft vocabulary (`SubnetSpec.draft_vocab` < 1) only the head's rows of the
-        `vocab_rows` most frequent tokens are computed (the cost that shrinks); they are written
-        back at their target ids and every other token gets -inf, so argmax, top-k and the
-        sampling rules see a distribution over target ids that is zero outside the draft's
-        vocabulary (the target verifies, so output is unchanged)."""
+        `vocab_rows` most frequent tokens are computed (`head.vocab_logits`)."""
         head = self.shared.lm_head
-        weight = getattr(head, "weight", None)
         rows = self.vocab_rows_of(self._active)
         if rows >= self.config.vocab_size:
-            if weight is None:
-                return head(feature)
-            feature = feature.to(weight.dtype)
-            if not slow_backward(feature, weight):  # the module itself: its hooks see the call
-                return head(feature)
-            return linear(feature, weight, getattr(head, "bias", None))
-        ids = self.vocab_order[:rows].to(feature.device)
-        if weight is None:  # a head without a weight matrix: compute all, keep the vocabulary
-            full = head(feature)
-            return torch.full_like(full, float("-inf")).index_copy_(
-                -1, ids, full.index_select(-1, ids))
-        w, b = self._head_slice(head, ids)
-        sub = linear(feature.to(w.dtype), w, b)
-        out = sub.new_full((*sub.shape[:-1], int(weight.shape[0])), float("-inf"))
-        return out.index_copy_(-1, ids, sub)
+            return full_logits(head, feature)
+        return vocab_logits(head, feature, self.vocab_order, rows, self._head_rows)
 
     def vocab_rows_of(self, spec: SubnetSpec) -> int:
         """Tokens `spec` predicts over (the whole vocabulary at draft_vocab 1)."""
         if self.config.spec is not None and self.config.has_vocab_order:
             return int(self.vocab_order.shape[0])
         return vocab_rows(self.config.vocab_size, spec.draft_vocab)
-
-    def _head_slice(self, head: nn.Module, ids: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The LM head's rows `ids` (and bias), cut once per vocabulary and kept while the
-        head's weight stays the same tensor, unchanged (FR-Spec's reduced head)."""
-        weight, bias = head.weight, getattr(head, "bias", None)
-        key = (int(ids.shape[0]), weight.data_ptr(), weight.device, weight.dtype,
-               _version(weight), self.vocab_order.data_ptr(), _version(self.vocab_order))
-        cached = self._head_rows.get(key)
-        if cached is None:
-            with torch.no_grad():
-                cached = (weight.index_select(0, ids).contiguous(),
-                          None if bias is None else bias.index_select(0, ids).contiguous())
-            self._head_rows = {key: cached, **{k: v for k, v in self._head_rows.items()
-                                               if k[0] != key[0]}}  # one slice per size
-        return cached
 
     def set_vocab_order(self, order: Tensor) -> None:
         """Rank the target's tokens for the draft vocabularies: `order` holds every token id

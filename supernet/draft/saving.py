@@ -142,12 +142,8 @@ def load_weights(path: Path, device: str | torch.device, fix: str) -> dict[str, 
 def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], path: Path,
                fix: str) -> None:
     """`model.load_state_dict(state)`; weights that do not fit the config (missing, extra or
-    differently shaped tensors) are one InputError naming `path` and `fix`. Weights saved
-    before elastic depth (one decoder layer a side, `layer_in.*`/`layer_out.*`) load as the
-    first layer of each stack."""
-    renamed = {"layer_in.": "layers_in.0.", "layer_out.": "layers_out.0."}
-    state = {next((new + name[len(old):] for old, new in renamed.items()
-                   if name.startswith(old)), name): tensor for name, tensor in state.items()}
+    differently shaped tensors, or the names of another dreams-nas version) are one InputError
+    naming `path` and `fix`."""
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:

@@ -2,13 +2,12 @@
 
 On CPUs without native bfloat16 (no AVX512-BF16, e.g. AVX2-only AMD EPYC and Intel Xeon VMs)
 torch's 16-bit matrix product runs row by row: its cost grows with the rows like a stack of
-matrix-vector products, ~20 GFLOP/s where float32 runs at ~150. Measured here (2 threads,
-bfloat16, [M, 1024] x [1024, 2816]^T): 0.34 ms at M = 1, 8.9 ms at 32, 171 ms at 614, where
-the same product computed in float32 from the 16-bit operands and rounded back to bfloat16 takes
-5.1 ms at 32 and 26 ms at 614 (weight conversion included) but 5 ms at M = 1. And it is ~30x
-slower again when its second operand is a contiguous matrix, which is what autograd's backward
-of F.linear computes for the input's gradient (grad @ W): 19.3 s against 0.67 s for
-[2472, 2816] x [2816, 1024] written F.linear(grad, W^T contiguous).
+matrix-vector products, far below float32's throughput. From a few dozen rows on, the same
+product computed in float32 from the 16-bit operands and rounded back costs less, weight
+conversion included, while for a row or two the 16-bit kernel stays cheaper. And it is slower
+still when its second operand is a contiguous matrix, which is what autograd's backward of
+F.linear computes for the input's gradient (grad @ W), than written F.linear(grad, W^T
+contiguous). (BENCHMARKS.md, 'Proxy-shaped draft training step in bfloat16'.)
 
 So, on such a CPU, for a 16-bit compute dtype (the tensors' or autocast's):
 - products over at least `WIDE_ROWS` rows (prefills, training batches, their gradients) are
@@ -36,8 +35,8 @@ from torch import Tensor, nn
 _HALF = (torch.bfloat16, torch.float16)
 
 # At and above this many rows a 16-bit product is computed in float32 (module docstring: the
-# float32 route costs one conversion of the weight, ~5 ms for 2816 x 1024, which the row-by-row
-# 16-bit kernel spends by 16-32 rows).
+# float32 route costs one conversion of the weight, which the row-by-row 16-bit kernel spends
+# within a few dozen rows).
 WIDE_ROWS = 32
 
 

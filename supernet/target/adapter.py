@@ -20,7 +20,6 @@ are recomputed from that layer's input by a hook, so the model keeps its fast at
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.targets import BUILTIN, is_named_target
+from dreams_nas.supernet.core.targets import is_named_target
 from dreams_nas.supernet.ops.linear import use_fast_linears
 from dreams_nas.supernet.target.families import (
     FamilyInfo,
@@ -37,6 +36,7 @@ from dreams_nas.supernet.target.families import (
     structural_token_ids,
     text_decoder,
 )
+from dreams_nas.supernet.target.images import open_image
 from dreams_nas.supernet.target.tree_attention import (
     LayoutCache,
     check_parents,
@@ -45,8 +45,8 @@ from dreams_nas.supernet.target.tree_attention import (
     sliding_window,
     tree_support,
 )
+from dreams_nas.supernet.target.visual_scores import received_attention
 from torch import Tensor, nn
-from transformers.models.llama.modeling_llama import rotate_half
 
 
 @dataclass
@@ -108,22 +108,27 @@ class TargetAdapter:
 
     @classmethod
     def load(cls, target: str | Path, *, device: str | torch.device = "cpu",
-             dtype: torch.dtype | None = None) -> TargetAdapter:
-        """Load from a hub id, a local checkpoint folder, or "builtin" (the built-in target)."""
+             dtype: torch.dtype | None = None, target_id: str | None = None) -> TargetAdapter:
+        """Load from a local checkpoint folder or a hub id; nothing is built or trained here.
+
+        A named target (``builtin``, ``proxy-*``) is refused: resolve it to its folder first
+        (`supernet.builtin.resolve.resolve_target`, which builds it on first use) and pass the
+        name as `target_id`, what run.json records (None: `target` itself)."""
         from dreams_nas.supernet.target.loading import load_model_and_processor
 
-        target_id = str(target)
-        loaded = load_model_and_processor(_checkpoint_of(target), device=device, dtype=dtype)
-        return cls(loaded.model, loaded.processor, loaded.tokenizer, target_id=target_id,
+        loaded = load_model_and_processor(_checkpoint(target), device=device, dtype=dtype)
+        return cls(loaded.model, loaded.processor, loaded.tokenizer,
+                   target_id=str(target) if target_id is None else target_id,
                    path=loaded.source, processor_error=loaded.processor_error)
 
     @staticmethod
     def architecture(target: str | Path) -> str:
         """`architecture_hash` of a target from its config alone (no weights are loaded): a
-        command can refuse a mismatch before the slow load."""
+        command can refuse a mismatch before the slow load. A named target is refused, as by
+        `load`: resolve it first (`supernet.builtin.resolve.resolve_target`)."""
         from dreams_nas.supernet.target.loading import load_config
 
-        return architecture_hash(load_config(_checkpoint_of(target)))
+        return architecture_hash(load_config(_checkpoint(target)))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -343,89 +348,18 @@ class TargetAdapter:
             # (1, seq, hidden), after input norm
             hidden = args[0] if args else kwargs["hidden_states"]
             cos, sin = kwargs["position_embeddings"]  # (1, seq, head_dim)
-            out.append(_received_attention(module, hidden, cos, sin, text_positions,
+            out.append(received_attention(module, hidden, cos, sin, text_positions,
                                            visual_positions))
 
         return lambda: attn.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _received_attention(attn: nn.Module, hidden: Tensor, cos: Tensor, sin: Tensor,
-                        text_positions: Tensor, visual_positions: Tensor) -> Tensor:
-    """Mean over heads and text queries of softmax(q k^T) at the visual keys -> (n_visual,)."""
-    seq = hidden.shape[1]
-    head_dim = attn.head_dim
-    if len(text_positions) == 0:
-        return torch.zeros(len(visual_positions), device=hidden.device)
-    q = attn.q_proj(hidden[:, text_positions]).view(1, len(text_positions), -1, head_dim)
-    k = attn.k_proj(hidden).view(1, seq, -1, head_dim)
-    if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms sit before RoPE
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = q.transpose(1, 2).float(), k.transpose(1, 2).float()  # (1, heads, n, head_dim)
-    cos, sin = cos.float().unsqueeze(1), sin.float().unsqueeze(1)  # (1, 1, seq, head_dim)
-    q = q * cos[:, :, text_positions] + rotate_half(q) * sin[:, :, text_positions]
-    k = k * cos + rotate_half(k) * sin
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # grouped-query attention
-    scaling = getattr(attn, "scaling", head_dim**-0.5)
-    scores = (q @ k.transpose(-1, -2)) * scaling  # (1, heads, n_text, seq)
-    causal = torch.arange(seq, device=hidden.device)[None, :] > text_positions[:, None]
-    probs = scores.masked_fill(causal, float("-inf")).softmax(-1)
-    return probs[..., visual_positions].mean(dim=(0, 1, 2))  # (n_visual,)
-
-
-def open_image(image: Any):
-    """`image` (a PIL image or the path of an image file) as RGB; a path that is missing, a
-    folder, not an image, or too large to decode safely raises one InputError naming it."""
-    from PIL import Image, UnidentifiedImageError
-
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    path = Path(image)
-    if path.is_dir():
-        raise InputError(f"image file {str(path)!r} is a folder; pass the path of a PNG/JPEG "
-                         "file")
-    if not path.is_file():
-        raise InputError(f"image file {str(path)!r} does not exist; "
-                         "pass the path of a PNG/JPEG file")
-    try:
-        with Image.open(path) as img:
-            return img.convert("RGB")
-    except Image.DecompressionBombError as exc:
-        raise InputError(_too_large(path, exc)) from None
-    except UnidentifiedImageError:
-        raise InputError(f"image file {str(path)!r} cannot be read as an image (Pillow knows "
-                         "no image format in it); pass a PNG or JPEG file") from None
-    except (OSError, ValueError, EOFError) as exc:
-        why = " ".join(str(getattr(exc, "strerror", None) or exc or "").split())
-        raise InputError(f"image file {str(path)!r} cannot be read as an image "
-                         f"({type(exc).__name__}{': ' + why if why else ''}); pass an intact "
-                         "PNG or JPEG file") from None
-
-
-# Pillow's message: "Image size (400000000 pixels) exceeds limit of 178956970 pixels, ...".
-_BOMB = re.compile(r"\((\d+) pixels\) exceeds limit of (\d+) pixels")
-
-
-def _too_large(path: Path, exc: Exception) -> str:
-    """The one line for an image over Pillow's decompression-bomb limit: its size and the fix."""
-    found = _BOMB.search(str(exc))
-    size = (f"{int(found[1]):,} pixels, over Pillow's safety limit of {int(found[2]):,}"
-            if found else " ".join(str(exc).split()))
-    return (f"image file {str(path)!r} is too large to decode ({size}: a decompression-bomb "
-            "guard); resize it, e.g. to at most 2048 pixels a side, and pass the smaller file")
-
-
-def _checkpoint_of(target: str | Path) -> str | Path:
-    """What to load for `target`: the cached checkpoint folder of a built-in target (the demo
-    target for "builtin", a real-shaped proxy for "proxy-llava"; built on first use), else
-    `target` itself."""
-    if not is_named_target(target):
-        return target
-    try:
-        from dreams_nas.supernet.builtin.cache import ensure_builtin_target, ensure_proxy_target
-        from dreams_nas.supernet.builtin.variants import builtin_variant
-    except ImportError as exc:
-        raise InputError(f"the built-in target {str(target)!r} is not part of this build; "
-                         "pass --target PATH or a hub id") from exc
-    if str(target) == BUILTIN:
-        return ensure_builtin_target(variant=builtin_variant())
-    return ensure_proxy_target(str(target))[0]
+def _checkpoint(target: str | Path) -> str | Path:
+    """`target` itself: a checkpoint folder or hub id. A named target is refused: building it
+    is the resolver's work, never a side effect of loading."""
+    if is_named_target(target):
+        raise InputError(
+            f"{str(target)!r} names a built-in target, not a checkpoint folder or hub id; "
+            "resolve it first (dreams_nas.supernet.builtin.resolve.resolve_target, as the "
+            "commands do for --target) and load the folder it returns")
+    return target

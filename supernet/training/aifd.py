@@ -30,7 +30,7 @@ specific step) on query chunks of at most `chunk_elements` (batch × heads × ch
 what eager computes and no map outlives its chunk. Softmax is per query row, so chunking over
 queries changes nothing; the masks are eager's too (eager's mask function is registered under
 the same name). On a CPU without native 16-bit products eager gets float32 copies of the
-16-bit queries, keys and values (`supernet.ops.linear`: torch's 16-bit kernel is ~7x slower
+16-bit queries, keys and values (`supernet.ops.linear`: torch's 16-bit kernel is far slower
 there) and its output is rounded back. Forward hooks were the alternative: an eager attention
 module returns its weights to its layer, so a hook could reduce them, but only after the full
 (batch, heads, S, S) map of that layer exists, unchunked.

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.model import DreamDraft
+from dreams_nas.supernet.draft.state import DraftOutput
 from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.unroll import unrolled_forward
 from torch import Tensor
@@ -116,6 +117,48 @@ class LossWeights:
     feat: float = 0.2
 
 
+@dataclass(frozen=True)
+class LossSetup:
+    """How `loss_terms` scores a subnet, the same on every step of a run.
+
+    distill_layers: the target layers whose features supervise the cross block (AIFD); ()
+            for none.
+    weights: the weights of the three terms.
+    unroll: extra passes in which the draft reads its own features, as drafting steps 2..
+            (`unroll.unrolled_forward`); pass k's terms weigh UNROLL_DECAY**k (EAGLE-3's
+            training-time test), normalised over the passes used, so the first drafted
+            position, which every cycle drafts, keeps the most weight however deep the unroll.
+    noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
+            draft's own, imperfect features while drafting), drawn per row (`row_noise`).
+    """
+
+    distill_layers: Sequence[int] = ()
+    weights: LossWeights = field(default_factory=LossWeights)
+    unroll: int = 0
+    noise: float = 0.0
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """In-place distillation: per pass, the largest subnet's log-probabilities at the counted
+    positions (`loss_terms(..., keep_logp=True)`, detached). The KL term becomes
+    (1 - weight) KL(target || draft) + weight KL(teacher || draft)."""
+
+    logp: list[Tensor]
+    weight: float
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """Data parallel: the batch is one of `replicas` slices of a global batch whose counted
+    positions per pass are `counts` (`counted_positions` summed over the slices). Each term is
+    then this slice's share of the global batch's mean, times `replicas`, so that the mean over
+    the slices (what the ranks average) is the global batch's loss."""
+
+    counts: Sequence[float]
+    replicas: int
+
+
 def _rms(x: Tensor) -> Tensor:
     # Residual streams of different depths differ in scale; compare directions per token.
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -148,46 +191,20 @@ def counted_positions(batch: DraftBatch, unroll: int) -> list[int]:
     return counts
 
 
-def loss_terms(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec,
-               distill_layers: Sequence[int],
-               weights: LossWeights, noise: float = 0.0,
-               noise_seeds: Sequence[int] | None = None, unroll: int = 0,
-               teacher: list[Tensor] | None = None, teacher_weight: float = 0.0,
-               keep_logp: bool = False, counts: Sequence[float] | None = None,
-               replicas: int = 1) -> dict[str, Tensor]:
-    """KL(target || draft), SmoothL1(cross block, AIFD feature), SmoothL1(feature, last hidden).
+def loss_terms(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec, setup: LossSetup, *,
+               noise_seeds: Sequence[int] | None = None, teacher: Teacher | None = None,
+               keep_logp: bool = False, global_batch: GlobalBatch | None = None
+               ) -> dict[str, Tensor]:
+    """KL(target || draft), SmoothL1(cross block, AIFD feature), SmoothL1(feature, last hidden)
+    of subnet `spec` on `batch`, weighed and summed under "loss".
 
-    noise:  std of Gaussian noise added to the input features (EAGLE-style robustness to the
-            draft's own, imperfect features while drafting), drawn per row (`row_noise`) from
-            `noise_seeds` (None: a seed from torch's global generator per row).
-    unroll: extra passes in which the draft reads its own features, as drafting steps 2..
-            (`unroll.unrolled_forward`); pass k's terms weigh UNROLL_DECAY**k (EAGLE-3's
-            training-time test), normalised over the passes used, so the first drafted
-            position, which every cycle drafts, keeps the most weight however deep the unroll.
-    teacher: per pass, the largest subnet's log-probabilities at the counted positions (from
-            `keep_logp`, detached): the KL term becomes (1 - teacher_weight) KL(target || draft)
-            + teacher_weight KL(teacher || draft) (in-place distillation).
-    keep_logp: also return, under "logp", this subnet's detached log-probabilities per pass.
-    counts, replicas: data parallel: `batch` is one of `replicas` slices of a global batch
-            whose counted positions per pass are `counts` (`counted_positions` summed over the
-            slices); each term is then this slice's share of the global batch's mean, times
-            `replicas`, so that the mean over the slices (what DistributedDataParallel
-            averages) is the global batch's loss. None: `batch` is the whole batch.
-    """
+    noise_seeds: one seed per row for `setup.noise` (None: a seed from torch's global
+    generator per row); teacher: in-place distillation (`Teacher`); keep_logp: also return,
+    under "logp", this subnet's detached log-probabilities per pass (a later subnet's
+    `Teacher`); global_batch: this batch is a data-parallel slice (`GlobalBatch`); None: the
+    whole batch."""
     with model.using(spec):
-        memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
-                              batch.visual_scores, batch.prompt_mask)
-        prev = batch.prev_hidden
-        if noise > 0:
-            seeds = (noise_seeds if noise_seeds is not None else
-                     torch.randint(2**62, (prev.shape[0],), device="cpu").tolist())  # cpu: seeds
-            prev = prev + noise * row_noise(batch, seeds).to(prev.device, prev.dtype)
-        keys = batch.keys(model)
-        if unroll > 0:
-            outs = unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory,
-                                    keys, unroll, start=batch.first_counted)
-        else:
-            outs = [model(batch.text_ids, prev, batch.text_pos, memory, attention_mask=keys)]
+        outs = _forward_passes(model, batch, spec, setup, noise_seeds)
     totals = {"kl": 0.0, "distill": 0.0, "feat": 0.0}
     used = 0.0
     kept: list[Tensor] = []
@@ -199,34 +216,54 @@ def loss_terms(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec,
             m[:, k:] &= batch.loss_mask[:, :-k]
             m[:, :k] = False
         w = UNROLL_DECAY**k
-        if counts is not None and counts[k] > 0:
+        if global_batch is not None and global_batch.counts[k] > 0:
             used += w  # the global batch counts this pass, whether this slice does or not
         if not bool(m.any()):
             continue
-        if counts is None:
+        if global_batch is None:
             used += w
         else:  # this slice's share of the global mean (times the replicas DDP averages over)
-            w = w * replicas * int(m.sum()) / float(counts[k])
+            w = w * global_batch.replicas * int(m.sum()) / float(global_batch.counts[k])
         feature = out.feature[m]  # (n, hidden)
         target = batch.last_hidden[m]
         draft_logp = F.log_softmax(model.logits(feature).float(), -1)
         target_logp = F.log_softmax(model.logits(target).float(), -1)
         kl = F.kl_div(draft_logp, target_logp, log_target=True, reduction="batchmean")
-        if teacher is not None and teacher_weight > 0:
-            kl = (1 - teacher_weight) * kl + teacher_weight * F.kl_div(
-                draft_logp, teacher[len(kept)], log_target=True, reduction="batchmean")
+        if teacher is not None and teacher.weight > 0:
+            kl = (1 - teacher.weight) * kl + teacher.weight * F.kl_div(
+                draft_logp, teacher.logp[len(kept)], log_target=True, reduction="batchmean")
         if keep_logp or teacher is not None:
             kept.append(draft_logp.detach())
         totals["kl"] = totals["kl"] + w * kl
         totals["feat"] = totals["feat"] + w * F.smooth_l1_loss(feature, target)
-        if out.cross_out is not None and distill_layers and weights.distill > 0:
+        if out.cross_out is not None and setup.distill_layers and setup.weights.distill > 0:
             cross = _rms(out.cross_out[m])
             totals["distill"] = totals["distill"] + w * torch.stack(
-                [F.smooth_l1_loss(cross, _rms(batch.distill[i][m])) for i in distill_layers]).mean()
+                [F.smooth_l1_loss(cross, _rms(batch.distill[i][m]))
+                 for i in setup.distill_layers]).mean()
     zero = batch.prev_hidden.new_zeros(())
     terms = {key: (val / used if used else zero) + zero for key, val in totals.items()}
+    weights = setup.weights
     terms["loss"] = (weights.kl * terms["kl"] + weights.distill * terms["distill"]
                      + weights.feat * terms["feat"])
     if keep_logp:
         terms["logp"] = kept  # type: ignore[assignment]
     return terms
+
+
+def _forward_passes(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec, setup: LossSetup,
+                    noise_seeds: Sequence[int] | None) -> list[DraftOutput]:
+    """The active subnet's teacher-forced pass over `batch` (its input features noised by
+    `setup.noise`), then `setup.unroll` passes on its own features."""
+    memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
+                          batch.visual_scores, batch.prompt_mask)
+    prev = batch.prev_hidden
+    if setup.noise > 0:
+        seeds = (noise_seeds if noise_seeds is not None else
+                 torch.randint(2**62, (prev.shape[0],), device="cpu").tolist())  # cpu: seeds
+        prev = prev + setup.noise * row_noise(batch, seeds).to(prev.device, prev.dtype)
+    keys = batch.keys(model)
+    if setup.unroll > 0:
+        return unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory, keys,
+                                setup.unroll, start=batch.first_counted)
+    return [model(batch.text_ids, prev, batch.text_pos, memory, attention_mask=keys)]

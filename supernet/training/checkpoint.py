@@ -104,11 +104,10 @@ def load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = tensor.reshape(()) if key == "step" else tensor
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    ema = (load_weights(directory / "ema.safetensors", device, fix) if meta.get("ema")
-           else None)
+    ema = load_weights(directory / "ema.safetensors", device, fix) if meta["ema"] else None
     return TrainState(step=int(meta["step"]), heads_sorted=bool(meta["heads_sorted"]),
                       loss_curve=list(meta["loss_curve"]),
-                      tracker=Tracker.from_dict(meta.get("convergence")), ema=ema)
+                      tracker=Tracker.from_dict(meta["convergence"]), ema=ema)
 
 
 def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
@@ -123,8 +122,7 @@ def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],
         train.pop("phase2_shallowest", None)
     fields = {"draft": model.config.to_dict(), "train": train,
               "distill": list(distill_layers)}
-    if compute_dtype not in (None, torch.float32):  # float32 runs keep their old fingerprint
-        fields["compute_dtype"] = str(compute_dtype)
+    fields["compute_dtype"] = str(compute_dtype or torch.float32)
     digest.update(json.dumps(fields, sort_keys=True).encode())
     for ids in sample_input_ids(samples):  # a feature store reads the ids alone
         digest.update(ids.numpy().tobytes())

@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.heldout import heldout_tau
@@ -78,8 +79,24 @@ class Tracker:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Tracker:
-        if not data:
-            return cls()
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+    def from_dict(cls, data: dict[str, Any]) -> Tracker:
+        return cls(**data)
+
+
+def default_holdout(n_samples: int) -> int:
+    """Training prompts held out for the convergence check: an eighth, at most 32, none below
+    8 prompts (too few to both train and judge)."""
+    return min(32, n_samples // 8)
+
+
+def split_heldout(samples: Sequence[TargetSample], holdout: int | None
+                  ) -> tuple[Sequence[TargetSample], Sequence[TargetSample]]:
+    """(training samples, held-out samples): the last `holdout` (None: `default_holdout`);
+    slices of `samples` (of a `FeatureStore`: views, nothing read)."""
+    n = default_holdout(len(samples)) if holdout is None else int(holdout)
+    if n >= len(samples):
+        raise InputError(f"--holdout {n} keeps all {len(samples)} prompts out of training; "
+                         f"give fewer than {len(samples)} (or 0 to train to the step cap)")
+    if n <= 0:
+        return samples, samples[:0]
+    return samples[:-n], samples[-n:]

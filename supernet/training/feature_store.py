@@ -31,6 +31,7 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
@@ -214,15 +215,26 @@ def _clear(directory: Path) -> None:
     (directory / INDEX).unlink(missing_ok=True)
 
 
+@dataclass(frozen=True)
+class StoreLayout:
+    """What a store holds and how (its index records each): `key` (`store_key`: the inputs
+    the features depend on), the target layers whose hidden states are kept as the
+    cross-attention's memory and as distillation targets, and the prompts per shard."""
+
+    key: str
+    memory_layers: Sequence[int]
+    distill_layers: Sequence[int]
+    samples_per_shard: int = DEFAULT_SHARD_SAMPLES
+
+
 def build_store(directory: str | Path, target: TargetAdapter,
                 prompts: Sequence[Mapping[str, Tensor]], answers: Sequence[Tensor],
-                memory_layers: Sequence[int], distill_layers: Sequence[int], key: str, *,
-                samples_per_shard: int = DEFAULT_SHARD_SAMPLES,
-                show_progress: bool | None = None, world: World | None = None) -> FeatureStore:
+                layout: StoreLayout, *, show_progress: bool | None = None,
+                world: World | None = None) -> FeatureStore:
     """The feature store of `prompts` + `answers` in `directory`: reused when its index has
-    `key` and is complete, completed when its index has `key` (the shards it lists are kept),
-    else built afresh. `prompts` are read one at a time (a lazy sequence builds each on
-    access); each shard's samples are held until the shard is written.
+    `layout.key` and is complete, completed when its index has that key (the shards it lists
+    are kept), else built afresh. `prompts` are read one at a time (a lazy sequence builds each
+    on access); each shard's samples are held until the shard is written.
 
     world: the processes building it together (default `dist.current()`): rank r computes the
     shards k with k % size == r and lists each in the index (under its lock) as it is written;
@@ -235,15 +247,15 @@ def build_store(directory: str | Path, target: TargetAdapter,
     n = len(prompts)
     if len(answers) != n:
         raise ValueError(f"{n} prompts but {len(answers)} answers")
-    per_shard = int(samples_per_shard)
+    per_shard = int(layout.samples_per_shard)
     if per_shard < 1:
         raise InputError(f"samples_per_shard={per_shard} must be at least 1")
     directory.mkdir(parents=True, exist_ok=True)
-    fresh = {"schema_version": STORE_SCHEMA_VERSION, "key": key,
+    fresh = {"schema_version": STORE_SCHEMA_VERSION, "key": layout.key,
              "dtype": str(target.dtype).removeprefix("torch."), "n_samples": n,
              "samples_per_shard": per_shard,
-             "memory_layers": [int(i) for i in memory_layers],
-             "distill_layers": [int(i) for i in distill_layers],
+             "memory_layers": [int(i) for i in layout.memory_layers],
+             "distill_layers": [int(i) for i in layout.distill_layers],
              "complete": False, "shards": []}
     count = -(-n // per_shard)
     if not world.distributed:

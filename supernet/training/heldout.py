@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 
 import numpy as np
 import torch
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.decoding.cycles import simulate_cycles
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.batching import collate

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.batching import DraftBatch
 from dreams_nas.supernet.training.unroll import unrolled_forward
@@ -55,7 +55,7 @@ def path_ranks(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec, widths: S
     ranks = caps.repeat(b, n, 1)
     if n_levels == 0 or n < 2:
         return ranks
-    with model.using(spec.triple):
+    with model.using(spec.arch):
         memory = model.memory(batch.memory_hidden[spec.inject_layer], batch.visual_mask,
                               batch.visual_scores, batch.prompt_mask)
         start = batch.first_counted  # the prompt's last position: y_0's cycle starts after

@@ -1,29 +1,30 @@
 """`dreams-nas train` as a library call: data -> self-distillation -> AIFD -> TPPT -> run folder.
 
-Writes `supernet/` (model.safetensors + config.json, `checkpoint/` for resume, the target's
-answers `selfdistill.json` and features `features/`) and the run.json keys `target`, `space`,
+`train_run` takes what to train (`SupernetRecipe`: the supernet's sizes, its distillation, the
+data's budget) beside how to optimise it (`config.TrainConfig`). It writes `supernet/`
+(model.safetensors + config.json, `checkpoint/` for resume, the target's answers
+`selfdistill.json` and features `features/`) and the run.json keys `target`, `space`,
 `supernet` and `aifd` (SCHEMAS.md).
 
 Memory does not grow with the prompts: a prompt's processor inputs (pixels included) are built
-when a pass needs them (`PromptInputs`), and the target's features go to the run's feature
-store (`store`) as they are computed; training reads them back a batch at a time.
+when a pass needs them (`selfdistill.PromptInputs`), and the target's features go to the run's
+feature store (`feature_store`) as they are computed; training reads them back a batch at a
+time.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
 import torch
 from dreams_nas.supernet.core.dist import current
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import atomic_write_json, read_json
+from dreams_nas.supernet.core.io import read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace, default_draft_vocab, vocab_rows
 from dreams_nas.supernet.draft.config import DraftConfig
@@ -32,20 +33,24 @@ from dreams_nas.supernet.draft.saving import save_supernet
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.aifd import AifdResult
-from dreams_nas.supernet.training.convergence import HeldOut
+from dreams_nas.supernet.training.config import TrainConfig
+from dreams_nas.supernet.training.convergence import HeldOut, split_heldout
 from dreams_nas.supernet.training.feature_store import (
     DEFAULT_SHARD_SAMPLES,
     FeatureStore,
+    StoreLayout,
     build_store,
     store_key,
 )
 from dreams_nas.supernet.training.features import TargetSample
 from dreams_nas.supernet.training.selfdistill import (
+    answers_key,
     collect_samples,
     measure_aifd,
-    regenerate_answers,
+    prompt_inputs,
+    self_distilled_answers,
 )
-from dreams_nas.supernet.training.tppt import TrainConfig, TrainOutcome, train_supernet
+from dreams_nas.supernet.training.tppt import TrainingSet, TrainOutcome, train_supernet
 from dreams_nas.supernet.training.vocab import coverage, frequency_order
 from torch import Tensor
 
@@ -56,12 +61,67 @@ CURVE_COLUMNS = ("step", "phase", "loss", "kl", "distill", "feat", "tau_full", "
 DistillMode = Literal["aifd", "middle", "last", "none"]
 # The supernet `dreams-nas train` trains by default: the paper's single-size draft (one decoder
 # layer a side, the whole MLP). Elastic depth and width (`--depth 3 --mlp 0.25,0.5,1`, the
-# space's DEFAULT_DEPTHS and DEFAULT_MLP) widen the search's cost range past 3x, but on the demo
+# space's DEFAULT_DEPTHS and DEFAULT_MLP) widen the search's cost range, but on the built-in
 # target the weight sharing costs every subnet more acceptance than the search wins back
-# (BENCHMARKS.md, 'Elastic depth and MLP width'), so it is a choice, not the default.
+# (BENCHMARKS.md, 'Acceptance of the elastic supernet's subnets'), so it is a choice, not the
+# default.
 DEFAULT_DEPTH = 1
 DEFAULT_MLP_SHARES: tuple[float, ...] = (1.0,)
-ANSWER_BATCH = 8  # prompts the target answers in one left-padded batch
+
+
+@dataclass(frozen=True)
+class SupernetRecipe:
+    """What `train_run` trains, and on how much of the target's data (`TrainConfig`: how).
+
+    num_heads:       the draft's attention heads (None: the target's).
+    depth:           decoder layers on each side of the cross-attention; the search space's
+                     `depth` is 1..depth.
+    mlp:             the MLP widths trained (the space's `mlp`); the defaults train the paper's
+                     single-size draft.
+    draft_vocab:     the vocabulary shares the search may give the draft (None:
+                     `default_draft_vocab` of the target's vocabulary), ranked by the answers'
+                     token frequency (`supernet.training.vocab`; training itself uses the whole
+                     vocabulary).
+    cross_attention: False drops the cross-attention layer.
+    visual_in_self:  False keeps the visual tokens out of the draft's own sequence
+                     (`DraftConfig.visual_in_self`; with neither: text only).
+    distill:         whose features supervise the cross block: the AIFD layers, the middle or
+                     last layer, or none.
+    max_new_tokens:  the budget of the target's self-distilled answers.
+    aifd_prompts:    the prompts AIFD measures attention entropy on.
+    holdout:         training prompts held out for the convergence check (None:
+                     `convergence.default_holdout`).
+    samples_per_shard: prompts per shard of the feature store.
+    """
+
+    num_heads: int | None = None
+    depth: int = DEFAULT_DEPTH
+    mlp: tuple[float, ...] = DEFAULT_MLP_SHARES
+    draft_vocab: tuple[float, ...] | None = None
+    cross_attention: bool = True
+    visual_in_self: bool = True
+    distill: DistillMode = "aifd"
+    max_new_tokens: int = 64
+    aifd_prompts: int = 16
+    holdout: int | None = None
+    samples_per_shard: int = DEFAULT_SHARD_SAMPLES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mlp", tuple(self.mlp))
+        if self.draft_vocab is not None:
+            object.__setattr__(self, "draft_vocab", tuple(self.draft_vocab))
+
+    def heads_for(self, target: TargetAdapter) -> int:
+        """The draft's attention heads on `target`."""
+        return int(self.num_heads or target.text_config.num_attention_heads)
+
+    def space_for(self, space: SearchSpace, target: TargetAdapter) -> SearchSpace:
+        """`space` (the prepared data's) with this recipe's sizes: depth 1..`depth`, the MLP
+        widths and the draft vocabularies."""
+        vocab = (default_draft_vocab(int(target.text_config.vocab_size))
+                 if self.draft_vocab is None else self.draft_vocab)
+        return replace(space, depth=tuple(range(1, int(self.depth) + 1)), mlp=self.mlp,
+                       draft_vocab=tuple(vocab))
 
 
 @dataclass(frozen=True)
@@ -76,132 +136,37 @@ class PreparedData:
     answers: tuple[Tensor, ...] = ()  # the self-distilled answers (the draft vocabulary's order)
 
 
-class PromptInputs(Sequence[dict[str, Tensor]]):
-    """Chat-templated model inputs (image first) of each example's question, built by
-    `target.build_inputs` when an item is read (and not kept: read it once per pass), so that
-    the pixels of all prompts are never held at once; a slice is another lazy sequence."""
-
-    def __init__(self, target: TargetAdapter, examples: Sequence[Any]) -> None:
-        self.target = target
-        self.examples = examples
-
-    def __len__(self) -> int:
-        return len(self.examples)
-
-    @overload
-    def __getitem__(self, item: int) -> dict[str, Tensor]: ...
-
-    @overload
-    def __getitem__(self, item: slice) -> PromptInputs: ...
-
-    def __getitem__(self, item: int | slice) -> dict[str, Tensor] | PromptInputs:
-        if isinstance(item, slice):
-            return PromptInputs(self.target, self.examples[item])
-        example = self.examples[item]
-        return self.target.build_inputs(example.image_path, example.prompt)
-
-    def __iter__(self) -> Iterator[dict[str, Tensor]]:
-        for i in range(len(self)):
-            yield self[i]
-
-
-def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> PromptInputs:
-    """Chat-templated model inputs (image first) for each example's question, built lazily."""
-    return PromptInputs(target, examples)
-
-
-def _answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens: int) -> str:
-    digest = hashlib.sha256(json.dumps(
-        {"target": str(target.path or target.target_id), "max_new_tokens": max_new_tokens,
-         "dtype": str(target.dtype),
-         "examples": [[str(ex.id), str(ex.image_path), ex.prompt] for ex in examples]}
-    ).encode())
-    return digest.hexdigest()[:16]
-
-
-def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
-                           key: str, cache_file: Any, max_new_tokens: int,
-                           show_progress: bool | None) -> list[Tensor]:
-    """The target's own answers, cached in the run folder (a resumed run does not regenerate).
-
-    Several ranks (`dist.current()`) split the prompts by chunks of `ANSWER_BATCH` (the batches
-    one process generates, so each answer is generated in the same left-padded batch as it
-    would be alone); each rank caches its part beside `cache_file` until rank 0 has written
-    the merged file."""
-    world = current()
-    cached = _cached_answers(cache_file, key)
-    if cached is not None:
-        return cached
-    if not world.distributed:
-        answers = regenerate_answers(target.model, prompts, max_new_tokens,
-                                     batch_size=ANSWER_BATCH, show_progress=show_progress)
-    else:
-        chunks = [range(i, min(i + ANSWER_BATCH, len(prompts)))
-                  for i in range(0, len(prompts), ANSWER_BATCH)]
-        part = None if cache_file is None else Path(cache_file).with_name(
-            f"{Path(cache_file).stem}.rank{world.rank}of{world.size}.json")
-        mine = _cached_answers(part, key)
-        if mine is None:
-            rows = [i for c in world.mine(chunks) for i in c]
-            mine = regenerate_answers(target.model, [prompts[i] for i in rows], max_new_tokens,
-                                      batch_size=ANSWER_BATCH, show_progress=show_progress)
-            if part is not None:
-                atomic_write_json(part, {"key": key, "answers": [a.tolist() for a in mine]})
-        parts = world.gather([a.tolist() for a in mine])
-        by_chunk = [parts[j % world.size] for j in range(len(chunks))]
-        offsets = [0] * world.size
-        answers = []
-        for j, chunk in enumerate(chunks):
-            r = j % world.size
-            got = by_chunk[j][offsets[r]: offsets[r] + len(chunk)]
-            offsets[r] += len(chunk)
-            answers += [torch.tensor(a, dtype=torch.long, device="cpu") for a in got]
-    if cache_file is not None and world.is_main:
-        atomic_write_json(cache_file, {"key": key, "answers": [a.tolist() for a in answers]})
-        for stale in Path(cache_file).parent.glob(f"{Path(cache_file).stem}.rank*of*.json"):
-            stale.unlink(missing_ok=True)
-    return answers
-
-
-def _cached_answers(cache_file: Any, key: str) -> list[Tensor] | None:
-    if cache_file is None or not Path(cache_file).is_file():
-        return None
-    data = read_json(cache_file)
-    if isinstance(data, dict) and data.get("key") == key:
-        return [torch.tensor(a, dtype=torch.long, device="cpu") for a in data["answers"]]
-    return None
-
-
-def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_heads: int,
-                 max_new_tokens: int = 64, aifd_prompts: int = 16,
-                 answers_cache: Any = None, distill: Sequence[DistillMode] = ("aifd",),
+def prepare_data(target: TargetAdapter, examples: Sequence[Any], recipe: SupernetRecipe, *,
+                 distill: Sequence[DistillMode] | None = None, answers_cache: Any = None,
                  feature_store: str | Path | None = None,
-                 samples_per_shard: int = DEFAULT_SHARD_SAMPLES,
                  show_progress: bool | None = None) -> PreparedData:
-    """Self-distilled answers, AIFD and the target's features of every prompt; `distill`:
-    the distillation modes whose layers' features to keep (an ablation keeps several).
+    """Self-distilled answers, AIFD and the target's features of every prompt, as `recipe`
+    budgets them; `distill`: the distillation modes whose layers' features to keep (an ablation
+    keeps several; None: the recipe's).
 
-    feature_store: a folder for the features (`feature_store.build_store`: sharded, resumable, read per
-    sample; `samples` is then a `FeatureStore`); None keeps them in memory (a list)."""
+    answers_cache: a JSON file caching the answers (`selfdistill.self_distilled_answers`);
+    feature_store: a folder for the features (`feature_store.build_store`: sharded, resumable,
+    read per sample; `samples` is then a `FeatureStore`); None keeps them in memory (a list)."""
     if not examples:
         raise InputError("the training data hold no examples; give a JSONL file with at least one")
     prompts = prompt_inputs(target, examples)
-    key = _answers_key(target, examples, max_new_tokens)
-    answers = self_distilled_answers(target, prompts, key, answers_cache, max_new_tokens,
-                                     show_progress)
+    answers = self_distilled_answers(target, prompts,
+                                     answers_key(target, examples, recipe.max_new_tokens),
+                                     answers_cache, recipe.max_new_tokens, show_progress)
     keep = [i for i, a in enumerate(answers) if a.numel() > 0]
     if not keep:
         raise InputError("the target answered none of the training prompts "
                          "(every answer is empty); check the target and the prompts")
     examples = [examples[i] for i in keep]
     prompts, answers = prompt_inputs(target, examples), [answers[i] for i in keep]
-    n = max(1, min(aifd_prompts, len(prompts)))
+    n = max(1, min(recipe.aifd_prompts, len(prompts)))
     world = current()  # several ranks: rank 0 measures, the others take its result
     aifd = world.broadcast(measure_aifd(target.model, prompts[:n], answers[:n])
                            if world.is_main else None)
     layers = target.num_layers
-    space = SearchSpace.default_for(layers, num_draft_heads)
-    kept = sorted({i for mode in distill for i in mode_layers(mode, aifd, layers)})
+    space = SearchSpace.default_for(layers, recipe.heads_for(target))
+    kept = sorted({i for mode in (distill or (recipe.distill,))
+                   for i in mode_layers(mode, aifd, layers)})
     samples: Sequence[TargetSample]
     if feature_store is None and world.distributed:
         raise InputError("training with several ranks shares the target's features through "
@@ -210,30 +175,12 @@ def prepare_data(target: TargetAdapter, examples: Sequence[Any], *, num_draft_he
         samples = collect_samples(target, prompts, answers, space.inject_layer, kept,
                                   show_progress=show_progress)
     else:
-        key = store_key(target, examples, answers, space.inject_layer, kept, samples_per_shard)
-        samples = build_store(feature_store, target, prompts, answers, space.inject_layer, kept,
-                              key, samples_per_shard=samples_per_shard,
+        per_shard = recipe.samples_per_shard
+        layout = StoreLayout(store_key(target, examples, answers, space.inject_layer, kept,
+                                       per_shard), space.inject_layer, kept, per_shard)
+        samples = build_store(feature_store, target, prompts, answers, layout,
                               show_progress=show_progress)
     return PreparedData(samples, aifd, space, layers, tuple(answers))
-
-
-def default_holdout(n_samples: int) -> int:
-    """Training prompts held out for the convergence check: an eighth, at most 32, none below
-    8 prompts (too few to both train and judge)."""
-    return min(32, n_samples // 8)
-
-
-def split_heldout(samples: Sequence[TargetSample], holdout: int | None
-                  ) -> tuple[Sequence[TargetSample], Sequence[TargetSample]]:
-    """(training samples, held-out samples): the last `holdout` (None: `default_holdout`);
-    slices of `samples` (of a `FeatureStore`: views, nothing read)."""
-    n = default_holdout(len(samples)) if holdout is None else int(holdout)
-    if n >= len(samples):
-        raise InputError(f"--holdout {n} keeps all {len(samples)} prompts out of training; "
-                         f"give fewer than {len(samples)} (or 0 to train to the step cap)")
-    if n <= 0:
-        return samples, samples[:0]
-    return samples[:-n], samples[-n:]
 
 
 def mode_layers(mode: DistillMode, aifd: AifdResult, num_layers: int) -> tuple[int, ...]:
@@ -253,15 +200,17 @@ def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]
     return mode_layers(mode, data.aifd, data.num_target_layers)
 
 
-def build_draft(target: TargetAdapter, data: PreparedData, *, num_heads: int, seed: int,
-                cross_attention: bool = True, visual_in_self: bool = True,
-                num_layers: int = 1, mlp_shares: Sequence[float] = (1.0,),
-                vocab_shares: Sequence[float] = (1.0,),
-                device: str | torch.device = "cpu") -> DreamDraft:
-    cfg = DraftConfig.for_target(target.text_config, data.space.inject_layer, num_heads=num_heads,
-                                 cross_attention=cross_attention, visual_in_self=visual_in_self,
-                                 num_layers=num_layers, mlp_shares=tuple(mlp_shares),
-                                 vocab_shares=tuple(vocab_shares))
+def build_draft(target: TargetAdapter, data: PreparedData, recipe: SupernetRecipe, *,
+                seed: int, device: str | torch.device = "cpu") -> DreamDraft:
+    """An initialised supernet of `recipe`'s heads and layers for the sizes of `data.space`
+    (its deepest depth, its MLP widths and vocabulary shares), attached to `target`."""
+    space = data.space
+    cfg = DraftConfig.for_target(target.text_config, space.inject_layer,
+                                 num_heads=recipe.heads_for(target),
+                                 cross_attention=recipe.cross_attention,
+                                 visual_in_self=recipe.visual_in_self,
+                                 num_layers=max(space.depth), mlp_shares=tuple(space.mlp),
+                                 vocab_shares=tuple(space.draft_vocab))
     shared = SharedTargetModules(target.embed_tokens, target.lm_head)
     return DreamDraft.initialised(cfg, shared, seed).to(device)
 
@@ -286,65 +235,41 @@ def draft_vocabulary(draft: DreamDraft, data: PreparedData) -> dict[str, Any] | 
             "answer_tokens": int(sum(int(a.numel()) for a in data.answers))}
 
 
-def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], config: TrainConfig,
-              *, num_heads: int | None = None, max_new_tokens: int = 64, aifd_prompts: int = 16,
-              distill: DistillMode = "aifd", device: str | torch.device = "cpu",
-              holdout: int | None = None, show_progress: bool | None = None,
-              data: PreparedData | None = None, cross_attention: bool = True,
-              visual_in_self: bool = True, depth: int = 1,
-              mlp: Sequence[float] = (1.0,),
-              draft_vocab: Sequence[float] | None = None,
-              samples_per_shard: int = DEFAULT_SHARD_SAMPLES) -> dict[str, Any]:
-    """Train the supernet of `target` on `examples` into `run`; returns the command's summary.
+def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any],
+              config: TrainConfig, recipe: SupernetRecipe | None = None, *,
+              device: str | torch.device = "cpu", show_progress: bool | None = None,
+              data: PreparedData | None = None) -> dict[str, Any]:
+    """Train the supernet `recipe` describes (None: the default one) of `target` on `examples`
+    into `run`, optimised as `config` says; returns the command's summary.
 
     data: the prompts' target side when already prepared (`prepare_data` over `examples`
-    with at least `distill`'s layers: a benchmark shares it between runs); cross_attention:
-    False drops the cross-attention layer; visual_in_self: False keeps the visual tokens out of
-    the draft's own sequence (`DraftConfig.visual_in_self`; with neither: text only);
-    depth, mlp: the supernet's decoder layers on each side of the cross-attention and the MLP
-    widths it trains (the search space's `depth` = 1..depth and `mlp`; the defaults train the
-    paper's single-size draft); draft_vocab: the vocabulary shares the search may give the
-    draft (None: `default_draft_vocab` of the target's vocabulary), ranked by the answers'
-    token frequency (`supernet.training.vocab`; training itself uses the whole vocabulary).
-
-    Without `data` the target's features go to the run's feature store `supernet/features/`
-    (`store`), which the run keeps: a resumed or repeated training over the same prompts,
-    answers and layers reads it instead of running the target again. Deleting the folder
-    frees the disk; the next training recomputes it."""
+    with at least the recipe's distillation layers: a benchmark shares it between runs).
+    Without it the target's features go to the run's feature store `supernet/features/`,
+    which the run keeps: a resumed or repeated training over the same prompts, answers and
+    layers reads it instead of running the target again. Deleting the folder frees the disk;
+    the next training recomputes it."""
     start = time.perf_counter()
-    heads = int(num_heads or target.text_config.num_attention_heads)
+    recipe = recipe or SupernetRecipe()
     run.supernet_dir.mkdir(parents=True, exist_ok=True)
     if data is None:
-        data = prepare_data(target, examples, num_draft_heads=heads,
-                            max_new_tokens=max_new_tokens, aifd_prompts=aifd_prompts,
+        data = prepare_data(target, examples, recipe,
                             answers_cache=run.supernet_dir / "selfdistill.json",
-                            distill=(distill,), feature_store=run.supernet_dir / "features",
-                            samples_per_shard=samples_per_shard, show_progress=show_progress)
+                            feature_store=run.supernet_dir / "features",
+                            show_progress=show_progress)
     log.info("AIFD: attention entropy per layer %s -> distillation layer(s) %s",
              [round(a, 3) for a in data.aifd.ae], list(data.aifd.chosen))
-    layers = distill_layers_for(distill, data)
-    vocab_size = int(target.text_config.vocab_size)
-    shares = default_draft_vocab(vocab_size) if draft_vocab is None else tuple(draft_vocab)
-    data = replace(data, space=replace(data.space, depth=tuple(range(1, int(depth) + 1)),
-                                       mlp=tuple(mlp), draft_vocab=tuple(shares)))
-    if distill == "none":
-        config = replace(config, weights=replace(config.weights, distill=0.0))
-    if config.unroll is None:  # the training-time test runs as deep as the space drafts
-        config = replace(config, unroll=data.space.max_draft_len - 1)
-    draft = build_draft(target, data, num_heads=heads, seed=config.seed,
-                        cross_attention=cross_attention, visual_in_self=visual_in_self,
-                        num_layers=depth, mlp_shares=data.space.mlp,
-                        vocab_shares=data.space.draft_vocab, device=device)
+    layers = distill_layers_for(recipe.distill, data)
+    data = replace(data, space=recipe.space_for(data.space, target))
+    config = _settled(config, recipe, data.space)
+    draft = build_draft(target, data, recipe, seed=config.seed, device=device)
     vocab = draft_vocabulary(draft, data)
+    train_samples, held = split_heldout(data.samples, recipe.holdout)
+    heldout = (HeldOut(held, data.space.max_draft_len, recipe.max_new_tokens,
+                       target.eos_token_ids) if held else None)
     # fp32 master weights; the forward runs in the target's dtype under autocast
-    dtype = str(target.dtype).removeprefix("torch.")
-    train_samples, held = split_heldout(data.samples, holdout)
-    heldout = (HeldOut(held, data.space.max_draft_len, max_new_tokens, target.eos_token_ids)
-               if held else None)
-    outcome: TrainOutcome = train_supernet(draft, train_samples, layers, config,
-                                           run.supernet_dir / "checkpoint",
-                                           show_progress=show_progress,
-                                           compute_dtype=target.dtype, heldout=heldout)
+    outcome = train_supernet(draft, TrainingSet(train_samples, layers, heldout), config,
+                             run.supernet_dir / "checkpoint", show_progress=show_progress,
+                             compute_dtype=target.dtype)
     if isinstance(data.samples, FeatureStore):
         data.samples.close()  # unmap its shards (a later read would map them again)
     world = current()
@@ -359,34 +284,54 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any], co
                         layers, start)
     write_curve(run.supernet_dir / "curve.csv", outcome)
     digest = save_supernet(draft, run.supernet_dir, extra={"distill_layers": list(layers)})
+    counts = {"n_samples": len(train_samples), "n_heldout": len(held),
+              "n_examples": len(examples)}
     supernet = {
         "hash": digest, "config": draft.config.to_dict(),
         "num_params": sum(p.numel() for p in draft.parameters()),  # every candidate's adapter
         "num_params_largest_subnet": draft.num_params(draft.config.largest()),
         "distill_layers": list(layers),
         "draft_vocab": vocab,
-        "train": {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
-                  "batch_size": config.batch_size, "lr": config.lr,
-                  "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
-                              "feat": config.weights.feat},
-                  "n_samples": len(train_samples), "n_heldout": len(held),
-                  "n_examples": len(examples),
-                  "max_new_tokens": max_new_tokens, "distill": distill,
-                  "config": config.to_dict(), "compute_dtype": dtype,
-                  "master_dtype": "float32",
-                  "seconds": round(time.perf_counter() - start, 1),
-                  "loss_curve": outcome.loss_curve,
-                  "convergence": {
-                      "evals": outcome.evals, "best_step": outcome.best_step,
-                      "best": best, "stopped": outcome.stopped, "steps": outcome.steps,
-                      "draft_len": data.space.max_draft_len, "eval_every": config.eval_every,
-                      "patience": config.patience, "tolerance": config.tolerance,
-                      "max_seconds": config.max_seconds}},
+        "train": _train_record(config, recipe, outcome, counts, str(target.dtype), start,
+                               data.space.max_draft_len),
     }
     run.update_run(target=target.describe(), space=data.space.to_dict(), supernet=supernet,
-                   aifd=data.aifd.to_dict(), dtype=dtype)
+                   aifd=data.aifd.to_dict(), dtype=str(target.dtype).removeprefix("torch."))
     world.barrier()
     return _summary(run, supernet, outcome, config, data, layers, start)
+
+
+def _settled(config: TrainConfig, recipe: SupernetRecipe, space: SearchSpace) -> TrainConfig:
+    """`config` as this recipe trains: no distillation weight without distillation layers, and
+    the training-time test as deep as the space drafts when `config.unroll` is None."""
+    if recipe.distill == "none":
+        config = replace(config, weights=replace(config.weights, distill=0.0))
+    if config.unroll is None:
+        config = replace(config, unroll=space.max_draft_len - 1)
+    return config
+
+
+def _train_record(config: TrainConfig, recipe: SupernetRecipe, outcome: TrainOutcome,
+                  counts: Mapping[str, int], dtype: str, start: float, draft_len: int
+                  ) -> dict[str, Any]:
+    """run.json's `supernet.train` (SCHEMAS.md)."""
+    best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
+    return {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
+            "batch_size": config.batch_size, "lr": config.lr,
+            "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
+                        "feat": config.weights.feat},
+            **counts,
+            "max_new_tokens": recipe.max_new_tokens, "distill": recipe.distill,
+            "config": config.to_dict(), "compute_dtype": dtype.removeprefix("torch."),
+            "master_dtype": "float32",
+            "seconds": round(time.perf_counter() - start, 1),
+            "loss_curve": outcome.loss_curve,
+            "convergence": {
+                "evals": outcome.evals, "best_step": outcome.best_step,
+                "best": best, "stopped": outcome.stopped, "steps": outcome.steps,
+                "draft_len": draft_len, "eval_every": config.eval_every,
+                "patience": config.patience, "tolerance": config.tolerance,
+                "max_seconds": config.max_seconds}}
 
 
 def _summary(run: RunFolder, supernet: Mapping[str, Any], outcome: TrainOutcome,

@@ -2,14 +2,22 @@
 
 The draft learns to predict what *this* target says, so its training answers are the target's
 own greedy responses to the training prompts (the dataset's reference answers are not used).
+They are cached in the run folder (`self_distilled_answers`: a resumed run does not regenerate
+them), and a prompt's processor inputs, pixels included, are built only when a pass reads them
+(`PromptInputs`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import hashlib
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, overload
 
 import torch
+from dreams_nas.supernet.core.dist import current
+from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training.aifd import AifdResult, aifd_from_entropy, measure_target_entropy
@@ -17,6 +25,7 @@ from dreams_nas.supernet.training.features import TargetSample, collect_sample
 from torch import Tensor
 
 _BATCHABLE = {"input_ids", "attention_mask", "pixel_values"}
+ANSWER_BATCH = 8  # prompts the target answers in one left-padded batch
 
 
 def _left_pad(prompts: Sequence[Mapping[str, Tensor]], pad_id: int) -> dict[str, Tensor]:
@@ -119,3 +128,101 @@ def collect_samples(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor
         bar.update(1)
     bar.close()
     return samples
+
+
+class PromptInputs(Sequence[dict[str, Tensor]]):
+    """Chat-templated model inputs (image first) of each example's question, built by
+    `target.build_inputs` when an item is read (and not kept: read it once per pass), so that
+    the pixels of all prompts are never held at once; a slice is another lazy sequence."""
+
+    def __init__(self, target: TargetAdapter, examples: Sequence[Any]) -> None:
+        self.target = target
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @overload
+    def __getitem__(self, item: int) -> dict[str, Tensor]: ...
+
+    @overload
+    def __getitem__(self, item: slice) -> PromptInputs: ...
+
+    def __getitem__(self, item: int | slice) -> dict[str, Tensor] | PromptInputs:
+        if isinstance(item, slice):
+            return PromptInputs(self.target, self.examples[item])
+        example = self.examples[item]
+        return self.target.build_inputs(example.image_path, example.prompt)
+
+    def __iter__(self) -> Iterator[dict[str, Tensor]]:
+        for i in range(len(self)):
+            yield self[i]
+
+
+def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> PromptInputs:
+    """Chat-templated model inputs (image first) for each example's question, built lazily."""
+    return PromptInputs(target, examples)
+
+
+def answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens: int) -> str:
+    """16 hex digits of what the target's answers depend on: the target, dtype, answer budget
+    and each example (id, image, prompt); the answers cache holds it beside the answers."""
+    digest = hashlib.sha256(json.dumps(
+        {"target": str(target.path or target.target_id), "max_new_tokens": max_new_tokens,
+         "dtype": str(target.dtype),
+         "examples": [[str(ex.id), str(ex.image_path), ex.prompt] for ex in examples]}
+    ).encode())
+    return digest.hexdigest()[:16]
+
+
+def self_distilled_answers(target: TargetAdapter, prompts: Sequence[Mapping[str, Tensor]],
+                           key: str, cache_file: Any, max_new_tokens: int,
+                           show_progress: bool | None) -> list[Tensor]:
+    """The target's own answers, cached in the run folder (a resumed run does not regenerate).
+
+    Several ranks (`dist.current()`) split the prompts by chunks of `ANSWER_BATCH` (the batches
+    one process generates, so each answer is generated in the same left-padded batch as it
+    would be alone); each rank caches its part beside `cache_file` until rank 0 has written
+    the merged file."""
+    world = current()
+    cached = _cached_answers(cache_file, key)
+    if cached is not None:
+        return cached
+    if not world.distributed:
+        answers = regenerate_answers(target.model, prompts, max_new_tokens,
+                                     batch_size=ANSWER_BATCH, show_progress=show_progress)
+    else:
+        chunks = [range(i, min(i + ANSWER_BATCH, len(prompts)))
+                  for i in range(0, len(prompts), ANSWER_BATCH)]
+        part = None if cache_file is None else Path(cache_file).with_name(
+            f"{Path(cache_file).stem}.rank{world.rank}of{world.size}.json")
+        mine = _cached_answers(part, key)
+        if mine is None:
+            rows = [i for c in world.mine(chunks) for i in c]
+            mine = regenerate_answers(target.model, [prompts[i] for i in rows], max_new_tokens,
+                                      batch_size=ANSWER_BATCH, show_progress=show_progress)
+            if part is not None:
+                atomic_write_json(part, {"key": key, "answers": [a.tolist() for a in mine]})
+        parts = world.gather([a.tolist() for a in mine])
+        by_chunk = [parts[j % world.size] for j in range(len(chunks))]
+        offsets = [0] * world.size
+        answers = []
+        for j, chunk in enumerate(chunks):
+            r = j % world.size
+            got = by_chunk[j][offsets[r]: offsets[r] + len(chunk)]
+            offsets[r] += len(chunk)
+            answers += [torch.tensor(a, dtype=torch.long, device="cpu") for a in got]
+    if cache_file is not None and world.is_main:
+        atomic_write_json(cache_file, {"key": key, "answers": [a.tolist() for a in answers]})
+        for stale in Path(cache_file).parent.glob(f"{Path(cache_file).stem}.rank*of*.json"):
+            stale.unlink(missing_ok=True)
+    return answers
+
+
+def _cached_answers(cache_file: Any, key: str) -> list[Tensor] | None:
+    if cache_file is None or not Path(cache_file).is_file():
+        return None
+    data = read_json(cache_file)
+    if isinstance(data, dict) and data.get("key") == key:
+        return [torch.tensor(a, dtype=torch.long, device="cpu") for a in data["answers"]]
+    return None

@@ -3,14 +3,14 @@
 While drafting, step k of a cycle feeds the draft's own feature F_{p-1} in place of the target's
 hidden state, and its self-attention sees the true cache (positions <= p-k) plus the chain of
 positions drafted before it in this cycle. Pass 0 is the ordinary teacher-forced forward; pass
-k (1..depth) recomputes every position p as the k-th drafted step: input (x_p, F^{k-1}_{p-1}),
+k (1..passes) recomputes every position p as the k-th drafted step: input (x_p, F^{k-1}_{p-1}),
 attending to pass-0 keys at j <= p-k and to pass-i keys at j = p-k+i (i = 1..k). All positions
-of a pass run in parallel, so a depth-k unroll costs k extra forwards, not k * seq.
+of a pass run in parallel, so an unroll of k passes costs k extra forwards, not k * seq.
 
 Only the positions a cycle can start from need the drafting passes: pass k runs over positions
 from `start` + k on (`start`: the first position whose prediction counts, the prompt's last), so
 a prompt of hundreds of visual tokens in the draft's own sequence costs one pass, not
-depth + 1; earlier positions of those passes are zeros.
+passes + 1; earlier positions of those passes are zeros.
 """
 
 from __future__ import annotations
@@ -81,13 +81,13 @@ def _layer(layer: DecoderLayer, h: Tensor, heads: int, channels: int, cos: Tenso
 
 def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
                      position_ids: Tensor, memory: Memory | None, attention_mask: Tensor,
-                     depth: int, start: int = 0) -> list[DraftOutput]:
-    """Pass 0 (teacher forced) and `depth` drafting passes; one DraftOutput per pass.
+                     passes: int, start: int = 0) -> list[DraftOutput]:
+    """Pass 0 (teacher forced) and `passes` drafting passes; one DraftOutput per pass.
 
     Shapes as in `DreamDraft.forward`; attention_mask: bool (batch, seq) the positions that
     are keys (`DraftBatch.keys`: real, and visual only where the subnet keeps them). Pass k >= 1
     runs over positions start + k .. seq - 1 only (its outputs before are zeros): `start` is
-    the first position a drafting cycle may start from (its pass 0 output is depth 1).
+    the first position a drafting cycle may start from (its pass 0 output is level 1).
     """
     heads, channels = model.active.heads, model.active_channels
     before, after = model.active_layers
@@ -99,12 +99,12 @@ def unrolled_forward(model: DreamDraft, input_ids: Tensor, prev_hidden: Tensor,
     past: list[list[tuple[Tensor, Tensor]]] = [[] for _ in range(len(before) + len(after))]
     outputs: list[DraftOutput] = []
     prev = prev_hidden
-    for k in range(depth + 1):
+    for k in range(passes + 1):
         lo = 0 if k == 0 else start + k
         if lo >= seq:  # no position left to draft from: this pass and the deeper ones are empty
             zeros = prev_hidden.new_zeros(prev_hidden.shape)
             outputs += [DraftOutput(zeros, zeros if model.cross is not None else None)
-                        for _ in range(k, depth + 1)]
+                        for _ in range(k, passes + 1)]
             break
         h = linear(torch.cat((x[:, lo:], prev[:, lo:]), dim=-1), model.fuse.weight)
         c, s_ = cos[:, :, lo:], sin[:, :, lo:]

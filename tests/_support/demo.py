@@ -1,9 +1,11 @@
 """The tiny demo run several modules read: `dreams-nas demo` on the tiny built-in target with every
-stage at test size, built once per session (the `builtin_cache` and `tiny_demo` fixtures of
-tests/conftest.py). Readers that write to a run folder work on a copy (`TinyDemo.copy`)."""
+stage at test size, built once per test run and shared by its xdist workers (the `builtin_cache`
+and `tiny_demo` fixtures of tests/conftest.py, `_support.shared`). Readers that write to a run
+folder work on a copy (`TinyDemo.copy`)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,8 @@ def build_builtin_cache(folder: Path) -> Path:
 
 def build_tiny_demo(cache: Path, root: Path) -> TinyDemo:
     """Runs the demo (one torch thread, the quick latency fits of `_support.fits`, which the nas
-    tests that refit its predictor use too) into `root`."""
+    tests that refit its predictor use too) into `root`; its summary and stderr are kept beside
+    `root` for `read_tiny_demo`."""
     from dreams_nas.supernet.core.device import torch_threads
 
     from _support.cli import call_cli
@@ -58,4 +61,16 @@ def build_tiny_demo(cache: Path, root: Path) -> TinyDemo:
         mp.setenv("DREAMS_NAS_DEMO_VARIANT", "tiny")
         code, summary, err = call_cli("demo", "--run", str(root), *DEMO_ARGS)
     assert code == 0, err
+    (root.parent / _SUMMARY).write_text(json.dumps(summary))
+    (root.parent / _STDERR).write_text(err)
     return TinyDemo(cache=cache, root=root, summary=summary, stderr=err)
+
+
+_SUMMARY, _STDERR = "demo-summary.json", "demo-stderr.txt"
+
+
+def read_tiny_demo(cache: Path, root: Path) -> TinyDemo:
+    """The `TinyDemo` that `build_tiny_demo(cache, root)` built (in this process or another)."""
+    return TinyDemo(cache=cache, root=root,
+                    summary=json.loads((root.parent / _SUMMARY).read_text()),
+                    stderr=(root.parent / _STDERR).read_text())

@@ -1,6 +1,8 @@
 """A throw-away PostgreSQL server for tests: initdb in a temp folder, loopback port.
 
-PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user.
+PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user. The port
+is a free one, asked of the OS; another process (a parallel test worker) may take it before the
+server binds it, and then the server starts again on another.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def unavailable_reason() -> str | None:
     return None
 
 
+_PORT_ATTEMPTS = 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,13 +73,27 @@ class PostgresServer:
             shutil.chown(self.root, "postgres", "postgres")
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
                   "--no-sync", "-E", "UTF8")
-        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                "-c fsync=off -c max_connections=50")
-        self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l",
-                  str(self.root / "server.log"), "-w", "-t", "60", "start")
+        for attempt in range(_PORT_ATTEMPTS):
+            opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                    "-c fsync=off -c max_connections=50")
+            try:
+                self._run("pg_ctl", "-D", str(self.data), "-o", opts, "-l",
+                          str(self.root / "server.log"), "-w", "-t", "60", "start")
+                break
+            except subprocess.CalledProcessError:
+                if attempt + 1 == _PORT_ATTEMPTS or not self._port_was_taken():
+                    raise
+                self.port = _free_port()
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
                   "dreams")
         return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/dreams"
+
+    def _port_was_taken(self) -> bool:
+        try:
+            logged = (self.root / "server.log").read_text(errors="replace")
+        except OSError:
+            return False
+        return "could not bind" in logged or "already in use" in logged
 
     def stop(self) -> None:
         try:

@@ -98,14 +98,14 @@ def train_task(rank: int, target_dir: str, examples_file: str, run_root: str,
     """`train_run` of the tiny target (the run's feature store included) on this rank."""
     from dreams_nas.supernet.core.runfolder import RunFolder
     from dreams_nas.supernet.target.adapter import TargetAdapter
-    from dreams_nas.supernet.training.recipe import train_run
-    from dreams_nas.supernet.training.tppt import TrainConfig
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
 
     _arm(kill, rank)
     train_run(RunFolder(run_root), TargetAdapter.load(target_dir),
               load_examples(examples_file), TrainConfig.from_dict(config),
-              max_new_tokens=max_new_tokens, aifd_prompts=2, holdout=holdout,
-              samples_per_shard=samples_per_shard, show_progress=False)
+              SupernetRecipe(max_new_tokens=max_new_tokens, aifd_prompts=2, holdout=holdout,
+                             samples_per_shard=samples_per_shard), show_progress=False)
 
 
 def score_task(rank: int, run_root: str, data: str, kill: Sequence[Any] | None = None,

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from dreams_nas.latency.model.query import ScalarLatency
 from dreams_nas.supernet.acceptance.table import AcceptanceRow
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 SMALL_SPACE = SearchSpace(heads=(1, 2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                           draft_len=(1, 2, 3, 5))

@@ -2,7 +2,10 @@
 `python -m _support.search_worker CONFIG.json`.
 
 It scores with the deterministic fake scorer (slowed a little so workers interleave), logs
-every subnet it scores to its own file and prints its result as one JSON line.
+every subnet it scores to its own file and prints its result as one JSON line. With `hang_after`
+N it stops for good once N subnets are logged, inside the trial that scored them (their rows
+not yet stored), and says so in `<log>.hung`: a test kills it there, mid-trial, whatever the
+machine's load.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, r
 
 
 class LoggingScorer(FakeScorer):
-    def __init__(self, log: Path, delay_s: float, supernet_hash: str) -> None:
+    def __init__(self, log: Path, delay_s: float, supernet_hash: str,
+                 hang_after: int | None = None) -> None:
         super().__init__(supernet_hash)
-        self.log, self.delay_s = log, delay_s
+        self.log, self.delay_s, self.hang_after = log, delay_s, hang_after
 
     def score(self, specs):
         rows = super().score(specs)
@@ -27,13 +31,21 @@ class LoggingScorer(FakeScorer):
             for spec in specs:
                 handle.write(spec.id + "\n")
                 handle.flush()
+        if self.hang_after is not None and len(self.calls) >= self.hang_after:
+            hung_marker(self.log).write_text(f"{len(self.calls)}\n")
+            time.sleep(3600)  # until the test's SIGKILL
         return rows
+
+
+def hung_marker(log: Path) -> Path:
+    """The file a worker with `hang_after` writes once it has stopped, mid-trial."""
+    return log.with_name(log.name + ".hung")
 
 
 def main(config_path: str) -> None:
     cfg = json.loads(Path(config_path).read_text())
     scorer = LoggingScorer(Path(cfg["log"]), cfg.get("delay_s", 0.01),
-                           cfg.get("supernet_hash", "abc123"))
+                           cfg.get("supernet_hash", "abc123"), cfg.get("hang_after"))
     result = run_search(SMALL_SPACE, scorer, FakeLatency(), fake_params, context_len=32,
                     objective=cfg.get("objective", "pareto"), method=cfg["method"],
                     n_trials=cfg.get("n_trials"), storage=cfg["storage"],

@@ -19,36 +19,50 @@ _BUILT: dict[str, tuple[RunFolder, list[SimpleNamespace]]] = {}
 
 
 def examples(folder: Path, n: int) -> list[SimpleNamespace]:
-    out = []
-    for i in range(n):
-        path = folder / f"img{i}.png"
-        tiny_image(i).save(path)
-        out.append(SimpleNamespace(id=str(i), image_path=str(path), prompt=PROMPTS[i]))
-    return out
+    found = _listed(folder, n)
+    for i, example in enumerate(found):
+        tiny_image(i).save(example.image_path)
+    return found
+
+
+def _listed(folder: Path, n: int) -> list[SimpleNamespace]:
+    """The examples `examples(folder, n)` writes, as they are once written."""
+    return [SimpleNamespace(id=str(i), image_path=str(folder / f"img{i}.png"), prompt=PROMPTS[i])
+            for i in range(n)]
+
+
+N_EXAMPLES = 6
 
 
 def trained_run(tmp_path_factory) -> tuple[RunFolder, list[SimpleNamespace]]:
-    """(run, examples), trained once per session (~10 s); copy it before writing to it."""
+    """(run, examples), trained once per test run (~10 s) by whichever xdist worker asks first
+    (`_support.shared`); copy it before writing to it."""
     key = str(tmp_path_factory.getbasetemp())
     if key not in _BUILT:
-        from dreams_nas.supernet.core.device import torch_threads
-        from dreams_nas.supernet.target.adapter import TargetAdapter
-        from dreams_nas.supernet.training.recipe import train_run
-        from dreams_nas.supernet.training.tppt import TrainConfig
+        from _support.shared import shared_folder
 
-        root = tmp_path_factory.mktemp("trained-run")
-        target_dir = save_tiny_vlm("llava", root / "target")
-        run = RunFolder(root / "dreams-run")
-        target = TargetAdapter.load(target_dir)
-        found = examples(root, 6)
-        with torch_threads(1):
-            train_run(run, target, found, TrainConfig(warmup_steps=15, multires_steps=15, unroll=2,
-                      batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=16,
-                      aifd_prompts=2, show_progress=False)
-        run.save_space(SPACE)
-        fit_synthetic_latency(run, SPACE, this_cpu())
-        _BUILT[key] = (run, found)
+        root = shared_folder(tmp_path_factory, "trained-run", _train)
+        _BUILT[key] = (RunFolder(root / "dreams-run"), _listed(root, N_EXAMPLES))
     return _BUILT[key]
+
+
+def _train(root: Path) -> None:
+    """Train the run into `root`: the target, the examples, `dreams-run`."""
+    from dreams_nas.supernet.core.device import torch_threads
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
+
+    target_dir = save_tiny_vlm("llava", root / "target")
+    run = RunFolder(root / "dreams-run")
+    target = TargetAdapter.load(target_dir)
+    found = examples(root, N_EXAMPLES)
+    with torch_threads(1):
+        train_run(run, target, found, TrainConfig(warmup_steps=15, multires_steps=15, unroll=2,
+                  batch_size=4, lr=5e-3, checkpoint_every=1000),
+                  SupernetRecipe(max_new_tokens=16, aifd_prompts=2), show_progress=False)
+    run.save_space(SPACE)
+    fit_synthetic_latency(run, SPACE, this_cpu())
 
 
 def copy_run(run: RunFolder, where: Path) -> RunFolder:

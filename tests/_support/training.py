@@ -48,16 +48,16 @@ def killed_then_resumed(target: Any, samples: Any, aifd: Any, config: Any, folde
     """Train in `folder` until step `kill_at` ends the run, then resume it with a draft of
     another init (the checkpoint overrides it): (the resumed draft, its outcome)."""
     import pytest
-    from dreams_nas.supernet.training.tppt import train_supernet
+    from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 
     def kill(step: int, _losses: Any) -> None:
         if step == kill_at:
             raise Killed
 
     with pytest.raises(Killed):
-        train_supernet(tiny_supernet(target), samples, aifd.chosen, config, folder,
-                       on_step=kill, show_progress=False, heldout=heldout)
+        train_supernet(tiny_supernet(target), TrainingSet(samples, aifd.chosen, heldout), config,
+                       folder, on_step=kill, show_progress=False)
     resumed = tiny_supernet(target, seed=5)
-    outcome = train_supernet(resumed, samples, aifd.chosen, config, folder,
-                             show_progress=False, heldout=heldout)
+    outcome = train_supernet(resumed, TrainingSet(samples, aifd.chosen, heldout), config, folder,
+                             show_progress=False)
     return resumed, outcome

@@ -135,7 +135,8 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
                                                              logged) -> None:
     """--repeats is "at most": with the default 10 passes, 2 repeats took 10 samples a step.
     A torn last line was skipped and --fit-only fitted the rest without a word."""
-    from dreams_nas.nas.stages.profile import ProfileOptions, completed_profile
+    from dreams_nas.nas.stages.profile import ProfileOptions
+    from dreams_nas.nas.stages.profile_reuse import completed_profile
 
     argv = ["profile", "--run", str(small_run.root), "--target", tiny_llava, "--device", "cpu",
             "--threads", "1", "--repeats", "2", "--context-lengths", "12", "--json", "-q"]
@@ -161,10 +162,11 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     assert logged[-1] == "profile: redone (stat p10_ms -> median_ms)"
     assert completed_profile(small_run, replace(same, warmup=1)) is None
     assert logged[-1] == "profile: redone (warmup 3 -> 1)"
-    # a plan written before --warmup (3 warm-ups) is not redone for it
+    # a plan that does not record its warm-ups is redone: nothing is assumed of an older plan
     (folder / "plan.json").write_text(json.dumps({k: v for k, v in plan.items()
                                                   if k != "warmup"}))
-    assert completed_profile(small_run, same) is not None
+    assert completed_profile(small_run, same) is None
+    assert logged[-1] == "profile: redone (warmup none -> 3)"
     (folder / "plan.json").write_text(json.dumps(plan))
 
     # a kill tore the last row: --fit-only fits the others and says so

@@ -30,7 +30,7 @@ from dreams_nas.nas.search.candidate import (
     evaluate_fields,
 )
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 CONTEXT = 32
 

@@ -56,7 +56,7 @@ def test_demo_runs_the_pipeline_then_reuses_every_artefact(tiny_demo, cmd, tmp_p
     best = json.loads(built.best_json(hw).read_text())
     assert best["spec_id"] == first["best"] and best["objective"] == "speedup"
     # the best subnet's steps were timed again before its one prompt and after it (`retime`)
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     retimed = best["measured"].get("retimed")
     if SubnetSpec.from_id(best["spec_id"]).is_tree:

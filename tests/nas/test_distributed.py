@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _support.postgres import PostgresServer, unavailable_reason
 from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, run_search
+from _support.search_worker import hung_marker
 
 TESTS = Path(__file__).resolve().parents[1]  # holds the package `_support`
 pytestmark = pytest.mark.slow  # worker processes import optuna: seconds each
@@ -164,12 +165,18 @@ def test_eight_journal_workers_score_each_triple_once(tmp_path) -> None:
 def test_sigkilled_optuna_run_continues_the_same_study(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     cfg = {"method": "optuna", "storage": url, "study_name": "resume", "objective": "speedup",
-           "n_trials": 12, "delay_s": 0.25, "supernet_hash": "killed"}
-    proc, log = _start_worker(tmp_path, "killed", **cfg)
+           "n_trials": 12, "delay_s": 0.05, "supernet_hash": "killed"}
+    # The first run stops once 8 subnets are logged, inside the trial that scored them (its
+    # rows not yet stored), and is killed there: mid-trial whatever the machine's load. (Killed
+    # at a moment of the test's choosing, a loaded machine could land the kill between Optuna
+    # creating the next trial and the trial recording its host and pid, which leaves a trial
+    # RUNNING that no restart can tell from a live worker's.)
+    proc, log = _start_worker(tmp_path, "killed", **cfg, hang_after=8)
     deadline = time.monotonic() + 120
-    while len(_scored(log)) < 8 and time.monotonic() < deadline and proc.poll() is None:
+    while not hung_marker(log).is_file() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()[1]
+    assert hung_marker(log).is_file(), "the worker did not reach its 8th subnet in 120 s"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = _scored(log)

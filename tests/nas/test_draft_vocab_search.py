@@ -12,7 +12,8 @@ from _support.search import fit_synthetic_latency, this_cpu
 from _support.trained import examples
 from dreams_nas.nas import cli
 from dreams_nas.supernet.core.runfolder import RunFolder
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 # slow: trains a tiny supernet (~10 s), scores and searches it, extracts and decodes drafts
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -26,8 +27,8 @@ def vocab_run(tmp_path_factory):
     """(run, examples): a tiny LLaVA supernet trained with draft vocabularies (0.25, 1.0)."""
     from dreams_nas.supernet.core.device import torch_threads
     from dreams_nas.supernet.target.adapter import TargetAdapter
-    from dreams_nas.supernet.training.recipe import train_run
-    from dreams_nas.supernet.training.tppt import TrainConfig
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
 
     root = tmp_path_factory.mktemp("vocab-run")
     target = TargetAdapter.load(save_tiny_vlm("llava", root / "target"))
@@ -35,8 +36,9 @@ def vocab_run(tmp_path_factory):
     run = RunFolder(root / "dreams-run")
     with torch_threads(1):
         train_run(run, target, found, TrainConfig(warmup_steps=10, multires_steps=10, unroll=2,
-                  batch_size=4, lr=5e-3, checkpoint_every=1000), max_new_tokens=12,
-                  aifd_prompts=2, show_progress=False, draft_vocab=(0.25, 1.0))
+                  batch_size=4, lr=5e-3, checkpoint_every=1000),
+                  SupernetRecipe(max_new_tokens=12, aifd_prompts=2, draft_vocab=(0.25, 1.0)),
+                  show_progress=False)
     run.save_space(SPACE)
     fit_synthetic_latency(run, SPACE, HW)
     return run, found

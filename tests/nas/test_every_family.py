@@ -16,7 +16,7 @@ import pytest
 from _support.checkpoints import save_checkpoint, serve_processors
 from _support.cli import call_cli
 from _support.models import FAMILIES
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.target.families import SUPPORTED_FAMILIES
 
 # slow: ~5 s a family and dtype on 2 cores, most of it `profile` fitting its predictor

@@ -15,7 +15,7 @@ from _support.search import (
     run_search,
 )
 from dreams_nas.nas.stages.export import TRIAL_COLUMNS, SearchRecord, export_result
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 HW = {"hardware_id": "cpu-test-2t", "kind": "cpu", "name": "test cpu"}
 TARGET = {"id": "builtin", "path": "/tmp/x", "family": "llava"}

@@ -12,7 +12,8 @@ from dreams_nas.nas.stages.inputs import (
 )
 from dreams_nas.nas.stages.verify import Measured, gap_warning
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
 

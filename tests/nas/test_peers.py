@@ -56,8 +56,8 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_t
     from dreams_nas.supernet.builtin.cache import ensure_builtin_target
     from dreams_nas.supernet.data.prompts import builtin_dataset
     from dreams_nas.supernet.target.adapter import TargetAdapter
-    from dreams_nas.supernet.training.recipe import train_run
-    from dreams_nas.supernet.training.tppt import TrainConfig
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
 
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(builtin_cache))  # the session's tiny built-in target
     run = RunFolder(tmp_path / "dreams-run")
@@ -65,7 +65,7 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_t
     target = TargetAdapter.load(folder)
     train_run(run, target, builtin_dataset("train", 4), TrainConfig(
         warmup_steps=4, multires_steps=4, batch_size=2, checkpoint_every=1000, unroll=2),
-        max_new_tokens=8, aifd_prompts=1, show_progress=False)
+        SupernetRecipe(max_new_tokens=8, aifd_prompts=1), show_progress=False)
     run.save_space(SPACE)
     fit_synthetic_latency(run, SPACE, HW)
     assert cli.main(["search", "--run", str(run.root), "--limit", "2", "--max-new-tokens", "8",

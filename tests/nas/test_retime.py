@@ -7,7 +7,7 @@ from dreams_nas.latency.measure.timing import Timing
 from dreams_nas.nas.search.candidate import Candidate
 from dreams_nas.nas.search.speedup import expected_speedup
 from dreams_nas.nas.stages.retime import Retimer, retime_lines
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 SPEC = SubnetSpec(2, 1.0, 4, 5)
 
@@ -41,9 +41,9 @@ def timed(monkeypatch):
     now = {"decode": 6.6, "verify": 8.0, "draft": 1.5, "draft_first": 2.0, "cycle": 0.5}
     calls = []
 
-    def fake_measure(run, **kwargs):
-        calls.append(kwargs)
-        return Timing(samples_ms=(now[fake_measure.kind],) * kwargs["max_repeats"], warmup=0,
+    def fake_measure(run, repeats, **kwargs):
+        calls.append({**kwargs, "max_repeats": repeats.max_repeats})
+        return Timing(samples_ms=(now[fake_measure.kind],) * repeats.max_repeats, warmup=0,
                       throttled=False)
 
     real_build = _Steps.build

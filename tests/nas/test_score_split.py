@@ -10,7 +10,7 @@ from typing import Any
 from dreams_nas.nas.search.shared import triple_of
 from dreams_nas.nas.stages.score import ranks_share
 from dreams_nas.supernet.core.dist import World
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 SPECS = [SubnetSpec(heads=h, visual_keep=v, inject_layer=j, draft_len=g)
          for h in (2, 4) for v in (0.5, 1.0) for j in (1, 2) for g in (1, 3, 5)]

@@ -225,7 +225,7 @@ def test_the_paper_size_subnets_of_a_sized_space_score_as_in_the_space_without_s
 
 
 def test_optuna_samples_depth_and_width_when_the_space_has_them() -> None:
-    from dreams_nas.nas.search.study import params_of, search_distributions, spec_of
+    from dreams_nas.nas.search.params import params_of, search_distributions, spec_of
 
     old = search_distributions(SMALL_SPACE)
     assert set(old) == {"heads", "visual_keep", "inject_layer", "draft_len"}  # as before
@@ -250,7 +250,7 @@ def test_optuna_samples_depth_and_width_when_the_space_has_them() -> None:
 
 
 def test_a_space_of_one_other_size_carries_it_into_every_trial() -> None:
-    from dreams_nas.nas.search.study import search_distributions
+    from dreams_nas.nas.search.params import search_distributions
 
     space = SearchSpace(heads=(1, 2), visual_keep=(1.0,), inject_layer=(1,), draft_len=(1, 3),
                         depth=(2,))
@@ -279,7 +279,7 @@ def test_the_shared_sweep_grids_every_architecture(tmp_path) -> None:
 
 def test_recorded_latency_keys_name_the_draft_size() -> None:
     from dreams_nas.nas.search.replay import RecordedLatency
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     spec = SubnetSpec(2, 0.5, 1, 3)
     recorded = RecordedLatency({(2, 0.5, 1): 1.0, (2, 0.5, 1, 2, 0.5): 2.5}, {4: 10.0},
@@ -332,7 +332,7 @@ def test_exhaustive_scores_each_draft_vocab_as_its_own_architecture(tmp_path) ->
 
 
 def test_optuna_samples_the_draft_vocab_when_the_space_has_it() -> None:
-    from dreams_nas.nas.search.study import params_of, search_distributions, spec_of
+    from dreams_nas.nas.search.params import params_of, search_distributions, spec_of
 
     assert "draft_vocab" not in search_distributions(SIZED_SPACE)  # the whole one: as before
     dists = search_distributions(VOCAB_SPACE)
@@ -368,7 +368,7 @@ def test_the_shared_sweep_grids_every_draft_vocab(tmp_path) -> None:
 
 def test_recorded_latency_keys_name_the_draft_vocab() -> None:
     from dreams_nas.nas.search.replay import RecordedLatency
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     spec = SubnetSpec(2, 0.5, 1, 3)
     recorded = RecordedLatency({(2, 0.5, 1, 1, 1.0): 1.0, (2, 0.5, 1, 2, 0.5, 0.25): 2.5},

@@ -267,7 +267,7 @@ def test_the_front_pair_is_chosen_recorded_and_optimised(tiny_run, cmd) -> None:
     trials = pd.read_csv(run.trials_csv(HW))
     assert (trials["draft_bytes"] > 4 * trials["draft_params"]).all()  # fp32 weights + KV
     from dreams_nas.nas.stages.inputs import draft_memory_fn, draft_params_fn
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     spec = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=3)
     fp32 = draft_memory_fn(run, 100, 40, "float32")

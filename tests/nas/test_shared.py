@@ -12,7 +12,7 @@ from dreams_nas.nas.search.claims import ClaimLedger
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.shared import TABLE, SharedRows, acceptance_scope, triple_key
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 SPEC = SubnetSpec(heads=2, visual_keep=0.5, inject_layer=1, draft_len=3)
 

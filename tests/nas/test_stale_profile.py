@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from dreams_nas.latency.measure.hardware import detect_hardware
 from dreams_nas.latency.measure.steps import STEP_REVISION
-from dreams_nas.nas.stages.profile import profile_fingerprint
+from dreams_nas.nas.stages.profile_checks import profile_fingerprint
 from dreams_nas.nas.stages.search import stale_profile_note
 from dreams_nas.supernet.core.runfolder import RunFolder
 
@@ -22,7 +22,7 @@ def test_a_search_on_another_revisions_profile_says_it_is_stale(tmp_path: Path) 
     run = RunFolder(tmp_path / "run")
     own = SimpleNamespace(fingerprint={"hardware_id": "cpu-x", "step_revision": STEP_REVISION})
     assert stale_profile_note(own, run, "cpu-x") is None
-    before = SimpleNamespace(fingerprint={"hardware_id": "cpu-x", "dtype": "float32"})
+    before = SimpleNamespace(fingerprint={"hardware_id": "cpu-x", "step_revision": 1})
     note = stale_profile_note(before, run, "cpu-x")
     assert note is not None and "step revision 1" in note
     assert f"revision {STEP_REVISION}" in note and "rerun `dreams-nas profile`" in note

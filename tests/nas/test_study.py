@@ -164,7 +164,7 @@ def test_a_finished_sweep_reruns_without_new_trials_or_scoring(tmp_path) -> None
 
 def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_path,
                                                                           monkeypatch) -> None:
-    from dreams_nas.nas.search import study as study_mod
+    from dreams_nas.nas.search import params as params_mod
     from dreams_nas.nas.search.sampler import distribution_of
     from dreams_nas.supernet.core.space import SearchSpace
     from optuna.distributions import CategoricalDistribution, IntDistribution
@@ -189,7 +189,7 @@ def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_pat
     # a study sampled before ordinal fields (every field categorical) continues as it was
     url = f"sqlite:///{tmp_path / 'old.db'}"
     with monkeypatch.context() as m:
-        m.setattr(study_mod, "distribution_of", lambda values: CategoricalDistribution(
+        m.setattr(params_mod, "distribution_of", lambda values: CategoricalDistribution(
             list(values)))
         run(5)
     result = run(9)

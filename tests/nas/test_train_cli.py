@@ -78,7 +78,7 @@ def test_bad_input_is_a_one_line_error(setup, capsys, argv, message):
 
 def test_generate_with_an_extracted_spec_folder(setup, trained, capsys):
     from dreams_nas.supernet.core.io import atomic_write_json
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
     from dreams_nas.supernet.draft.extract import extract
     from dreams_nas.supernet.draft.saving import load_supernet
 

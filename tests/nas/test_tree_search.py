@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 from _support.search import SMALL_SPACE, FakeLatency, FakeScorer, fake_params, run_search, tau_of
+from dreams_nas.nas.search.params import params_of, search_distributions, spec_of
 from dreams_nas.nas.search.scoring import CachedAcceptance
 from dreams_nas.nas.search.speedup import expected_speedup
-from dreams_nas.nas.search.study import params_of, search_distributions, spec_of
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 
 TREES = ((2, 1, 1), (3, 2, 1), (4, 1))
@@ -60,7 +60,7 @@ def test_one_scoring_pass_per_triple_covers_its_chains_and_trees():
     cached.use_space(SPACE)
     tree_spec = SubnetSpec(1, 0.5, 1, 2, tree=(4, 1))
     cached.rows([tree_spec], show_progress=False)
-    triple = tree_spec.triple
+    triple = tree_spec.arch
     expected = [triple.replace(draft_len=g) for g in SPACE.draft_len]
     expected += [triple.replace(tree=t) for t in TREES]
     assert scorer.calls == expected

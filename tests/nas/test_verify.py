@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dreams_nas.nas.stages.verify import measure_end_to_end
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.decoding.loop import GenerationResult, GenerationStats
 
 TOKENS = [5, 6, 7, 8]

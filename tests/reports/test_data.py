@@ -11,7 +11,6 @@ from dreams_nas.reports import (
     MissingResultsError,
     ReportError,
     build_report_data,
-    pareto_mask,
 )
 
 from .fixtures import (
@@ -166,12 +165,6 @@ def test_cross_hardware_marks_subnets_not_evaluated(tmp_path) -> None:
             assert (cross.speedup[i][j] is None) == (sid not in ids)
 
 
-def test_pareto_mask_ties_and_duplicates() -> None:
-    assert pareto_mask([2.0, 2.0, 1.0, 3.0], [1.0, 1.0, 0.5, 2.0]) == [True, True, True, True]
-    assert pareto_mask([2.0, 1.0, 2.0], [1.0, 1.0, 2.0]) == [True, False, False]
-    assert pareto_mask([], []) == []
-
-
 def test_tolerates_missing_optional_parts_and_extra_columns(tmp_path) -> None:
     run = make_run(tmp_path / "run", aifd=False, predictor=False, measured=False,
                    acceptance=False, extra_columns=True)
@@ -243,23 +236,6 @@ def test_missing_fields_are_named_not_filled_in(cpu_run) -> None:
         writer.writerows(rows)
     with pytest.raises(ReportError, match=r"trials\.csv lacks the column\(s\) \['feasible'\]"):
         build_report_data(cpu_run)
-
-
-def test_pareto_mask_matches_brute_force_with_infinities() -> None:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        n = int(rng.integers(1, 40))
-        a = rng.integers(0, 6, n).astype(float)
-        b = rng.integers(0, 6, n).astype(float)
-        a[rng.random(n) < 0.1] = np.inf
-        b[rng.random(n) < 0.1] = -np.inf
-        brute = [not any(a[j] >= a[i] and b[j] <= b[i] and (a[j] > a[i] or b[j] < b[i])
-                         for j in range(n)) for i in range(n)]
-        assert pareto_mask(list(a), list(b)) == brute
-    with pytest.raises(ValueError, match="equal lengths"):
-        pareto_mask([1.0], [])
 
 
 def test_infeasible_subnets_are_kept_but_never_front_or_best(tmp_path) -> None:

@@ -18,6 +18,7 @@ from dreams_nas.reports.diagnostic_figures import label_offsets, parity_figure, 
 from dreams_nas.reports.diagnostics import holdout_kind, load_predictor
 from dreams_nas.reports.figures import STYLE
 from dreams_nas.reports.values import HoldoutPoint, KindAccuracy, PredictorInfo
+from dreams_nas.supernet.core.runfolder import RunFolder
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -68,7 +69,7 @@ def test_a_tree_levels_draft_rows_are_labelled_draft_tree(tmp_path: Path) -> Non
                            "context_len": 640, "k": 3, "measured_ms": 1.0,
                            "predicted_ms": 1.1})
     path.write_text(json.dumps(raw))
-    pred = load_predictor(run, CPU.hardware_id)
+    pred = load_predictor(RunFolder(run), CPU.hardware_id)
     assert pred is not None and pred.holdout[-1].kind == "draft_tree"
 
 

@@ -187,7 +187,8 @@ def test_a_search_of_50k_subnets_keeps_its_page_small(tmp_path) -> None:
 
 
 def test_the_cross_hardware_front_pairs_every_subnet_of_both_machines(rendered) -> None:
-    from dreams_nas.reports.pareto import pareto_mask_array
+    import numpy as np
+    from dreams_nas.supernet.core.pareto import is_pareto_front
 
     _, _, data = rendered["optuna-3hw"]
     paired = data.paired
@@ -195,7 +196,7 @@ def test_the_cross_hardware_front_pairs_every_subnet_of_both_machines(rendered) 
     here = {s.spec_id: s.speedup for s in data.subnets}
     assert set(paired.spec_id) <= set(here)
     assert [here[i] for i in paired.spec_id] == paired.here.tolist()
-    on = pareto_mask_array(paired.there, -paired.here)
+    on = is_pareto_front(np.column_stack([paired.here, paired.there]), ("maximize", "maximize"))
     for i in range(len(on)):  # on the front iff no subnet is at least as fast on both
         x, y = paired.here[i], paired.there[i]
         beaten = ((paired.here >= x) & (paired.there >= y)

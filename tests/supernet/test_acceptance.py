@@ -12,15 +12,16 @@ from dreams_nas.supernet.acceptance.teacher_forced import (
     simulate_cycles,
 )
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.config import TrainConfig
 from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
-from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
+from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 
 MAX_NEW = 24
 LAYERS = (2, 4)
@@ -41,8 +42,10 @@ def trained():
     cfg = DraftConfig.for_target(model.config.text_config, inject_layers=LAYERS)
     shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
     draft = DreamDraft.initialised(cfg, shared, 0)
-    train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=40, unroll=2,
-                   batch_size=4, lr=5e-3, checkpoint_every=1000), show_progress=False)
+    train_supernet(draft, TrainingSet(samples, (2,)),
+                   TrainConfig(warmup_steps=40, multires_steps=40, unroll=2, batch_size=4,
+                               lr=5e-3, checkpoint_every=1000),
+                   show_progress=False)
     return adapter, draft, prompts
 
 
@@ -293,41 +296,6 @@ def test_a_row_round_trips_depth_and_mlp(tmp_path) -> None:
     assert [(r["depth"], r["mlp"]) for r in written] == [("2", "0.5"), ("1", "1.0")]
 
 
-def test_an_acceptance_file_written_before_sizes_reads_as_depth_1_and_the_whole_mlp(
-        tmp_path) -> None:
-    import csv
-
-    from dreams_nas.supernet.acceptance.table import (
-        ACCEPTANCE_COLUMNS,
-        PRE_SIZE_COLUMNS,
-        AcceptanceRow,
-        AcceptanceTable,
-    )
-
-    assert [c for c in ACCEPTANCE_COLUMNS if c not in PRE_SIZE_COLUMNS] == ["depth", "mlp",
-                                                                           "draft_vocab"]
-    path = tmp_path / "a.csv"
-    old = [_size_row(SubnetSpec(1, 1.0, 1, 1), 1.1), _size_row(SubnetSpec(2, 0.5, 1, 1), 1.9)]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(PRE_SIZE_COLUMNS))
-        writer.writeheader()
-        for row in old:
-            cells = row.to_csv_row()
-            del cells["depth"], cells["mlp"], cells["draft_vocab"]
-            writer.writerow(cells)
-    old_cells = {c: str(v) for c, v in old[0].to_csv_row().items() if c in PRE_SIZE_COLUMNS}
-    assert AcceptanceRow.from_csv_row(old_cells) == old[0]  # a shared row of before, too
-    table = AcceptanceTable(path, "abc", "builtin")
-    assert table.load() == {r.spec: r for r in old}  # still valid: not scored again
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        assert reader.fieldnames == list(ACCEPTANCE_COLUMNS)  # migrated once
-        assert [(r["depth"], r["mlp"]) for r in reader] == [("", ""), ("", "")]
-    new = _size_row(SubnetSpec(1, 1.0, 1, 1, depth=2), 1.7)
-    table.append([new])
-    assert table.load() == {**{r.spec: r for r in old}, new.spec: new}
-
-
 def test_a_row_round_trips_draft_vocab(tmp_path) -> None:
     import csv
 
@@ -352,44 +320,3 @@ def test_a_row_round_trips_draft_vocab(tmp_path) -> None:
     with (tmp_path / "a.csv").open(newline="") as handle:
         written = list(csv.DictReader(handle))
     assert [r["draft_vocab"] for r in written] == ["0.25", "1.0"]
-
-
-def test_an_acceptance_file_written_before_the_draft_vocab_reads_as_the_whole_vocabulary(
-        tmp_path) -> None:
-    import csv
-
-    from dreams_nas.supernet.acceptance.table import (
-        ACCEPTANCE_COLUMNS,
-        OLD_HEADERS,
-        PRE_VOCAB_COLUMNS,
-        AcceptanceRow,
-        AcceptanceTable,
-    )
-
-    assert [c for c in ACCEPTANCE_COLUMNS if c not in PRE_VOCAB_COLUMNS] == ["draft_vocab"]
-    assert PRE_VOCAB_COLUMNS in OLD_HEADERS and "mlp" in PRE_VOCAB_COLUMNS
-    path = tmp_path / "a.csv"
-    old = [_size_row(SubnetSpec(1, 1.0, 1, 1, depth=2), 1.1),
-           _size_row(SubnetSpec(2, 0.5, 1, 1, mlp=0.5), 1.9)]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(PRE_VOCAB_COLUMNS))
-        writer.writeheader()
-        for row in old:
-            cells = row.to_csv_row()
-            del cells["draft_vocab"]
-            writer.writerow(cells)
-    old_cells = {c: str(v) for c, v in old[1].to_csv_row().items() if c in PRE_VOCAB_COLUMNS}
-    assert AcceptanceRow.from_csv_row(old_cells) == old[1]  # a shared row of before, too
-    table = AcceptanceTable(path, "abc", "builtin")
-    new = _size_row(SubnetSpec(1, 1.0, 1, 1, depth=2, draft_vocab=0.25), 1.3)
-    assert table.append([new]) == 1  # migrates the old header first
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        assert reader.fieldnames == list(ACCEPTANCE_COLUMNS)
-        cells = [(r["spec_id"], r["depth"], r["mlp"], r["draft_vocab"]) for r in reader]
-    assert cells == [("h1-v1.00-l1-d2-g1", "2", "1.0", ""),
-                     ("h2-v0.50-l1-m0.50-g1", "1", "0.5", ""),
-                     ("h1-v1.00-l1-d2-n0.25-g1", "2", "1.0", "0.25")]
-    loaded = table.load()  # the old rows still valid (the whole vocabulary): not scored again
-    assert loaded == {**{r.spec: r for r in old}, new.spec: new}
-    assert loaded[old[0].spec].spec.draft_vocab == 1.0

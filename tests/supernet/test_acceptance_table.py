@@ -8,14 +8,12 @@ import re
 import pytest
 from dreams_nas.supernet.acceptance.table import (
     ACCEPTANCE_COLUMNS,
-    LEGACY_COLUMNS,
-    PRE_TREE_COLUMNS,
     AcceptanceRow,
     AcceptanceTable,
 )
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import append_csv_rows
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 
 def _row(spec, tau=None, supernet="abc", dataset="builtin", temperature=0.0, dtype="float32",
@@ -116,72 +114,56 @@ def test_append_refuses_rows_of_another_dtype_or_budget(tmp_path) -> None:
     assert not (tmp_path / "a.csv").exists()
 
 
-def _write_legacy(path, rows) -> None:
-    """A file as the code before `dtype`/`max_new_tokens` wrote it, with a torn last line."""
+# Headers of earlier versions: before the draft vocabulary, elastic sizes, trees, and before
+# dtype and max_new_tokens were part of a row's key.
+_EARLIER = {
+    "draft_vocab": ("draft_vocab",),
+    "sizes": ("depth", "mlp", "draft_vocab"),
+    "trees": ("tree", "depth", "mlp", "draft_vocab"),
+    "dtype": ("tree", "depth", "mlp", "draft_vocab", "dtype", "max_new_tokens"),
+}
+
+
+@pytest.mark.parametrize("dropped", _EARLIER.values(), ids=_EARLIER)
+def test_a_file_of_an_earlier_header_is_refused_in_one_line(tmp_path, dropped) -> None:
+    """No migration: the file is left as it is and `load`/`append` name the columns it lacks,
+    this version's column count and `dreams-nas score`."""
+    path = tmp_path / "a.csv"
+    columns = [c for c in ACCEPTANCE_COLUMNS if c not in dropped]
     with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(LEGACY_COLUMNS))
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
-        for row in rows:
-            fields = row.to_csv_row()
-            del fields["dtype"], fields["max_new_tokens"], fields["tree"]
-            del fields["depth"], fields["mlp"], fields["draft_vocab"]
-            writer.writerow(fields)
-        handle.write("abc,builtin,h1-v1.00-l1-g3,1,1.0")  # a kill mid-row
-
-
-def test_an_old_header_file_is_migrated_on_append(tmp_path) -> None:
-    path = tmp_path / "a.csv"
-    old = [_row(SubnetSpec(1, 1.0, 1, 1), tau=1.1), _row(SubnetSpec(2, 0.5, 1, 2), tau=1.9)]
-    _write_legacy(path, old)
+        writer.writerow(_row(SubnetSpec(1, 1.0, 1, 1)).to_csv_row())
+    before = path.read_bytes()
     table = AcceptanceTable(path, "abc", "builtin")
-    new = _row(SubnetSpec(1, 1.0, 1, 1), tau=1.8)
-    assert table.append([new]) == 1
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        assert reader.fieldnames == list(ACCEPTANCE_COLUMNS)
-        lines = list(reader)
-    assert [(r["spec_id"], r["tau"], r["dtype"], r["max_new_tokens"]) for r in lines] == [
-        ("h1-v1.00-l1-g1", "1.1", "", ""), ("h2-v0.50-l1-g2", "1.9", "", ""),
-        ("h1-v1.00-l1-g1", "1.8", "float32", "64"),
-    ]
-    assert table.load() == {new.spec: new}  # the old rows match no table: scored again
-    table.append([_row(SubnetSpec(2, 0.5, 1, 2), tau=2.4)])
-    assert len(table.load()) == 2
+    message = (rf"^{re.escape(str(path))} has the header of another dreams-nas version: it lacks "
+               rf"{re.escape(str(list(dropped)))} against this version's "
+               rf"{len(ACCEPTANCE_COLUMNS)} columns; move it aside and run `dreams-nas score`")
+    with pytest.raises(InputError, match=message) as caught:
+        table.load()
+    assert "\n" not in str(caught.value)
+    with pytest.raises(InputError, match=message):
+        table.append([_row(SubnetSpec(2, 1.0, 1, 1))])
+    assert path.read_bytes() == before
 
 
-def test_a_file_written_before_trees_keeps_its_rows_as_chains(tmp_path) -> None:
-    path = tmp_path / "a.csv"
-    old = [_row(SubnetSpec(1, 1.0, 1, 1), tau=1.1), _row(SubnetSpec(2, 0.5, 1, 2), tau=1.9)]
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(PRE_TREE_COLUMNS))
-        writer.writeheader()
-        for row in old:
-            fields = row.to_csv_row()
-            del fields["tree"], fields["depth"], fields["mlp"], fields["draft_vocab"]
-            writer.writerow(fields)
-    table = AcceptanceTable(path, "abc", "builtin")
-    assert table.load() == {r.spec: r for r in old}  # chains, still valid: not scored again
-    with path.open(newline="") as handle:
-        assert csv.DictReader(handle).fieldnames == list(ACCEPTANCE_COLUMNS)
-    tree = _row(SubnetSpec(1, 1.0, 1, 3, tree=(3, 2, 1)), tau=2.5)
-    table.append([tree])
-    assert table.load()[tree.spec] == tree
-    assert "h1-v1.00-l1-t3x2x1" in path.read_text()
-
-
-def test_an_old_header_file_is_migrated_on_load_and_others_are_refused(tmp_path) -> None:
-    path = tmp_path / "a.csv"
-    _write_legacy(path, [_row(SubnetSpec(1, 1.0, 1, 1))])
-    assert AcceptanceTable(path, "abc", "builtin").load() == {}
-    header, *rest = path.read_text().splitlines()
-    assert header.split(",") == list(ACCEPTANCE_COLUMNS) and len(rest) == 1
-    assert AcceptanceTable(path, "abc", "builtin").load() == {}  # migrated once: a no-op now
+def test_a_file_that_is_no_acceptance_file_is_refused(tmp_path) -> None:
     other = tmp_path / "b.csv"
-    other.write_text("spec_id,tau\nh1-v1.00-l1-g1,2.0\n")
-    with pytest.raises(InputError, match="is not an acceptance file.*move it aside"):
+    other.write_text("spec_id,tau,extra\nh1-v1.00-l1-g1,2.0,x\n")
+    with pytest.raises(InputError, match=r"has the header of another dreams-nas version: it lacks "
+                                         r"\[.*\] and adds \['extra'\].*`dreams-nas score`"):
         AcceptanceTable(other, "abc", "builtin").load()
-    with pytest.raises(InputError, match="is not an acceptance file"):
-        AcceptanceTable(other, "abc", "builtin").append([_row(SubnetSpec(1, 1.0, 1, 1))])
+
+
+def test_a_shared_row_of_an_earlier_version_is_one_line() -> None:
+    """A row stored by another version (a shared storage's JSON cells) lacks columns: refused,
+    naming them, not read with defaults."""
+    cells = _row(SubnetSpec(2, 0.5, 1, 1)).to_csv_row()
+    del cells["depth"], cells["mlp"], cells["draft_vocab"]
+    with pytest.raises(InputError, match=r"^the acceptance row of h2-v0.50-l1-g1 lacks \['depth', "
+                                         r"'mlp', 'draft_vocab'\]: another dreams-nas version "
+                                         r"wrote it; score it again with `dreams-nas score`$"):
+        AcceptanceRow.from_csv_row(cells)
 
 
 def _write_cells(path, *rows: dict) -> None:

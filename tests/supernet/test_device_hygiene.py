@@ -25,7 +25,7 @@ import pytest
 import torch
 from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.acceptance.teacher_forced import draft_matches, trace_target
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.decoding.drafters import OracleDrafter, PromptLookupDrafter, ReplayDrafter
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate

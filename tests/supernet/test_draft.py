@@ -6,7 +6,7 @@ import pytest
 import torch
 from _support.drafts import HIDDEN, tiny_draft, tiny_prompt
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.state import (
     DraftCache,
     gather_rows,
@@ -164,13 +164,20 @@ def test_the_own_sequence_holds_the_kept_visual_tokens_only_in_self_mode():
         assert torch.equal(cross.draft_positions(visual, scores), ~visual)
 
 
-def test_a_config_saved_before_visual_in_self_reads_as_memory_only():
+def test_a_config_without_a_field_of_this_version_is_refused_not_defaulted():
+    """A config saved before `visual_in_self` meant the memory only, not today's default: no
+    field is read with a default; the config names what it lacks."""
     from dreams_nas.supernet.draft.config import DraftConfig
 
     data = tiny_draft().config.to_dict()
     assert data["visual_in_self"] is True
-    del data["visual_in_self"]
-    assert DraftConfig.from_dict(data).visual_in_self is False
+    del data["visual_in_self"], data["vocab_shares"]
+    with pytest.raises(InputError, match=r"^the draft config lacks \['visual_in_self', "
+                                         r"'vocab_shares'\]: another dreams-nas version wrote it$"):
+        DraftConfig.from_dict(data)
+    with pytest.raises(InputError, match=r"^draft config schema_version=2 is another dreams-nas "
+                                         r"version's \(this one reads 1\)$"):
+        DraftConfig.from_dict({**tiny_draft().config.to_dict(), "schema_version": 2})
 
 
 def test_masked_keys_equal_removed_positions_and_stay_finite():

@@ -12,7 +12,8 @@ from _support.drafts import HIDDEN, VOCAB, tiny_draft
 from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.acceptance.teacher_forced import TeacherForcedScorer
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec, default_draft_vocab, vocab_rows
+from dreams_nas.supernet.core.space import SearchSpace, default_draft_vocab, vocab_rows
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate
@@ -23,8 +24,9 @@ from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.saving import load_supernet, save_supernet
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.config import TrainConfig
 from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
-from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
+from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 from dreams_nas.supernet.training.vocab import coverage, frequency_order, token_counts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -130,8 +132,10 @@ def trained():
                                  vocab_shares=(0.3, 1.0))
     shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
     draft = DreamDraft.initialised(cfg, shared, 0)
-    train_supernet(draft, samples, (2,), TrainConfig(warmup_steps=40, multires_steps=20,
-                   unroll=2, batch_size=4, lr=5e-3, checkpoint_every=1000), show_progress=False)
+    train_supernet(draft, TrainingSet(samples, (2,)),
+                   TrainConfig(warmup_steps=40, multires_steps=20, unroll=2, batch_size=4,
+                               lr=5e-3, checkpoint_every=1000),
+                   show_progress=False)
     draft.set_vocab_order(frequency_order(answers, cfg.vocab_size))
     return adapter, draft, prompts
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _support.drafts import HIDDEN, tiny_draft, tiny_prompt
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.state import DraftCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.core.io import atomic_write_json
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate
@@ -18,8 +18,9 @@ from dreams_nas.supernet.draft.extract import extract
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.target.adapter import TargetAdapter
+from dreams_nas.supernet.training.config import TrainConfig
 from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
-from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
+from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 
 LAYERS = (1, 2, 4)
 
@@ -38,7 +39,7 @@ def trained():
     draft = DreamDraft.initialised(DraftConfig.for_target(adapter.text_config, LAYERS), shared, 0)
     config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3, unroll=2,
                          lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
-    train_supernet(draft, samples, (2,), config, show_progress=False)
+    train_supernet(draft, TrainingSet(samples, (2,)), config, show_progress=False)
     return adapter, draft, prompts
 
 
@@ -90,7 +91,7 @@ def trained_elastic(trained):
     draft = DreamDraft.initialised(cfg, shared, 0)
     config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3, unroll=2,
                          lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
-    train_supernet(draft, samples, (2,), config, show_progress=False)
+    train_supernet(draft, TrainingSet(samples, (2,)), config, show_progress=False)
     return adapter, draft, prompts
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from _support.drafts import HIDDEN, tiny_draft, tiny_prompt, tiny_shared
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.extract import CompactDraft, extract
 from dreams_nas.supernet.draft.model import DreamDraft
@@ -118,7 +118,7 @@ def _wide_shared():
     (lambda folder: (folder / "config.json").write_text("{oops"),
      r"config\.json is not valid JSON \(line 1: "),
     (lambda folder: (folder / "config.json").write_text('{"kind": "dreams-nas-compact-draft"}'),
-     r"config\.json is not a valid draft config \(.*missing"),
+     r"config\.json is not a valid draft config \(the draft config lacks \['schema_version', "),
     (lambda folder: (folder / "config.json").write_text(json.dumps(
         {**json.loads((folder / "config.json").read_text()), "spec": None})),
      r"config\.json names no subnet \(spec\)"),

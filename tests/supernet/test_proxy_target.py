@@ -10,6 +10,7 @@ import torch
 from dreams_nas.supernet.builtin.bpe import build_bpe_tokenizer
 from dreams_nas.supernet.builtin.cache import ensure_proxy_target, proxy_target_dir
 from dreams_nas.supernet.builtin.proxy import PROXIES, build_config, build_processor, get_proxy
+from dreams_nas.supernet.builtin.resolve import resolve_target
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.targets import NAMED_TARGETS, PROXY_TARGETS
 from dreams_nas.supernet.data.synth import make_sample, vocabulary_texts
@@ -82,7 +83,7 @@ def test_a_proxy_loads_by_name_and_a_run_records_the_name(proxy_cache, monkeypat
                                                           tmp_path) -> None:
     cache, folder, _ = proxy_cache
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(cache))
-    target = TargetAdapter.load("proxy-llava-tiny")
+    target = TargetAdapter.load(resolve_target("proxy-llava-tiny"), target_id="proxy-llava-tiny")
     assert target.path == str(folder.resolve()) and target.num_layers == 2
     sample = make_sample("eval", 0, 1)
     inputs = target.build_inputs(sample.image, sample.prompt)

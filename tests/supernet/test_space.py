@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 
 @pytest.fixture

@@ -7,18 +7,15 @@ import torch
 from _support.models import tiny_prompts
 from _support.training import LAYERS, killed_then_resumed, tiny_supernet, tiny_target_data
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import SharedTargetModules
 from dreams_nas.supernet.training.batching import collate
+from dreams_nas.supernet.training.config import TrainConfig
 from dreams_nas.supernet.training.features import TargetSample
-from dreams_nas.supernet.training.tppt import (
-    TrainConfig,
-    evaluate_losses,
-    step_specs,
-    train_supernet,
-)
+from dreams_nas.supernet.training.schedule import step_specs, training_space
+from dreams_nas.supernet.training.tppt import TrainingSet, evaluate_losses, train_supernet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,7 +54,7 @@ def test_training_lowers_every_loss_term(target_data):
     before = evaluate_losses(draft, batches, spec, aifd.chosen)
     config = TrainConfig(unroll=2, warmup_steps=25, multires_steps=15, batch_size=4, lr=3e-3,
                          lr_warmup_steps=3, checkpoint_every=100)
-    out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False)
+    out = train_supernet(draft, TrainingSet(samples, aifd.chosen), config, show_progress=False)
     after = evaluate_losses(draft, batches, spec, aifd.chosen)
     for key in ("kl", "distill", "feat", "loss"):
         assert after[key] < 0.8 * before[key], (key, before, after)
@@ -71,7 +68,7 @@ def test_resume_after_kill_equals_uninterrupted(target_data, tmp_path):
     config = TrainConfig(unroll=2, warmup_steps=5, multires_steps=5, batch_size=4,
                          lr_warmup_steps=2, checkpoint_every=3)
     reference = _draft(target)
-    ref_out = train_supernet(reference, samples, aifd.chosen, config, tmp_path / "a",
+    ref_out = train_supernet(reference, TrainingSet(samples, aifd.chosen), config, tmp_path / "a",
                              show_progress=False)
 
     class Killed(Exception):
@@ -82,28 +79,27 @@ def test_resume_after_kill_equals_uninterrupted(target_data, tmp_path):
             raise Killed
 
     with pytest.raises(Killed):
-        train_supernet(_draft(target), samples, aifd.chosen, config, tmp_path / "b",
+        train_supernet(_draft(target), TrainingSet(samples, aifd.chosen), config, tmp_path / "b",
                        on_step=kill_at_7, show_progress=False)
     resumed = _draft(target, seed=123)  # whatever the init: the checkpoint overrides it
-    out = train_supernet(resumed, samples, aifd.chosen, config, tmp_path / "b", show_progress=False)
+    out = train_supernet(resumed, TrainingSet(samples, aifd.chosen), config, tmp_path / "b",
+                         show_progress=False)
     assert out.resumed_from == 6 and out.steps_run == 4
     assert out.loss_curve == ref_out.loss_curve
     for (name, a), (_, b) in zip(reference.state_dict().items(), resumed.state_dict().items(),
                                  strict=True):
         assert torch.equal(a, b), name
-    again = train_supernet(resumed, samples, aifd.chosen, config, tmp_path / "b",
+    again = train_supernet(resumed, TrainingSet(samples, aifd.chosen), config, tmp_path / "b",
                            show_progress=False)
     assert again.steps_run == 0
     other = TrainConfig(warmup_steps=5, multires_steps=6, batch_size=4, checkpoint_every=3)
     with pytest.raises(InputError, match="belongs to another training set-up"):
-        train_supernet(_draft(target), samples, aifd.chosen, other, tmp_path / "b",
+        train_supernet(_draft(target), TrainingSet(samples, aifd.chosen), other, tmp_path / "b",
                        show_progress=False)
 
 
 def test_sandwich_rule_and_warmup_specs(target_data):
     draft = _draft(target_data[0])
-    from dreams_nas.supernet.training.tppt import training_space
-
     space = training_space(draft)
     config = TrainConfig(warmup_steps=2, multires_steps=2, random_subnets=2)
     warm = step_specs(draft, space, 0, config)
@@ -123,15 +119,16 @@ def test_the_targets_embedding_and_head_stay_frozen(target_data):
     target.lm_head.weight.requires_grad_(True)
     before = target.lm_head.weight.detach().clone()
     draft = _draft(target)
-    train_supernet(draft, samples, aifd.chosen, TrainConfig(warmup_steps=2, multires_steps=0,
-                                                            batch_size=4), show_progress=False)
+    train_supernet(draft, TrainingSet(samples, aifd.chosen),
+                   TrainConfig(warmup_steps=2, multires_steps=0, batch_size=4),
+                   show_progress=False)
     assert target.lm_head.weight.grad is None and not target.lm_head.weight.requires_grad
     assert torch.equal(target.lm_head.weight, before)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
-    from dreams_nas.supernet.training.tppt import MixedPrecision
+    from dreams_nas.supernet.training.precision import MixedPrecision
 
     target, samples, aifd = target_data
     draft = _draft(target)
@@ -144,7 +141,7 @@ def test_16_bit_training_keeps_float32_master_weights(target_data, dtype):
     # the draft's forward runs its layers as functions of their weights (no module calls)
     hook = draft.register_forward_pre_hook(lambda module, args: seen.add(
         torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
-    out = train_supernet(draft, samples, aifd.chosen, config, show_progress=False,
+    out = train_supernet(draft, TrainingSet(samples, aifd.chosen), config, show_progress=False,
                          compute_dtype=dtype)
     hook.remove()
     assert seen == {dtype}  # every forward ran in the 16-bit dtype ...
@@ -172,8 +169,8 @@ def test_training_stops_at_a_plateau_and_keeps_the_best_evaluation(target_data, 
                          lr_warmup_steps=2, eval_every=3, patience=2, tolerance=100.0,
                          checkpoint_every=4)
     draft = _draft(target)
-    out = train_supernet(draft, samples[:-3], aifd.chosen, config, tmp_path / "a",
-                         show_progress=False, heldout=heldout)
+    out = train_supernet(draft, TrainingSet(samples[:-3], aifd.chosen, heldout), config,
+                         tmp_path / "a", show_progress=False)
     assert out.stopped == "plateau" and out.steps == 15 and len(out.loss_curve) == 15
     assert [(e["step"], e["phase"]) for e in out.evals] == [(3, 1), (6, 1), (9, 2), (12, 2),
                                                             (15, 2)]
@@ -199,42 +196,39 @@ def test_a_time_budget_stops_the_run_with_an_evaluation(target_data):
     target, samples, aifd = target_data
     config = TrainConfig(unroll=1, warmup_steps=0, multires_steps=50, batch_size=4,
                          max_seconds=1e-6)
-    out = train_supernet(_draft(target), samples[:-3], aifd.chosen, config,
-                         show_progress=False, heldout=_heldout(samples))
+    out = train_supernet(_draft(target), TrainingSet(samples[:-3], aifd.chosen, _heldout(samples)),
+                         config, show_progress=False)
     assert out.stopped == "time budget" and out.steps == 1
     assert [e["step"] for e in out.evals] == [1] and out.best_step == 1
 
 
 def test_in_place_distillation_mixes_the_largest_subnets_distribution(target_data):
-    from dreams_nas.supernet.training.batching import LossWeights, loss_terms
+    from dreams_nas.supernet.training.batching import LossSetup, Teacher, loss_terms
 
     target, samples, aifd = target_data
     draft = _draft(target, seed=3)
     batch = collate(samples[:4])
-    weights = LossWeights()
+    setup = LossSetup(aifd.chosen, unroll=2)
     spec = SubnetSpec(2, 0.5, 2, 1)
     with torch.no_grad():
-        own = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2, keep_logp=True)
+        own = loss_terms(draft, batch, spec, setup, keep_logp=True)
         assert len(own["logp"]) == 3
         # taught by its own distribution, the in-place term is zero
-        same = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2,
-                          teacher=own["logp"], teacher_weight=1.0)
+        same = loss_terms(draft, batch, spec, setup, teacher=Teacher(own["logp"], 1.0))
         assert float(same["kl"]) == pytest.approx(0.0, abs=1e-6)
-        half = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2,
-                          teacher=own["logp"], teacher_weight=0.5)
+        half = loss_terms(draft, batch, spec, setup, teacher=Teacher(own["logp"], 0.5))
         assert float(half["kl"]) == pytest.approx(0.5 * float(own["kl"]), rel=1e-5)
-        largest = loss_terms(draft, batch, SubnetSpec(4, 1.0, 2, 1), aifd.chosen, weights,
-                             unroll=2, keep_logp=True)["logp"]
-        taught = loss_terms(draft, batch, spec, aifd.chosen, weights, unroll=2,
-                            teacher=largest, teacher_weight=1.0)
+        largest = loss_terms(draft, batch, SubnetSpec(4, 1.0, 2, 1), setup,
+                             keep_logp=True)["logp"]
+        taught = loss_terms(draft, batch, spec, setup, teacher=Teacher(largest, 1.0))
         assert float(taught["kl"]) > 0
     with pytest.raises(InputError, match="inplace_distill"):
         TrainConfig(inplace_distill=1.5)
 
 
 def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(target_data):
-    from dreams_nas.supernet.training.batching import LossWeights, loss_terms
-    from dreams_nas.supernet.training.tppt import sort_heads, training_space
+    from dreams_nas.supernet.training.batching import LossSetup, loss_terms
+    from dreams_nas.supernet.training.importance import sort_heads
 
     target, samples, aifd = target_data
     shared = SharedTargetModules(target.get_input_embeddings(), target.lm_head)
@@ -263,12 +257,12 @@ def test_the_sandwich_rule_spans_depth_and_width_and_sorting_keeps_the_function(
     batch = collate(samples[:4], cfg.visual_in_self)
     full, half = draft.config.largest(), SubnetSpec(4, 1.0, 4, 1, depth=2, mlp=0.5)
     with torch.no_grad():
-        before = loss_terms(draft, batch, full, aifd.chosen, LossWeights())["loss"]
-        half_before = loss_terms(draft, batch, half, aifd.chosen, LossWeights())["loss"]
+        before = loss_terms(draft, batch, full, LossSetup(aifd.chosen))["loss"]
+        half_before = loss_terms(draft, batch, half, LossSetup(aifd.chosen))["loss"]
     sort_heads(draft, [batch], aifd.chosen, config)
     with torch.no_grad():
-        after = loss_terms(draft, batch, full, aifd.chosen, LossWeights())["loss"]
-        half_after = loss_terms(draft, batch, half, aifd.chosen, LossWeights())["loss"]
+        after = loss_terms(draft, batch, full, LossSetup(aifd.chosen))["loss"]
+        half_after = loss_terms(draft, batch, half, LossSetup(aifd.chosen))["loss"]
     torch.testing.assert_close(after, before)  # the full subnet's function is unchanged
     assert not torch.allclose(half_after, half_before)  # the half MLP now keeps other channels
 

@@ -12,8 +12,8 @@ from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.draft.saving import file_hash
 from dreams_nas.supernet.target.adapter import TargetAdapter
-from dreams_nas.supernet.training.recipe import draft_for_run, train_run
-from dreams_nas.supernet.training.tppt import TrainConfig
+from dreams_nas.supernet.training.config import TrainConfig
+from dreams_nas.supernet.training.recipe import SupernetRecipe, draft_for_run, train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -39,7 +39,8 @@ def _target_and_examples(tmp_path: Path, n: int) -> tuple[TargetAdapter, list[Ex
 def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
     target, examples = _target_and_examples(tmp_path, 6)
     config = TrainConfig(warmup_steps=3, multires_steps=3, batch_size=3, checkpoint_every=2)
-    summary = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)
+    summary = train_run(run_dir, target, examples, config, SupernetRecipe(max_new_tokens=6),
+                        show_progress=False)
     weights = run_dir.supernet_dir / "model.safetensors"
     assert summary["hash"] == file_hash(weights)
     data = run_dir.read_run()
@@ -60,7 +61,8 @@ def test_train_run_writes_the_supernet_and_run_json(tmp_path, run_dir):
     assert data["supernet"]["train"]["config"]["unroll"] == space.max_draft_len - 1
     draft = draft_for_run(target, run_dir)
     assert draft.config.inject_layers == (1, 2)
-    again = train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False)
+    again = train_run(run_dir, target, examples, config, SupernetRecipe(max_new_tokens=6),
+                      show_progress=False)
     assert again["resumed_from"] == 6 and again["hash"] == summary["hash"]
 
 
@@ -71,8 +73,9 @@ def test_a_draft_vocabulary_is_ranked_by_the_answers_and_saved(tmp_path, run_dir
 
     target, examples = _target_and_examples(tmp_path, 4)
     config = TrainConfig(warmup_steps=2, multires_steps=2, batch_size=2, checkpoint_every=10)
-    train_run(run_dir, target, examples, config, max_new_tokens=6, show_progress=False,
-              holdout=0, draft_vocab=(0.5, 1.0))
+    train_run(run_dir, target, examples, config,
+              SupernetRecipe(max_new_tokens=6, holdout=0, draft_vocab=(0.5, 1.0)),
+              show_progress=False)
     data = run_dir.read_run()
     assert SearchSpace.from_dict(data["space"]).draft_vocab == (0.5, 1.0)
     vocab = data["supernet"]["draft_vocab"]

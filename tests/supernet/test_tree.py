@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree, tree_family
 
 
@@ -44,7 +45,7 @@ def test_a_tree_spec_has_its_own_id_and_round_trips() -> None:
     assert SubnetSpec.from_id(spec.id) == spec
     assert SubnetSpec.from_dict(spec.to_dict()) == spec
     assert spec.to_fields()["tree"] == "4x2x2x1x1"
-    assert spec.triple == SubnetSpec(2, 1.0, 8, 1)
+    assert spec.arch == SubnetSpec(2, 1.0, 8, 1)
     assert spec.replace(draft_len=3) == SubnetSpec(2, 1.0, 8, 3)  # a chain of that length
     assert SubnetSpec(2, 1.0, 8, 5).replace(tree="3x1") == SubnetSpec(2, 1.0, 8, 2, tree=(3, 1))
 

@@ -42,12 +42,12 @@ def test_a_chain_and_a_tree_cycle_run_the_loop_and_restart_each_repeat(tiny_llav
 
 def test_the_overhead_leaves_out_the_forwards_time(tiny_llava) -> None:
     """A target whose verify sleeps 200 ms: the cycle's sample does not grow by it."""
-    from dreams_nas.latency.measure.timing import measure
+    from dreams_nas.latency.measure.timing import Repeats, measure
 
     steps = _steps(tiny_llava)
     plain = steps.build(StepKey("cycle", 20, 4))
-    fast = measure(plain.run, warmup=1, min_repeats=3, max_repeats=3, prepare=plain.prepare,
-                   excluded=plain.excluded)
+    fast = measure(plain.run, Repeats(warmup=1, min_repeats=3, max_repeats=3),
+                   prepare=plain.prepare, excluded=plain.excluded)
     adapter = steps.adapter
     verify = adapter.verify
 
@@ -58,9 +58,10 @@ def test_the_overhead_leaves_out_the_forwards_time(tiny_llava) -> None:
     adapter.verify = slow_verify
     try:
         slow = steps.build(StepKey("cycle", 20, 4))
-        timed = measure(slow.run, warmup=1, min_repeats=3, max_repeats=3, prepare=slow.prepare,
-                        excluded=slow.excluded)
-        whole = measure(slow.run, warmup=0, min_repeats=3, max_repeats=3, prepare=slow.prepare)
+        timed = measure(slow.run, Repeats(warmup=1, min_repeats=3, max_repeats=3),
+                        prepare=slow.prepare, excluded=slow.excluded)
+        whole = measure(slow.run, Repeats(warmup=0, min_repeats=3, max_repeats=3),
+                        prepare=slow.prepare)
     finally:
         del adapter.verify
     assert all(s > 0 for s in timed.samples_ms)

@@ -1,19 +1,19 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from dreams_nas.latency.measure.hardware import detect_hardware
 from dreams_nas.latency.measure.plan import StepKey, canonical_spec
 from dreams_nas.latency.measure.profile_store import (
-    PRE_SIZE_COLUMNS,
-    PRE_VOCAB_COLUMNS,
     PROFILE_COLUMNS,
     ProfileStore,
     make_row,
-    old_header_sizes,
 )
 from dreams_nas.latency.measure.timing import Timing
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.space import SearchSpace, SubnetSpec
+from dreams_nas.supernet.core.space import SearchSpace
+from dreams_nas.supernet.core.spec import SubnetSpec
 
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
 
@@ -136,45 +136,50 @@ def test_a_draft_rows_depth_and_mlp_round_trip(tmp_path, hw) -> None:
     assert store.done_keys() == {key.ident}
 
 
-def _old_file(store, hw, keys, *, torn: bool = False) -> None:
-    """`store`'s file as a version before depth and mlp wrote it (their columns absent)."""
-    lines = [",".join(PRE_SIZE_COLUMNS)]
+# Headers of earlier versions: before the draft vocabulary, before elastic depth and MLP width.
+_EARLIER = {"draft_vocab": ("draft_vocab",), "sizes": ("depth", "mlp", "draft_vocab")}
+
+
+def _earlier_file(store, hw, keys, dropped) -> list[str]:
+    """`store`'s file as a version without the columns `dropped` wrote it."""
+    columns = [c for c in PROFILE_COLUMNS if c not in dropped]
+    lines = [",".join(columns)]
     for key in keys:
         row = _row(hw, key)
-        lines.append(",".join(str(row[c]) for c in PRE_SIZE_COLUMNS))
-    text = "\r\n".join(lines) + "\r\n"
-    store.path.write_text(text + ("cpu-x,verify,,,,,,32,3,1.2" if torn else ""), newline="")
+        lines.append(",".join(str(row[c]) for c in columns))
+    store.path.write_text("\r\n".join(lines) + "\r\n", newline="")
+    return columns
 
 
-def test_a_file_from_before_depth_and_mlp_reads_and_is_migrated_on_append(tmp_path, hw) -> None:
+@pytest.mark.parametrize("dropped", _EARLIER.values(), ids=_EARLIER)
+def test_a_file_of_an_earlier_header_is_refused_in_one_line(tmp_path, hw, dropped) -> None:
+    """No migration and no defaults: read, resume and append name the columns the file lacks,
+    this version's column count and `dreams-nas profile`, and leave the file as it is."""
     store = ProfileStore(tmp_path / "profile.csv")
-    old_draft = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5))
-    _old_file(store, hw, [old_draft, StepKey("verify", 64, 4)], torn=True)
-    frame = store.read()  # read as is: the draft row at depth 1, the whole MLP
-    assert list(frame.columns) == list(PROFILE_COLUMNS)
-    assert list(frame.depth) == [1, ""] and list(frame.mlp) == [1.0, ""]
-    assert store.done_keys() == {old_draft.ident, ("verify", "", 64, 4)}
-    assert store.path.read_text().startswith("hardware_id,kind,spec_id,heads,visual_keep,"
-                                             "inject_layer,draft_len,context_len")  # untouched
-    new = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5))
-    # the old draft key is the depth-1 canonical spec's: resumed, not timed again
-    assert store.append([_row(hw, old_draft), _row(hw, new, 4.0)]) == 1
-    lines = store.path.read_text().splitlines()
-    assert lines[0] == ",".join(PROFILE_COLUMNS) and len(lines) == 4  # the torn line dropped
-    assert ",2,0.5,2,3,1,1,1,64,1," in lines[1] and ",,,,,,,,64,4," in lines[2]
-    frame = store.read()
-    assert list(frame.depth) == [1, "", 2] and list(frame.mlp) == [1.0, "", 0.5]
-    assert list(frame.draft_vocab) == [1.0, "", 1.0]  # every size column filled in at once
-    assert list(frame.median_ms) == pytest.approx([1.0, 1.0, 4.0])
-    assert store.append([_row(hw, StepKey("decode", 64))]) == 1  # migrated once: plain append
-    assert len(store.read()) == 4
+    _earlier_file(store, hw, [StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5)),
+                              StepKey("verify", 64, 4)], dropped)
+    before = store.path.read_bytes()
+    message = (rf"^{re.escape(str(store.path))} has the header of another dreams-nas version: "
+               rf"it lacks {re.escape(str(list(dropped)))} against this version's "
+               rf"{len(PROFILE_COLUMNS)} columns; move it aside and run `dreams-nas profile`")
+    for call in (store.read, store.done_keys,
+                 lambda: store.append([_row(hw, StepKey("decode", 64))])):
+        with pytest.raises(InputError, match=message) as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    assert store.path.read_bytes() == before
 
 
-def test_a_file_of_another_header_is_still_refused_on_append(tmp_path, hw) -> None:
+def test_a_file_of_another_header_is_refused(tmp_path, hw) -> None:
     store = ProfileStore(tmp_path / "profile.csv")
     store.path.write_text("hardware_id,kind,spec_id,context_len,k,median_ms,status,extra\n")
-    with pytest.raises(InputError, match="written by another version: move it aside"):
+    with pytest.raises(InputError, match=r"has the header of another dreams-nas version: it lacks "
+                                         r"\[.*\] and adds \['extra'\]"):
         store.append([_row(hw, StepKey("decode", 64))])
+    moved = [c for c in PROFILE_COLUMNS if c != "mlp"] + ["mlp"]
+    store.path.write_text(",".join(moved) + "\n")
+    with pytest.raises(InputError, match=r"it has them in another order against this version's"):
+        store.read()
 
 
 @pytest.mark.parametrize(("cell", "value", "message"), [
@@ -205,53 +210,6 @@ def test_a_draft_rows_vocabulary_share_round_trips(tmp_path, hw) -> None:
     assert (draft.spec_id, draft.draft_vocab) == ("h2-v0.50-l2-d2-m0.50-n0.25-g3", 0.25)
     assert decode.draft_vocab == ""  # a target row has no draft size
     assert SubnetSpec.from_id(draft.spec_id) == spec
-
-
-def _pre_vocab_file(store, hw, keys) -> None:
-    """`store`'s file as the version with depth and mlp but before draft_vocab wrote it."""
-    lines = [",".join(PRE_VOCAB_COLUMNS)]
-    for key in keys:
-        row = _row(hw, key)
-        lines.append(",".join(str(row[c]) for c in PRE_VOCAB_COLUMNS))
-    store.path.write_text("\r\n".join(lines) + "\r\n", newline="")
-
-
-def test_a_file_from_before_the_draft_vocabulary_reads_and_is_migrated_on_append(tmp_path,
-                                                                                 hw) -> None:
-    assert [c for c in PROFILE_COLUMNS if c not in PRE_VOCAB_COLUMNS] == ["draft_vocab"]
-    assert old_header_sizes(PRE_VOCAB_COLUMNS) == ("draft_vocab",)
-    assert old_header_sizes(PRE_SIZE_COLUMNS) == ("depth", "mlp", "draft_vocab")
-    assert old_header_sizes(PROFILE_COLUMNS) == ()
-    store = ProfileStore(tmp_path / "profile.csv")
-    sized = StepKey("draft_first", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5))
-    _pre_vocab_file(store, hw, [sized, StepKey("verify", 64, 4)])
-    frame = store.read()  # read as is: the draft row at the whole vocabulary
-    assert list(frame.columns) == list(PROFILE_COLUMNS)
-    assert list(frame.depth) == [2, ""] and list(frame.mlp) == [0.5, ""]
-    assert list(frame.draft_vocab) == [1.0, ""]
-    assert store.done_keys() == {sized.ident, ("verify", "", 64, 4)}
-    assert store.path.read_text().startswith(",".join(PRE_VOCAB_COLUMNS))  # untouched
-    quarter = StepKey("draft", 64, 1, canonical_spec(SPACE, 2, 0.5, 2, 0.5, 0.25))
-    # the old key is the whole vocabulary's canonical spec: resumed, not timed again
-    assert store.append([_row(hw, sized), _row(hw, quarter, 4.0)]) == 1
-    lines = store.path.read_text().splitlines()
-    assert lines[0] == ",".join(PROFILE_COLUMNS) and len(lines) == 4
-    assert ",2,0.5,2,3,2,0.5,1,64,1," in lines[1] and ",,,,,,,,64,4," in lines[2]
-    assert ",2,0.5,2,3,2,0.5,0.25,64,1," in lines[3]
-    frame = store.read()
-    assert list(frame.draft_vocab) == [1.0, "", 0.25]
-    assert list(frame.median_ms) == pytest.approx([1.0, 1.0, 4.0])
-    assert store.append([_row(hw, StepKey("decode", 64))]) == 1  # migrated once: plain append
-    assert len(store.read()) == 4
-
-
-def test_a_header_missing_a_size_column_out_of_order_is_refused_on_append(tmp_path, hw) -> None:
-    store = ProfileStore(tmp_path / "profile.csv")
-    moved = [c for c in PRE_VOCAB_COLUMNS if c != "mlp"] + ["mlp"]
-    assert old_header_sizes(moved) == ()
-    store.path.write_text(",".join(moved) + "\n")
-    with pytest.raises(InputError, match="written by another version: move it aside"):
-        store.append([_row(hw, StepKey("decode", 64))])
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "all"])

@@ -88,7 +88,7 @@ def test_without_a_preceding_subnet_the_verify_is_timed_hot(tiny_llava) -> None:
 
 def test_a_tree_verify_and_a_tree_level_step_run_and_roll_back(tiny_llava) -> None:
     import torch
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
     from dreams_nas.supernet.core.tree import TokenTree
 
     steps = _steps(tiny_llava, precede=False)
@@ -109,7 +109,7 @@ def test_a_deeper_narrower_subnet_is_extracted_and_timed(tiny_llava, tmp_path) -
     from dreams_nas.latency.measure.profile_store import ProfileStore
     from dreams_nas.latency.measure.profiler import TimingSettings, run_profile
     from dreams_nas.nas.stages.profile import load_target
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
     space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
@@ -181,7 +181,8 @@ def test_a_draft_step_at_a_quarter_vocabulary_computes_only_its_head_rows(
     import math
 
     import torch
-    from dreams_nas.supernet.core.space import SubnetSpec, vocab_rows
+    from dreams_nas.supernet.core.space import vocab_rows
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     steps, calls = _vocab_steps(large_vocab_llava)
     LARGE_VOCAB = steps.vocab
@@ -222,7 +223,7 @@ def test_a_draft_step_at_a_quarter_vocabulary_computes_only_its_head_rows(
 
 
 def test_a_cycle_drafts_with_the_subnets_vocabulary(large_vocab_llava) -> None:
-    from dreams_nas.supernet.core.space import SubnetSpec
+    from dreams_nas.supernet.core.spec import SubnetSpec
 
     quarter = SubnetSpec(4, 1.0, 2, 3, draft_vocab=0.25)
     for spec, draft_heads in ((quarter, 0), (quarter.replace(draft_vocab=1.0), 3)):

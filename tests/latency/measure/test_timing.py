@@ -4,15 +4,15 @@ import time
 
 import pytest
 import torch
-from dreams_nas.latency.measure.timing import measure
+from dreams_nas.latency.measure.timing import Repeats, measure
 from dreams_nas.supernet.core.device import torch_threads
 from dreams_nas.supernet.core.errors import InputError
 
 
 def test_repeats_stop_at_the_budget_but_not_below_min_repeats() -> None:
     calls = []
-    timing = measure(lambda: (calls.append(1), time.sleep(0.02)), warmup=2, min_repeats=3,
-                     max_repeats=100, budget_s=0.05)
+    timing = measure(lambda: (calls.append(1), time.sleep(0.02)),
+                     Repeats(warmup=2, min_repeats=3, max_repeats=100, budget_s=0.05))
     assert 3 <= timing.n_samples < 10
     assert len(calls) == timing.n_samples + 2  # warm-up calls are not timed
     assert all(s >= 19.0 for s in timing.samples_ms)
@@ -21,14 +21,15 @@ def test_repeats_stop_at_the_budget_but_not_below_min_repeats() -> None:
 
 
 def test_max_repeats_caps_the_samples() -> None:
-    assert measure(lambda: None, warmup=0, min_repeats=1, max_repeats=7, budget_s=10).n_samples == 7
+    assert measure(lambda: None,
+                   Repeats(warmup=0, min_repeats=1, max_repeats=7, budget_s=10)).n_samples == 7
 
 
 def test_cpu_timing_uses_the_fixed_thread_count_and_restores_it() -> None:
     before = torch.get_num_threads()
     seen = []
-    measure(lambda: seen.append(torch.get_num_threads()), threads=1, warmup=1, min_repeats=3,
-            max_repeats=3)
+    measure(lambda: seen.append(torch.get_num_threads()),
+            Repeats(warmup=1, min_repeats=3, max_repeats=3), threads=1)
     assert set(seen) == {1}
     assert torch.get_num_threads() == before
     with pytest.raises(InputError, match="--threads 0 must be at least 1"):
@@ -48,13 +49,13 @@ class _Probe:
 
 
 def test_throttle_flag_from_reasons_or_a_clock_drop() -> None:
-    steady = measure(lambda: None, warmup=0, min_repeats=3, max_repeats=3,
+    steady = measure(lambda: None, Repeats(warmup=0, min_repeats=3, max_repeats=3),
                      probe=_Probe([1980, 1980, 1975], [0, 0, 0]))
     assert not steady.throttled and steady.clock_mhz == (1980, 1980, 1975)
-    reason = measure(lambda: None, warmup=0, min_repeats=3, max_repeats=3,
+    reason = measure(lambda: None, Repeats(warmup=0, min_repeats=3, max_repeats=3),
                      probe=_Probe([1980] * 3, [0, 0x40, 0]))
     assert reason.throttled
-    dropped = measure(lambda: None, warmup=0, min_repeats=3, max_repeats=3,
+    dropped = measure(lambda: None, Repeats(warmup=0, min_repeats=3, max_repeats=3),
                       probe=_Probe([1980, 1500, 1980], [0, 0, 0]))
     assert dropped.throttled
 
@@ -81,20 +82,21 @@ def test_prepare_runs_untimed_before_every_warmup_call_and_sample(monkeypatch) -
         events.append("step")
         clock.now += 2_000_000
 
-    timing = measure(step, warmup=2, min_repeats=3, max_repeats=4, budget_s=10.0, prepare=prepare)
+    timing = measure(step, Repeats(warmup=2, min_repeats=3, max_repeats=4, budget_s=10.0),
+                     prepare=prepare)
     assert timing.n_samples == 4 and timing.samples_ms == (2.0,) * 4
     assert events == ["prepare", "step"] * (2 + 4)
 
 
 def test_bad_repeat_settings_are_refused() -> None:
     with pytest.raises(ValueError, match=r"1 <= min_repeats \(5\) <= max_repeats \(2\)"):
-        measure(lambda: None, min_repeats=5, max_repeats=2)
+        measure(lambda: None, Repeats(min_repeats=5, max_repeats=2))
 
 
 @pytest.mark.cuda
 def test_cuda_events_time_the_kernel_not_the_launch() -> None:
     x = torch.randn(4096, 4096, device="cuda")
-    timing = measure(lambda: x @ x, device="cuda:0", warmup=3, max_repeats=10)
+    timing = measure(lambda: x @ x, Repeats(warmup=3, max_repeats=10), device="cuda:0")
     torch.cuda.synchronize()
     start = time.perf_counter()
     x @ x  # no synchronize: a wall clock sees only the launch

@@ -22,7 +22,7 @@ from dreams_nas.latency.model.predictor import LatencyPredictor, holdout_split
 from dreams_nas.latency.model.query import LatencyModel
 from dreams_nas.latency.model.regressor import SKOPS_TRUSTED_TYPES, make_regressor
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.core.space import SubnetSpec
+from dreams_nas.supernet.core.spec import SubnetSpec
 from sklearn.base import BaseEstimator, RegressorMixin, clone
 from sklearn.ensemble import RandomForestRegressor
 from sklearn.exceptions import NotFittedError

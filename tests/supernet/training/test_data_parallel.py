@@ -16,8 +16,8 @@ from _support.ranks import KILLED, save_examples, spawn, train_task
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.data.prompts import Example
 from dreams_nas.supernet.target.adapter import TargetAdapter
-from dreams_nas.supernet.training.recipe import train_run
-from dreams_nas.supernet.training.tppt import TrainConfig
+from dreams_nas.supernet.training.config import TrainConfig
+from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -43,8 +43,9 @@ def setup(tmp_path_factory):
 def one_process(setup):
     root, target_dir, _, examples = setup
     run = RunFolder(root / "one")
-    summary = train_run(run, TargetAdapter.load(target_dir), examples, CONFIG, max_new_tokens=16,
-                        aifd_prompts=2, holdout=1, samples_per_shard=3, show_progress=False)
+    recipe = SupernetRecipe(max_new_tokens=16, aifd_prompts=2, holdout=1, samples_per_shard=3)
+    summary = train_run(run, TargetAdapter.load(target_dir), examples, CONFIG, recipe,
+                        show_progress=False)
     return run, summary
 
 

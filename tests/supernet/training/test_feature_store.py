@@ -20,25 +20,29 @@ from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.data.prompts import Example
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.training import feature_store as store_module
-from dreams_nas.supernet.training.convergence import HeldOut
+from dreams_nas.supernet.training.config import TrainConfig
+from dreams_nas.supernet.training.convergence import HeldOut, split_heldout
 from dreams_nas.supernet.training.feature_store import (
     INDEX,
     FeatureStore,
+    StoreLayout,
     build_store,
     shard_name,
     store_key,
 )
 from dreams_nas.supernet.training.features import TargetSample, collect_sample
 from dreams_nas.supernet.training.recipe import (
-    PromptInputs,
+    SupernetRecipe,
     build_draft,
     prepare_data,
-    prompt_inputs,
-    split_heldout,
     train_run,
 )
-from dreams_nas.supernet.training.selfdistill import regenerate_answers
-from dreams_nas.supernet.training.tppt import TrainConfig, train_supernet
+from dreams_nas.supernet.training.selfdistill import (
+    PromptInputs,
+    prompt_inputs,
+    regenerate_answers,
+)
+from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -80,8 +84,8 @@ def fp32(examples):
 
 def _build(directory: Path, target, prompts, answers, examples, **kw) -> FeatureStore:
     key = store_key(target, examples, answers, MEMORY, DISTILL, PER_SHARD)
-    return build_store(directory, target, prompts, answers, MEMORY, DISTILL, key,
-                       samples_per_shard=PER_SHARD, show_progress=False, **kw)
+    return build_store(directory, target, prompts, answers,
+                       StoreLayout(key, MEMORY, DISTILL, PER_SHARD), show_progress=False, **kw)
 
 
 def assert_same(a: TargetSample, b: TargetSample) -> None:
@@ -221,10 +225,10 @@ def test_training_from_the_store_is_training_from_the_list(fp32, examples, tmp_p
     weights = []
     for samples in (store, listed):
         train, held = split_heldout(samples, 2)
-        draft = build_draft(target, data, num_heads=4, seed=0)
-        out = train_supernet(draft, train, DISTILL, config, tmp_path / f"ckpt-{len(weights)}",
-                             show_progress=False,
-                             heldout=HeldOut(held, 2, 6, target.eos_token_ids))
+        draft = build_draft(target, data, SupernetRecipe(num_heads=4), seed=0)
+        out = train_supernet(draft, TrainingSet(train, DISTILL,
+                                                HeldOut(held, 2, 6, target.eos_token_ids)),
+                             config, tmp_path / f"ckpt-{len(weights)}", show_progress=False)
         assert out.steps == 4 and out.evals
         evals = [{k: v for k, v in e.items() if k != "seconds"} for e in out.evals]  # clock
         weights.append((draft.state_dict(), out.loss_curve, evals))
@@ -291,18 +295,18 @@ def test_prompts_are_built_per_chunk_and_answer_as_a_list_does(fp32, examples, m
 def test_prepare_data_from_a_store_equals_in_memory_and_reruns_free(fp32, examples, tmp_path,
                                                                     counted):
     target, _, _ = fp32
-    kwargs = {"num_draft_heads": 4, "max_new_tokens": 6, "show_progress": False}
-    memory = prepare_data(target, examples, **kwargs)
-    stored = prepare_data(target, examples, feature_store=tmp_path / "features",
-                          answers_cache=tmp_path / "selfdistill.json", **kwargs)
+    recipe = SupernetRecipe(num_heads=4, max_new_tokens=6)
+    memory = prepare_data(target, examples, recipe, show_progress=False)
+    stored = prepare_data(target, examples, recipe, feature_store=tmp_path / "features",
+                          answers_cache=tmp_path / "selfdistill.json", show_progress=False)
     assert isinstance(memory.samples, list) and isinstance(stored.samples, FeatureStore)
     assert memory.aifd == stored.aifd and memory.space == stored.space
     assert len(memory.samples) == len(stored.samples)
     for a, b in zip(memory.samples, stored.samples, strict=True):
         assert_same(a, b)
     counted.clear()
-    again = prepare_data(target, examples, feature_store=tmp_path / "features",
-                         answers_cache=tmp_path / "selfdistill.json", **kwargs)
+    again = prepare_data(target, examples, recipe, feature_store=tmp_path / "features",
+                         answers_cache=tmp_path / "selfdistill.json", show_progress=False)
     assert counted == [] and len(again.samples) == len(memory.samples)
 
 
@@ -312,13 +316,14 @@ def test_train_run_keeps_the_store_in_the_run_folder(fp32, examples, run_dir, ca
     config = TrainConfig(warmup_steps=2, multires_steps=2, batch_size=2, unroll=1, eval_every=2,
                          checkpoint_every=100)
     with caplog.at_level(logging.INFO, logger="dreams_nas"):
-        summary = train_run(run_dir, target, examples, config, max_new_tokens=6, holdout=2,
-                            show_progress=False)
+        summary = train_run(run_dir, target, examples, config,
+                            SupernetRecipe(max_new_tokens=6, holdout=2), show_progress=False)
     # the supernet trained from the store is the one trained from samples in memory
-    memory = prepare_data(target, examples, num_draft_heads=4, max_new_tokens=6,
+    memory = prepare_data(target, examples, SupernetRecipe(num_heads=4, max_new_tokens=6),
                           show_progress=False)
-    other = train_run(RunFolder(tmp_path / "other"), target, examples, config, max_new_tokens=6,
-                      holdout=2, data=memory, show_progress=False)
+    other = train_run(RunFolder(tmp_path / "other"), target, examples, config,
+                      SupernetRecipe(max_new_tokens=6, holdout=2), data=memory,
+                      show_progress=False)
     assert other["hash"] == summary["hash"] and other["heldout_tau"] == summary["heldout_tau"]
     folder = run_dir.supernet_dir / "features"
     index = json.loads((folder / INDEX).read_text())
@@ -329,6 +334,6 @@ def test_train_run_keeps_the_store_in_the_run_folder(fp32, examples, run_dir, ca
     assert len(counted) == N  # the store computed every prompt once
     shutil.rmtree(run_dir.supernet_dir / "checkpoint")
     counted.clear()
-    again = train_run(run_dir, target, examples, config, max_new_tokens=6, holdout=2,
-                      show_progress=False)
+    again = train_run(run_dir, target, examples, config,
+                      SupernetRecipe(max_new_tokens=6, holdout=2), show_progress=False)
     assert counted == [] and again["hash"] == summary["hash"]  # a repeat reads the store

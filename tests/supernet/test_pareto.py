@@ -4,9 +4,9 @@ import math
 
 import numpy as np
 import pytest
-from dreams_nas.nas.search import pareto
-from dreams_nas.nas.search.pareto import is_pareto_front
+from dreams_nas.supernet.core import pareto
 from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.pareto import is_pareto_front
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

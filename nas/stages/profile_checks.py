@@ -1,0 +1,73 @@
+"""What a profile's rows answer for (`profile_fingerprint`) and what they may be appended with:
+rows of another target architecture, dtype, clock or software stack are another machine's,
+refused rather than merged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dreams_nas.latency.measure.hardware import HardwareInfo
+from dreams_nas.supernet.core.errors import InputError
+from dreams_nas.supernet.core.io import read_json
+
+# What a profile's timings depend on besides the hardware id: rows timed under another value of
+# any of these are another machine's, refused rather than merged.
+FINGERPRINT = ("torch", "transformers", "driver", "cuda", "mig_profile", "power_cap_w")
+
+
+def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict[str, Any]:
+    """What the predictor of these rows answers for: the hardware id, dtype, software stack
+    (`FINGERPRINT`) and the target's architecture hash."""
+    from dreams_nas.latency.measure.steps import STEP_REVISION
+
+    info = hw.to_dict()
+    return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,
+            **{key: info.get(key) for key in FINGERPRINT},
+            "architecture_hash": architecture_hash, "step_revision": STEP_REVISION}
+
+
+def check_same_target(folder: Path, where: str | Path, target_id: str) -> None:
+    """Refuse to append rows of another target architecture to a profile (`where`: the
+    target's checkpoint, `target_id` its name as given)."""
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+
+    plan = folder / "plan.json"
+    old = read_json(plan).get("architecture_hash") if plan.is_file() else None
+    if not old:
+        return
+    new = TargetAdapter.architecture(where)
+    if old != new:
+        raise InputError(
+            f"the profile in {folder} timed a target of architecture {old}, this target "
+            f"({target_id}) is {new}: its rows would mix two models; profile it into another "
+            "--run folder")
+
+
+def check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
+    """Refuse to append rows timed in another dtype, with another clock or on another software
+    stack (`FINGERPRINT`) to a profile."""
+    path = folder / "hardware.json"
+    if path.is_file():
+        old = read_json(path)
+        if old.get("dtype") != hw.dtype:
+            raise InputError(
+                f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "
+                f"{hw.dtype}; pass --dtype {old.get('dtype')} or use another --run folder"
+            )
+        now = hw.to_dict()
+        for key in FINGERPRINT:
+            if key in old and old[key] != now.get(key):
+                raise InputError(
+                    f"the profile in {folder} was timed with {key} {old[key]}, this machine has "
+                    f"{now.get(key)}: its rows would mix two machines; profile into another "
+                    f"--run folder, or move {folder} aside to profile afresh")
+    plan = folder / "plan.json"
+    if plan.is_file() and hw.kind == "cpu":
+        recorded_clock = read_json(plan).get("clock", "wall")
+        if recorded_clock != clock:
+            raise InputError(
+                f"the profile in {folder} was timed with --clock {recorded_clock}, "
+                f"this run asks for --clock {clock}; pass --clock {recorded_clock} or use "
+                "another --run folder"
+            )
