@@ -25,7 +25,7 @@ from dreams_nas.latency.measure.hardware import HardwareInfo
 from dreams_nas.latency.measure.plan import StepKey
 from dreams_nas.latency.measure.timing import Timing
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import append_csv_rows, locked
+from dreams_nas.supernet.core.io import append_csv_rows, check_header, locked
 from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 
 PROFILE_COLUMNS: tuple[str, ...] = (
@@ -125,19 +125,8 @@ class ProfileStore:
         return pd.DataFrame.from_records(records, columns=list(PROFILE_COLUMNS))
 
     def _check_header(self, header: list[str]) -> None:
-        """Refuse, in one line, a header that is not this version's (PROFILE_COLUMNS): the
-        columns it lacks and adds, and the command that times the profile anew."""
-        if header == list(PROFILE_COLUMNS):
-            return
-        missing = [c for c in PROFILE_COLUMNS if c not in header]
-        unknown = [c for c in header if c not in PROFILE_COLUMNS]
-        found = (f"lacks {missing} and adds {unknown}" if missing and unknown
-                 else f"lacks {missing}" if missing else f"adds {unknown}" if unknown
-                 else "has them in another order")
-        raise InputError(
-            f"{self.path} has the header of another dreams-nas version: it {found} against "
-            f"this version's {len(PROFILE_COLUMNS)} columns; move it aside and run "
-            "`dreams-nas profile` to time the steps again")
+        check_header(self.path, header, PROFILE_COLUMNS,
+                     "run `dreams-nas profile` to time the steps again")
 
     def _corrupt(self, line: int, problem: str) -> None:
         raise InputError(

@@ -1,5 +1,5 @@
-"""`dreams-nas demo` as one library call: the whole pipeline on a built-in target (the demo
-target, or a real-shaped proxy with `--target proxy-llava`).
+"""`dreams-nas demo` as one library call: the whole pipeline on the built-in target (or a
+real-shaped proxy with `--target proxy-llava`).
 
 target -> train -> profile -> score -> search (+ end-to-end verification) -> report, each stage
 the same library call as its own command. Every stage first looks for its finished artefact in
@@ -298,10 +298,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-# Inputs best.json files written before they were recorded held implicitly.
-_UNRECORDED = {"verify_repeats": 1}
-
-
 def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[str, Any]
                    ) -> list[str]:
     """Why `best` (search/<hw>/best.json) is not the answer to `options`, each as "name
@@ -323,7 +319,6 @@ def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[st
         changes.append("best.json records no inputs (written by an older dreams-nas)")
     else:
         inputs = search_inputs(run, options, hardware_id, options.dtype)
-        recorded = {**_UNRECORDED, **recorded}
         changes += [f"{key} {_show(recorded.get(key))} -> {_show(value)}"
                     for key, value in inputs.items() if recorded.get(key) != value]
     schema = _predictor_schema(run, hardware_id)

@@ -26,7 +26,7 @@ from typing import Any
 
 from dreams_nas.supernet.core.device import DTYPES
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.io import append_csv_rows
+from dreams_nas.supernet.core.io import append_csv_rows, check_header
 from dreams_nas.supernet.core.spec import SubnetSpec
 
 MAX_POSITIONS = 7  # accept_rate_1 .. accept_rate_7
@@ -244,18 +244,9 @@ class AcceptanceTable:
         """Refuse, in one line, a file whose header is not this version's (ACCEPTANCE_COLUMNS):
         the columns it lacks and adds, and the command that writes it anew."""
         header = _read_header(self.path)
-        if header is None or header == list(ACCEPTANCE_COLUMNS):
-            return
-        missing = [c for c in ACCEPTANCE_COLUMNS if c not in header]
-        unknown = [c for c in header if c not in ACCEPTANCE_COLUMNS]
-        found = (f"lacks {missing} and adds {unknown}" if missing and unknown
-                 else f"lacks {missing}" if missing else f"adds {unknown}" if unknown
-                 else "has them in another order")
-        raise InputError(
-            f"{self.path} has the header of another dreams-nas version: it {found} against "
-            f"this version's {len(ACCEPTANCE_COLUMNS)} columns; move it aside and run "
-            "`dreams-nas score` to score the subnets again"
-        )
+        if header is not None:
+            check_header(self.path, header, ACCEPTANCE_COLUMNS,
+                         "run `dreams-nas score` to score the subnets again")
 
     def _is_mine(self, row: AcceptanceRow) -> bool:
         return (row.temperature == self.temperature and row.dtype == self.dtype

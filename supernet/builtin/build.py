@@ -131,7 +131,7 @@ def _build(out: Path, spec: BuiltinVariant, seed: int, progress: bool) -> dict[s
         "machine": platform.machine(),
         "versions": library_versions(),
     }
-    atomic_write_json(out / "demo_metrics.json", metrics)
+    atomic_write_json(out / "builtin_metrics.json", metrics)
     if variant == "default" and em < REQUIRED_EXACT_MATCH:
         log.warning("the built-in target reached only %.3f eval exact match (< %.2f) in %d steps; "
                     "its answers are less predictable than intended", em, REQUIRED_EXACT_MATCH,

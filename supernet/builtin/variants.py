@@ -52,7 +52,7 @@ class BuiltinVariant:
     # `text_layers` (function-preserving, see `grow_text_layers`), then fine-tune with `finetune`.
     grow_from_layers: int = 0
     finetune: TargetTrainConfig | None = None
-    # Training runs data parallel over this many local processes (`demo.parallel`), which
+    # Training runs data parallel over this many local processes (`builtin.parallel`), which
     # share the build's torch threads: the small model's step gains nothing from a second
     # thread, and a second process doubles the steps per second on two cores.
     build_ranks: int = 1
@@ -66,7 +66,7 @@ class BuiltinVariant:
 DEFAULT_TASK_MIX = ("scene", "count", "chart", "math", "scene", "count", "chart", "math", "ocr",
                     "chart")
 
-# Weight of the auxiliary per-cell loss (`demo.training.CellPatterns`) in the first training
+# Weight of the auxiliary per-cell loss (`builtin.training.CellPatterns`) in the first training
 # stage. It supervises what every image cell holds, where the answers name only a few cells.
 CELL_AUX_WEIGHT = 0.5
 
@@ -75,9 +75,8 @@ VARIANTS: dict[str, BuiltinVariant] = {
     # three-layer draft costs well under a third of a target step (measured at build time).
     # Trained as a 4-layer model (a third of the cost per sample), grown to 16 layers
     # function-preservingly, then fine-tuned as a whole. It stops when validation exact match
-    # reaches 1.00 (step 1700-1800): a cosine schedule ending at step 1200 built in two thirds
-    # of the time, but that target (eval exact match 0.988) gave supernets whose tau spread
-    # 9.8 % over five seeds, against 2.2 % on this recipe's (BENCHMARKS.md, 'Demo target build').
+    # reaches 1.00: a shorter cosine schedule built faster, but its target answered less exactly
+    # and the supernets trained on it spread several times wider in tau over seeds.
     "default": BuiltinVariant(
         name="default", vision_hidden=128, vision_layers=1, vision_heads=2, text_hidden=128,
         text_layers=16, text_heads=4, text_intermediate=384,

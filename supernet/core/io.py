@@ -144,6 +144,21 @@ def read_json(path: str | Path) -> Any:
                          "aside and rerun the command that wrote it") from None
 
 
+def check_header(path: str | Path, header: Sequence[str], expected: Sequence[str],
+                 fix: str) -> None:
+    """Refuse, in one line, a CSV whose header is not this version's `expected`: the columns it
+    lacks and adds, and `fix` (the command that writes the file anew)."""
+    if list(header) == list(expected):
+        return
+    missing = [c for c in expected if c not in header]
+    unknown = [c for c in header if c not in expected]
+    found = (f"lacks {missing} and adds {unknown}" if missing and unknown
+             else f"lacks {missing}" if missing else f"adds {unknown}" if unknown
+             else "has them in another order")
+    raise InputError(f"{path} has the header of another dreams-nas version: it {found} against "
+                     f"this version's {len(expected)} columns; move it aside and {fix}")
+
+
 @contextmanager
 def locked(path: str | Path, timeout: float = 600.0) -> Iterator[None]:
     """Hold an inter-process lock tied to `path` (a sibling ``.lock`` file)."""

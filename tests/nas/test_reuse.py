@@ -227,17 +227,15 @@ def test_best_json_after_a_refit_of_the_predictor_is_redone(tmp_path, logged) ->
     assert "predictor_created 2020-01-01T00:00:00Z -> " in logged[-1]
 
 
-def test_best_json_from_before_verify_repeats_reads_as_one_pass(tmp_path, logged) -> None:
-    """best.json files written before `verify_repeats` was recorded measured one pass: reused
-    when one is asked, redone (saying so) when three are."""
+def test_best_json_that_does_not_record_an_input_is_redone(tmp_path, logged) -> None:
+    """An input best.json does not record is not assumed: the search is redone, saying so."""
     run = _trained_run(tmp_path / "run")
     best = _searched(run, _options(verify_repeats=1))
     del best["inputs"]["verify_repeats"]
     run.best_json(HW).write_text(json.dumps(best))
     os.utime(run.best_json(HW), (run.best_json(HW).stat().st_mtime + 10,) * 2)
-    assert finished_search(run, HW, _options(verify_repeats=1)) is not None
-    assert finished_search(run, HW, _options(verify_repeats=3)) is None
-    assert "verify_repeats 1 -> 3" in logged[-1]
+    assert finished_search(run, HW, _options(verify_repeats=1)) is None
+    assert "verify_repeats none -> 1" in logged[-1]
 
 
 def test_best_json_priced_by_a_predictor_of_an_older_schema_is_redone(tmp_path, logged) -> None:
