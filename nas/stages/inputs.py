@@ -238,6 +238,17 @@ def load_eval_examples(data: str, limit: int | None, seed: int) -> list[Any]:
     return load_examples(data, "eval", limit, DEFAULT_EVAL_PROMPTS, seed, "--limit")
 
 
+def other_target(run: RunFolder, recorded: str, wanted: str, rebuilt: bool) -> InputError:
+    """The one line refusing a run folder trained on another target than `wanted`; `rebuilt`:
+    both are builds of the same named target (another version, variant or seed)."""
+    why = (" (another build of the built-in target: another dreams-nas version, variant or "
+           "seed)" if rebuilt else "")
+    return InputError(
+        f"the run folder {run.root} holds a supernet of target {recorded}{why}, not of "
+        f"{wanted}; its supernet, acceptance rows, profiles and searches are that target's: "
+        "pass another --run folder to run every stage anew")
+
+
 class RunModels:
     """The run's target and supernet, loaded on first use and then kept, both in the run's
     dtype."""
@@ -259,9 +270,14 @@ class RunModels:
             log.info("loading target %s", where)
             from dreams_nas.supernet.builtin.resolve import resolve_target
             from dreams_nas.supernet.core.device import torch_dtype
+            from dreams_nas.supernet.core.targets import is_named_target
 
-            self._target = TargetAdapter.load(resolve_target(where), target_id=where,
-                                              device=self.device, dtype=torch_dtype(self.dtype))
+            folder = resolve_target(where)
+            recorded = (self.run.read_run().get("target") or {}).get("path")
+            if is_named_target(where) and recorded and str(recorded) != str(folder):
+                raise other_target(self.run, str(recorded), str(folder), rebuilt=True)
+            self._target = TargetAdapter.load(folder, target_id=where, device=self.device,
+                                              dtype=torch_dtype(self.dtype))
         return self._target
 
     @property

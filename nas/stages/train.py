@@ -12,7 +12,6 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.runfolder import RunFolder
 
 log = logging.getLogger("dreams_nas")
@@ -189,17 +188,16 @@ def ensure_supernet(run: RunFolder, options: TrainOptions, *, target_path: str |
     A supernet trained with other settings is reused all the same -- retraining would silently
     invalidate every acceptance row, profile and search of the run -- with a warning that names
     the differing settings and the command that retrains."""
-    from dreams_nas.nas.stages.inputs import check_run_folder
+    from dreams_nas.nas.stages.inputs import check_run_folder, other_target
 
     check_run_folder(run)
     block = trained_supernet(run)
     info = run.read_run().get("target") or {}
     if block is not None:
         if not same_target(info, options.target, target_path):
-            raise InputError(
-                f"the run folder {run.root} holds a supernet of target "
-                f"{info.get('path') or info.get('id')}, not of {target_path or options.target}; "
-                "pass another --run folder")
+            raise other_target(run, str(info.get("path") or info.get("id")),
+                               str(target_path or options.target),
+                               rebuilt=info.get("id") == options.target)
         changes = training_changes(block, options)
         if changes:
             log.warning("warning: reusing the supernet in %s, trained with other settings (%s); "

@@ -183,3 +183,21 @@ def test_draft_memory_counts_the_draft_vocab_head(run_dir) -> None:
     rows = vocab_rows(50, 0.25)
     assert rows == 13
     assert memory(quarter) - memory(whole) == 2 * rows * 32 + 8 * rows  # fp16 rows, int64 ids
+
+
+def test_a_run_of_another_build_of_the_builtin_target_is_refused(tmp_path, monkeypatch) -> None:
+    """The built-in target is resolved by name; a run trained on another build of it (another
+    version, variant or seed: another cache folder) is refused before anything loads."""
+    from dreams_nas.nas.stages.inputs import RunModels
+    from dreams_nas.supernet.builtin import resolve
+    from dreams_nas.supernet.core.errors import InputError
+    from dreams_nas.supernet.core.runfolder import RunFolder
+
+    run = RunFolder(tmp_path / "run")
+    run.update_run(target={"id": "builtin", "path": str(tmp_path / "old-build")})
+    monkeypatch.setattr(resolve, "resolve_target", lambda target, **_: tmp_path / "new-build")
+    with pytest.raises(InputError, match=r"holds a supernet of target .*old-build \(another "
+                                         r"build of the built-in target.*not of .*new-build; .*"
+                                         r"pass another --run folder") as err:
+        RunModels(run).target  # noqa: B018 - loading is the property's work
+    assert "\n" not in str(err.value)
