@@ -126,9 +126,8 @@ class Candidate:
             verify_ms=float(attrs["verify_ms"]), decode_ms=float(attrs["decode_ms"]),
             speedup=float(attrs["speedup"]), draft_params=int(attrs["draft_params"]),
             feasible=bool(attrs["feasible"]), number=number,
-            draft_bytes=int(attrs.get("draft_bytes", 0)),
-            hot_draft_ms=float(attrs.get("hot_draft_ms", float("nan"))),
-            cycle_overhead_ms=float(attrs.get("cycle_overhead_ms", 0.0)))
+            draft_bytes=int(attrs["draft_bytes"]), hot_draft_ms=float(attrs["hot_draft_ms"]),
+            cycle_overhead_ms=float(attrs["cycle_overhead_ms"]))
 
     def to_row(self) -> dict[str, Any]:
         """The SCHEMAS.md trials.csv columns this candidate fills."""

@@ -23,11 +23,14 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import optuna
 import sqlalchemy as sa
+from optuna.trial import FrozenTrial
 from sqlalchemy import exc as sa_exc
 
 TABLE = "dreams_nas_claims"
@@ -369,3 +372,22 @@ class LocalClaims:
 
     def close(self) -> None:
         pass
+
+
+MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
+
+
+def wait_for_creator(study: optuna.Study, timeout_s: float = 30.0) -> None:
+    """A worker that loses the race to create the study may load it before its creator has
+    written the attributes it is checked against (space, method, front, key); the metric names
+    are written last, so wait for them (a study whose creator died keeps what it has)."""
+    deadline = time.monotonic() + timeout_s
+    while study.metric_names is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def retry_dead_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue a failed trial again (Optuna's own retry, as its heartbeat does for an RDB)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)(study, trial)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -35,7 +34,14 @@ from typing import Any
 import optuna
 from dreams_nas.nas.search.candidate import FRONTS, Candidate, Pricing
 from dreams_nas.nas.search.candidate import evaluate as evaluate_rows
-from dreams_nas.nas.search.claims import ClaimLedger, LocalClaims, _pid_alive, host_identity
+from dreams_nas.nas.search.claims import (
+    ClaimLedger,
+    LocalClaims,
+    _pid_alive,
+    host_identity,
+    retry_dead_trial,
+    wait_for_creator,
+)
 from dreams_nas.nas.search.config import SearchConfig
 from dreams_nas.nas.search.params import arch_params, params_of, search_distributions, spec_of
 from dreams_nas.nas.search.sampler import DistinctSampler, suggest, worker_seed
@@ -49,7 +55,6 @@ from dreams_nas.supernet.core.spec import SubnetSpec
 from optuna.trial import FrozenTrial, TrialState
 
 MAX_CONSECUTIVE_DUPLICATES = 200  # the sampler has converged: stop instead of spinning
-MAX_RETRIES = 2  # a trial whose worker died is run again at most this often
 
 
 class StudyRunner:
@@ -149,11 +154,11 @@ class StudyRunner:
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 study.set_metric_names(names)
         except optuna.exceptions.DuplicatedStudyError:
-            self._adopt_distributions()
+            self._check_distributions()
             study = optuna.load_study(study_name=self.study_name, storage=self.storage,
                                       sampler=self._sampler())
             created = False
-            _wait_for_creator(study)
+            wait_for_creator(study)
             want = [optuna.study.StudyDirection.MAXIMIZE] * 1 + (
                 [optuna.study.StudyDirection.MINIMIZE] if self.objective == "pareto" else [])
             if list(study.directions) != want:
@@ -162,13 +167,13 @@ class StudyRunner:
                     f"not the {len(want)} of --objective {self.objective}; use another study "
                     "name or storage"
                 ) from None
-            method = study.user_attrs.get("method", "optuna")
+            method = study.user_attrs.get("method")
             if method != self.method:
                 raise InputError(
                     f"study {self.study_name!r} in the storage was made by --method {method}, "
                     f"not --method {self.method}; use another --study-name"
                 ) from None
-            front = study.user_attrs.get("front", "speedup-params")  # before fronts had names
+            front = study.user_attrs.get("front")
             if self.objective == "pareto" and front != self.front:
                 raise InputError(
                     f"study {self.study_name!r} in the storage optimises the {front} front, not "
@@ -183,22 +188,31 @@ class StudyRunner:
             self._check_key(study.user_attrs.get("key"))
         return study, created
 
-    def _adopt_distributions(self) -> None:
-        """A study continues with the distributions its trials were sampled from (one written
-        before ordinal fields sampled every field as categorical)."""
+    def _check_distributions(self) -> None:
+        """Refuse a study whose trials were sampled from other parameter distributions (another
+        dreams-nas version's): its trials could not be continued."""
         study_id = self.storage.get_study_id_from_name(self.study_name)
         for t in self.storage.get_all_trials(study_id, deepcopy=False):
-            for name, dist in t.distributions.items():
-                if name in self.distributions:
-                    self.distributions[name] = dist
+            other = sorted(n for n, d in t.distributions.items()
+                           if n in self.distributions and d != self.distributions[n])
+            if other:
+                raise InputError(
+                    f"study {self.study_name!r} in the storage sampled {', '.join(other)} from "
+                    "other distributions (another dreams-nas version): use another "
+                    "--study-name or storage")
             if t.distributions:
                 return
 
     def _check_key(self, stored: Any) -> None:
         """Refuse a study whose figures came from other inputs (another latency predictor,
         context length, dtype...): its speedups are not this search's."""
-        if self.key is None or not isinstance(stored, dict) or stored == self.key:
+        if self.key is None or stored == self.key:
             return
+        if not isinstance(stored, dict):
+            raise InputError(
+                f"study {self.study_name!r} in the storage records no inputs (another "
+                "dreams-nas version, or a study made without a key): its speedups cannot be "
+                "checked; omit --study-name or give a new one")
         changed = sorted(k for k in set(stored) | set(self.key) if stored.get(k) != self.key.get(k))
         diff = ", ".join(f"{k}: {stored.get(k)!r} -> {self.key.get(k)!r}" for k in changed[:4])
         raise InputError(
@@ -378,19 +392,3 @@ class StudyRunner:
         seconds.)"""
         return len({t.system_attrs.get("grid_id") for t in self.study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,)) if "grid_id" in t.system_attrs})
-
-
-def _wait_for_creator(study: optuna.Study, timeout_s: float = 30.0) -> None:
-    """A worker that loses the race to create the study may load it before its creator has
-    written the attributes it is checked against (space, method, front, key); the metric names
-    are written last, so wait for them (a study whose creator died keeps what it has)."""
-    deadline = time.monotonic() + timeout_s
-    while study.metric_names is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def retry_dead_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Queue a failed trial again (Optuna's own retry, as its heartbeat does for an RDB)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=MAX_RETRIES)(study, trial)

@@ -162,8 +162,8 @@ def test_a_finished_sweep_reruns_without_new_trials_or_scoring(tmp_path) -> None
                 n_trials=4)
 
 
-def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_path,
-                                                                          monkeypatch) -> None:
+def test_ordinal_fields_are_sampled_as_integers_and_other_studies_are_refused(tmp_path,
+                                                                              monkeypatch) -> None:
     from dreams_nas.nas.search import params as params_mod
     from dreams_nas.nas.search.sampler import distribution_of
     from dreams_nas.supernet.core.space import SearchSpace
@@ -186,17 +186,17 @@ def test_ordinal_fields_are_sampled_as_integers_and_old_studies_continue(tmp_pat
     trial = optuna.load_study(study_name="s", storage=url).trials[0]
     assert trial.distributions["draft_len"] == IntDistribution(1, 4, step=1)
     assert isinstance(trial.params["draft_len"], int)
-    # a study sampled before ordinal fields (every field categorical) continues as it was
+    # a study sampled from other distributions (every field categorical) is refused in one
+    # line, not continued with the wrong parameter space
     url = f"sqlite:///{tmp_path / 'old.db'}"
     with monkeypatch.context() as m:
         m.setattr(params_mod, "distribution_of", lambda values: CategoricalDistribution(
             list(values)))
         run(5)
-    result = run(9)
-    assert len(result.candidates) == 9
-    kinds = {type(t.distributions["draft_len"]) for t in
-             optuna.load_study(study_name="s", storage=url).trials}
-    assert kinds == {CategoricalDistribution}
+    with pytest.raises(InputError, match=r"study 's' in the storage sampled draft_len from "
+                                         r"other distributions .*use another --study-name or "
+                                         "storage"):
+        run(9)
 
 
 def test_a_subnet_stored_complete_whose_claim_stayed_running_counts_once(tmp_path) -> None:
