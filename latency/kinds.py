@@ -10,9 +10,11 @@ that `latency.measure` (what is timed) and `latency.model` (what is fitted) shar
 
 from __future__ import annotations
 
+from dreams_nas.supernet.core.spec import ARCH_FIELDS
+
 KINDS = ("draft", "draft_first", "decode", "verify", "verify_tree", "cycle", "cycle_tree")
 DRAFT_KINDS = ("draft", "draft_first")  # keyed by a spec
 TARGET_KINDS = ("decode", "verify", "verify_tree", "cycle", "cycle_tree")  # keyed by k
 # The spec fields one draft step's cost depends on (not inject_layer: every target layer has
 # the target's width; not draft_len: that is how many steps a cycle takes).
-DRAFT_AXES = ("heads", "visual_keep", "depth", "mlp", "draft_vocab")
+DRAFT_AXES = tuple(f for f in ARCH_FIELDS if f != "inject_layer")

@@ -22,7 +22,6 @@ from dreams_nas.reports.diagnostics import (
 from dreams_nas.reports.errors import MissingResultsError
 from dreams_nas.reports.reading import integer, json_object
 from dreams_nas.reports.search_results import (
-    SPEC_JSON,
     cross_hardware,
     load_best,
     load_history,
@@ -35,7 +34,6 @@ from dreams_nas.reports.subnets import Subnet, SubnetTable
 from dreams_nas.reports.values import PairedSpeedups, ReportData
 from dreams_nas.supernet.core.runfolder import RunFolder
 
-HARDWARE_JSON = "hardware.json"  # in each RunFolder.latency_dir, as `dreams-nas profile` names it
 # Up to this many subnets ReportData.subnets is a tuple of Subnet objects; above, their columns
 # (a SubnetTable): building a large search's subnets as objects costs much time and memory.
 OBJECTS_UP_TO = 20_000
@@ -57,7 +55,7 @@ def build_report_data(run_dir: str | Path, hardware_id: str | None = None) -> Re
     meta = json_object(run.run_json) or {}
     supernet = meta.get("supernet") or {}
     supernet_hash = best_raw.get("supernet_hash") or supernet.get("hash")
-    hardware = (json_object(run.latency_dir(hw) / HARDWARE_JSON)
+    hardware = (json_object(run.hardware_json(hw))
                 or best_raw.get("hardware") or {"hardware_id": hw})
     front = sorted(table.take(table.on_front), key=lambda s: (-s.speedup, s.draft_ms))
     dataset, curves = load_acceptance(run, [s.spec_id for s in front], supernet_hash,
@@ -65,7 +63,7 @@ def build_report_data(run_dir: str | Path, hardware_id: str | None = None) -> Re
                                       best_raw.get("dtype") or meta.get("dtype"))
     specs_root = run.specs_root
     exported = frozenset(
-        p.name for p in specs_root.iterdir() if (p / SPEC_JSON).is_file()
+        p.name for p in specs_root.iterdir() if run.spec_json(p.name).is_file()
     ) if specs_root.is_dir() else frozenset()
     return ReportData(
         run_dir=run.root,

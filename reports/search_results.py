@@ -33,16 +33,6 @@ TRIALS_COLUMNS = ("number", "spec_id", *SPEC_FIELDS, "tau", "tau_lo", "tau_hi", 
 # elastic depth and MLP width (absent or empty: depth 1, the whole MLP) and since the draft
 # vocabulary (absent or empty: the whole vocabulary)
 OPTIONAL_COLUMNS = ("draft_bytes", "tree", "cycle_ms", "depth", "mlp", "draft_vocab")
-# The files RunFolder has no method for, named as their writers name them (SCHEMAS.md).
-HISTORY_CSV = "history.csv"  # in each RunFolder.search_dir
-SPEC_JSON = "spec.json"  # in each RunFolder.spec_dir
-
-
-def _search_root(run: RunFolder) -> Path:
-    """The folder of `RunFolder.search_dir`s: one per searched hardware id."""
-    return run.root / "search"
-
-
 def _has_trials(run: RunFolder, name: str) -> bool:
     try:
         return run.trials_csv(name).is_file()
@@ -53,7 +43,7 @@ def _has_trials(run: RunFolder, name: str) -> bool:
 def searched_hardware_ids(run_dir: str | Path) -> list[str]:
     """Hardware ids with search results (search/<id>/trials.csv) in this run."""
     run = RunFolder(run_dir)
-    base = _search_root(run)
+    base = run.search_root
     if not base.is_dir():
         return []
     return sorted(p.name for p in base.iterdir() if _has_trials(run, p.name))
@@ -66,13 +56,13 @@ def pick_hardware(run: RunFolder, hardware_ids: Sequence[str], requested: str | 
             have = ", ".join(hardware_ids) or "none"
             raise MissingResultsError(
                 f"no search results for hardware id {requested!r} in "
-                f"{_search_root(run)} (searched: {have}); run `dreams-nas search "
+                f"{run.search_root} (searched: {have}); run `dreams-nas search "
                 f"--hardware {requested}` or pick one of those"
             )
         return requested
     if not hardware_ids:
         raise MissingResultsError(
-            f"no search results in {_search_root(run)}/<hardware-id>/trials.csv; run "
+            f"no search results in {run.search_root}/<hardware-id>/trials.csv; run "
             "`dreams-nas search` first"
         )
 
@@ -248,9 +238,9 @@ def load_best(run: RunFolder, hardware_id: str) -> tuple[BestSubnet, tuple[Verif
         measured_speedup_end_to_end=num(meas.get("speedup_end_to_end")),
         measured_range=_interval(meas.get("speedup_range")),
         measured_repeats=integer(meas.get("repeats")),
-        exported=(run.root / spec_dir / SPEC_JSON).is_file(),
+        exported=(run.root / spec_dir / "spec.json").is_file(),  # spec_dir: best.json's
         # spec.json omits depth, mlp and draft_vocab at the paper's draft size and the whole
-        # vocabulary (and wrote none of them before)
+        # vocabulary
         depth=integer(spec.get("depth")) or SIZE_DEFAULTS["depth"],
         mlp=num(spec.get("mlp")) or SIZE_DEFAULTS["mlp"],
         draft_vocab=num(spec.get("draft_vocab")) or SIZE_DEFAULTS["draft_vocab"],
@@ -265,7 +255,7 @@ def load_best(run: RunFolder, hardware_id: str) -> tuple[BestSubnet, tuple[Verif
 
 def load_history(run: RunFolder, hardware_id: str) -> tuple[HistoryPoint, ...]:
     """history.csv (Optuna searches only; () without one)."""
-    path = run.search_dir(hardware_id) / HISTORY_CSV
+    path = run.history_csv(hardware_id)
     if not path.is_file():
         return ()
     points = []

@@ -25,6 +25,8 @@ RETIRED_IDENTIFIERS = {
     # the latency model's second API and its old names
     "LatencyCache", "BatchLatencyModel", "predict_ms", "cycle_profiled", "first_draft_ms_of",
     "StepLatencyModel", "make_latency_model", "TargetStepTable",
+    # the architecture, not a "triple" (the storage's claim names keep the word)
+    "triple_of", "triple_key", "score_triple", "triples_scored",
 }
 RETIRED_MODULES = ("supernet/demo", "latency/store.py", "latency/predictor.py",
                    "latency/step_model.py", "latency/target_steps.py", "latency/estimators.py",

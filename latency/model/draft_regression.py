@@ -56,8 +56,8 @@ FEATURE_NAMES = (*BASE_FEATURES, *SIZE_PRODUCTS, *(f"{p}_x_attended" for p in SI
 N_BASE_FEATURES = len(BASE_FEATURES)
 
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
-# Optional input columns: rows without them (written before elastic depth and MLP width, or
-# before the draft vocabulary) are the paper's draft size, `SIZE_DEFAULTS`.
+# Optional input columns: rows made without them (in memory) are the paper's draft size,
+# `SIZE_DEFAULTS`.
 _SIZE_COLUMNS = tuple(SIZE_DEFAULTS)
 DEFAULT_ALPHAS = tuple(float(a) for a in np.logspace(-6, 2, 9))
 

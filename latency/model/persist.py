@@ -16,7 +16,6 @@ missing, damaged or swapped, is refused in one line naming the refit that writes
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 from dreams_nas.supernet.core.versions import library_versions
 
-log = logging.getLogger("dreams_nas.latency")
 # 9: the classes moved into latency.model (skops records their paths); a folder of another
 #    schema is refused, its rows refitted by `dreams-nas profile --fit-only`
 PREDICTOR_SCHEMA_VERSION = 9

@@ -22,11 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from dreams_nas.latency.kinds import DRAFT_KINDS, KINDS, TARGET_KINDS
-from dreams_nas.supernet.core.spec import SubnetSpec
-
-# Every field of a spec's architecture (draft_len and the tree are how many steps a cycle
-# takes, never what one costs): what a draft step may depend on when a model says no less.
-ARCH_FIELDS = ("heads", "visual_keep", "inject_layer", "depth", "mlp", "draft_vocab")
+from dreams_nas.supernet.core.spec import ARCH_FIELDS, SubnetSpec
 
 
 @runtime_checkable
@@ -51,7 +47,8 @@ class LatencyModel(Protocol):
 
 class ScalarLatency:
     """A `LatencyModel` from one step at a time: subclasses implement `step_ms` (and may narrow
-    `draft_fields`); every kind is priced."""
+    `draft_fields`); every kind but the cycle's own work is priced (a subclass that prices the
+    cycle kinds says so in `prices`)."""
 
     draft_fields: tuple[str, ...] = ARCH_FIELDS
 
@@ -67,7 +64,7 @@ class ScalarLatency:
                         dtype=float)
 
     def prices(self, kind: str) -> bool:
-        return kind in KINDS
+        return kind in KINDS and not kind.startswith("cycle")
 
 
 class MemoizedLatency:

@@ -1,4 +1,5 @@
-"""`dreams-nas target build-builtin|build-proxy`: build (once) and cache a built-in target."""
+"""`dreams-nas target build-builtin|build-proxy`: build (once) and cache a named target: the
+built-in target or a real-shaped proxy."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from dreams_nas.nas.commands.options import add_threads
 from dreams_nas.supernet.core.targets import PROXY_TARGETS
 
-HELP = ("the built-in targets: `target build-builtin` trains the built-in target once and "
+HELP = ("the named targets: `target build-builtin` trains the built-in target once and "
         "caches it; "
         "`target build-proxy` builds a real-shaped random-weight proxy (seconds)")
 

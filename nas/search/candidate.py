@@ -52,10 +52,6 @@ class DraftCost:
     def __init__(self, params: DraftParams, memory: DraftMemory | None = None) -> None:
         self.params, self.memory = params, memory
 
-    @classmethod
-    def of(cls, cost: DraftParams | DraftCost) -> DraftCost:
-        return cost if isinstance(cost, DraftCost) else cls(cost)
-
     def __call__(self, spec: SubnetSpec) -> int:
         return int(self.params(spec))
 

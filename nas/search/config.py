@@ -32,7 +32,9 @@ class SearchConfig:
     storage:      Optuna storage URL or ``journal:PATH``; None = in memory (exhaustive: in this
                   process).
     study_name:   None: `default_study_name`, ended by the study key's digest.
+    seed:         the sampler's seed (each worker of a shared study derives its own).
     wait_s:       distributed runs: how long to wait for other workers' subnets at the end.
+    show_progress: a progress bar on stderr (None: when stderr is a terminal).
     """
 
     objective: str = "speedup"

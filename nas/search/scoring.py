@@ -2,13 +2,13 @@
 time.
 
 The unit of scoring is the architecture (heads, visual_keep, inject_layer, depth, mlp,
-draft_vocab: `shared.triple_of`, still called a triple here): one teacher-forced pass gives tau
-for every draft length, so a miss scores the architecture's every draft length in the space at
-once (each draft vocabulary its own architecture). Alone, the rows go to the run's acceptance
-CSV as they are scored. Sharing a storage (`share`), a worker first
-claims the triple: the winner scores it and puts its rows in the shared table, the others wait for
-those rows (taking the triple over if its worker dies); rows scored elsewhere reach this run's CSV
-at the end (`sync_table`), so the CSV stays the single-machine cache and export.
+draft_vocab: `SubnetSpec.arch`): one teacher-forced pass gives tau for every draft length, so a
+miss scores the architecture's every draft length in the space at once (each draft vocabulary
+its own architecture). Alone, the rows go to the run's acceptance CSV as they are scored.
+Sharing a storage (`share`), a worker first claims the architecture: the winner scores it and
+puts its rows in the shared table, the others wait for those rows (taking the architecture over
+if its worker dies); rows scored elsewhere reach this run's CSV at the end (`sync_table`), so the
+CSV stays the single-machine cache and export.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dreams_nas.nas.search.candidate import AcceptanceScorer
-from dreams_nas.nas.search.shared import expand, triple_key, triple_of
+from dreams_nas.nas.search.shared import arch_key, expand
 from dreams_nas.supernet.acceptance.table import AcceptanceRow, AcceptanceTable
 from dreams_nas.supernet.core.progress import progress
 from dreams_nas.supernet.core.space import SearchSpace
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
     from dreams_nas.nas.search.claims import ClaimLedger
     from dreams_nas.nas.search.shared import SharedRows
 
-POLL_S = 0.2  # how often a worker waiting for another's triple looks for its rows
+POLL_S = 0.2  # how often a worker waiting for another's architecture looks for its rows
 
 
 class CachedAcceptance:
     """Wraps a scorer with the acceptance CSV of the run (or an in-memory dict without one).
 
     draft_lens, trees: the space's chains and token trees, scored together with any asked
-    shape of a triple (the search sets them, `use_space`; a scorer may also return more rows
+    shape of an architecture (the search sets them, `use_space`; a scorer may also return more rows
     than asked: all are kept).
     """
 
@@ -50,19 +50,19 @@ class CachedAcceptance:
         self._rows: dict[SubnetSpec, AcceptanceRow] = table.load() if table is not None else {}
         self._in_table: set[SubnetSpec] = set(self._rows)
         self.n_scored = 0  # rows this object had the scorer compute (not from the cache)
-        self.triples_scored: list[str] = []  # triple keys this object scored, in order
+        self.archs_scored: list[str] = []  # architecture claim keys this object scored, in order
         self._shared: SharedRows | None = None
         self._ledger: ClaimLedger | None = None
         self.wait_s = 600.0
 
     def use_space(self, space: SearchSpace) -> None:
-        """Score `space`'s shapes with every triple, unless the shapes were given."""
+        """Score `space`'s shapes with every architecture, unless the shapes were given."""
         if not self.draft_lens and not self.trees:
             self.draft_lens, self.trees = tuple(space.draft_len), tuple(space.trees)
 
     # --- sharing ----------------------------------------------------------------------
     def share(self, shared: SharedRows, ledger: ClaimLedger, *, wait_s: float = 600.0) -> None:
-        """Score through `shared` rows and `ledger` triple claims (see the module text)."""
+        """Score through `shared` rows and `ledger` architecture claims (see the module text)."""
         self._shared, self._ledger, self.wait_s = shared, ledger, float(wait_s)
         self._pull()
 
@@ -110,43 +110,43 @@ class CachedAcceptance:
             self.refresh()  # another worker may have scored them since we loaded
             missing = [s for s in missing if s not in self._rows]
         if missing:
-            triples: dict[SubnetSpec, list[SubnetSpec]] = {}
+            archs: dict[SubnetSpec, list[SubnetSpec]] = {}
             for s in missing:
-                triples.setdefault(triple_of(s), []).append(s)
-            bar = progress(total=len(triples), desc=desc, unit="triple",
+                archs.setdefault(s.arch, []).append(s)
+            bar = progress(total=len(archs), desc=desc, unit="triple",
                            disable=None if show_progress is None else not show_progress)
             try:
                 if self._shared is None:
-                    self._score_local(triples, bar)
+                    self._score_local(archs, bar)
                 else:
-                    for triple, asked in triples.items():
-                        self._score_shared(triple, asked)
+                    for arch, asked in archs.items():
+                        self._score_shared(arch, asked)
                         bar.update(1)
             finally:
                 bar.close()
         return [self._rows[s] for s in specs]
 
-    def _score_local(self, triples: dict[SubnetSpec, list[SubnetSpec]], bar) -> None:
-        items = list(triples.items())
+    def _score_local(self, archs: dict[SubnetSpec, list[SubnetSpec]], bar) -> None:
+        items = list(archs.items())
         for start in range(0, len(items), self.batch_size):
             batch = items[start : start + self.batch_size]
-            asked = [s for triple, wanted in batch
-                     for s in expand(triple, self.draft_lens, wanted, self.trees)
+            asked = [s for arch, wanted in batch
+                     for s in expand(arch, self.draft_lens, wanted, self.trees)
                      if s not in self._rows]
             if asked:
                 self._store(self.scorer.score(asked), asked)
-                self.triples_scored.extend(triple_key(t) for t, _ in batch)
+                self.archs_scored.extend(arch_key(t) for t, _ in batch)
             bar.update(len(batch))
 
-    def _score_shared(self, triple: SubnetSpec, wanted: Sequence[SubnetSpec]) -> None:
-        """Score `triple` if this worker wins its claim, else wait for the rows of whoever did
+    def _score_shared(self, arch: SubnetSpec, wanted: Sequence[SubnetSpec]) -> None:
+        """Score `arch` if this worker wins its claim, else wait for the rows of whoever did
         (and take it over if that worker dies)."""
         assert self._shared is not None and self._ledger is not None
-        key = triple_key(triple)
+        key = arch_key(arch)
         deadline = time.monotonic() + self.wait_s
         while any(s not in self._rows for s in wanted):
             if self._ledger.claim(key):
-                asked = [s for s in expand(triple, self.draft_lens, wanted, self.trees)
+                asked = [s for s in expand(arch, self.draft_lens, wanted, self.trees)
                          if s not in self._rows]
                 try:
                     with self._ledger.keepalive():
@@ -157,7 +157,7 @@ class CachedAcceptance:
                     self._ledger.release(key)
                     raise
                 self._ledger.done(key, 0)
-                self.triples_scored.append(key)
+                self.archs_scored.append(key)
                 return
             time.sleep(POLL_S)
             self._pull()

@@ -3,16 +3,15 @@ inject_layer, depth, mlp, draft_vocab: `SubnetSpec.arch`) is scored once, by one
 every worker reads its rows.
 
 One teacher-forced pass scores every draft length of an architecture, so the unit of work and of
-claiming is the architecture (`triple_of`, named for the three fields it had before the draft
-sizes joined it: it is the spec with draft_len 1, and its claim name is that spec's id,
-``triple:h4-v0.50-l12-g1`` for the paper's draft size as before,
-``triple:h4-v0.50-l12-d2-m0.50-n0.25-g1`` otherwise). The rows go to `dreams_nas_acceptance`, a
-table beside Optuna's in the same database (the SQLite file beside a journal), keyed by the
-acceptance *scope* -- the supernet, data set, dtype, token budget and temperature the rows were
-scored with (`acceptance_scope`) -- so an Optuna study and an exhaustive sweep of the same run
-share them, and rows of other inputs are never mixed in. Reads are incremental (rows after the
-last sequence number seen). Triple claims live in the claims table under the study name
-``tau:<scope>``, with the same heartbeat, takeover and database clock as subnet claims.
+claiming is the architecture (`SubnetSpec.arch`: the spec with draft_len 1); its claim name
+is that spec's id after ``triple:`` (the word the storage's claim names and column keep),
+``triple:h4-v0.50-l12-g1`` or ``triple:h4-v0.50-l12-d2-m0.50-n0.25-g1``. The rows go to
+`dreams_nas_acceptance`, a table beside Optuna's in the same database (the SQLite file beside a
+journal), keyed by the acceptance *scope* -- the supernet, data set, dtype, token budget and
+temperature the rows were scored with (`acceptance_scope`) -- so an Optuna study and an exhaustive
+sweep of the same run share them, and rows of other inputs are never mixed in. Reads are incremental
+(rows after the last sequence number seen). Triple claims live in the claims table under the study
+name ``tau:<scope>``, with the same heartbeat, takeover and database clock as subnet claims.
 """
 
 from __future__ import annotations
@@ -45,15 +44,9 @@ _rows = sa.Table(
 )
 
 
-def triple_of(spec: SubnetSpec) -> SubnetSpec:
-    """The unit of acceptance scoring that `spec` belongs to (every draft length at once): its
-    architecture, `SubnetSpec.arch`."""
-    return spec.arch
-
-
-def triple_key(spec: SubnetSpec) -> str:
+def arch_key(spec: SubnetSpec) -> str:
     """The claim name of `spec`'s architecture (the id of its draft_len-1 member)."""
-    return "triple:" + triple_of(spec).id
+    return "triple:" + spec.arch.id
 
 
 def acceptance_scope(*sources: Any) -> dict[str, Any]:
@@ -92,7 +85,7 @@ class SharedRows:
 
     @property
     def claims_name(self) -> str:
-        """The study name under which this scope's triples are claimed."""
+        """The study name under which this scope's architectures are claimed."""
         return f"tau:{self.digest}"
 
     def close(self) -> None:
@@ -105,7 +98,7 @@ class SharedRows:
             try:
                 with self._engine.begin() as conn:
                     conn.execute(sa.insert(_rows).values(
-                        scope=self.digest, spec_id=row.spec.id, triple=triple_key(row.spec),
+                        scope=self.digest, spec_id=row.spec.id, triple=arch_key(row.spec),
                         row=json.dumps(row.to_csv_row()), worker=self.worker))
                 added += 1
             except sa_exc.IntegrityError:
@@ -128,7 +121,7 @@ class SharedRows:
             except (KeyError, ValueError, TypeError) as exc:
                 raise InputError(
                     f"the shared acceptance row of {spec_id} (table {TABLE}, seq {seq}) is "
-                    f"damaged ({exc}); delete that row so the triple is scored again"
+                    f"damaged ({exc}); delete that row so the architecture is scored again"
                 ) from None
             self._last = max(self._last, int(seq))
         return out
@@ -139,17 +132,17 @@ class SharedRows:
             found = conn.execute(sa.select(_rows.c.triple, _rows.c.worker)
                                  .where(_rows.c.scope == self.digest)).all()
         out: dict[str, set[str]] = {}
-        for triple, worker in found:
-            out.setdefault(triple, set()).add(worker)
+        for arch, worker in found:
+            out.setdefault(arch, set()).add(worker)
         return out
 
 
-def expand(triple: SubnetSpec, draft_lens: Sequence[int], asked: Iterable[SubnetSpec],
+def expand(arch: SubnetSpec, draft_lens: Sequence[int], asked: Iterable[SubnetSpec],
            trees: Sequence[Sequence[int]] = ()) -> list[SubnetSpec]:
-    """Every spec of the architecture `triple` to score at once (its sizes kept): the
+    """Every spec of the architecture `arch` to score at once (its sizes kept): the
     space's chains (`draft_lens`) and token `trees`, and the shapes asked."""
     asked = list(asked)
     lens = sorted({int(g) for g in draft_lens} | {s.draft_len for s in asked if not s.tree})
     shapes = dict.fromkeys([*(tuple(t) for t in trees), *(s.tree for s in asked if s.tree)])
-    return ([triple.replace(draft_len=g) for g in lens]
-            + [triple.replace(tree=t) for t in shapes])
+    return ([arch.replace(draft_len=g) for g in lens]
+            + [arch.replace(tree=t) for t in shapes])

@@ -5,7 +5,7 @@ so any worker (or `optuna-dashboard`) reads the same results. A subnet's trial i
 worker that won its claim (`claims.py`); a trial that samples an already-held subnet copies its
 values (user attribute ``duplicate_of``). tau comes from the shared acceptance rows
 (`shared.py`): each architecture (heads, visual_keep, inject_layer, depth, mlp, draft_vocab;
-still called a triple in claim names) is scored once, by one worker, whichever of its draft
+named `triple:` in claim names) is scored once, by one worker, whichever of its draft
 lengths was proposed first. A space that searches depth, MLP width or the draft vocabulary
 samples each of them as one more parameter; one that does not keeps the parameters of before,
 so its studies continue as they were.
@@ -46,7 +46,7 @@ from dreams_nas.nas.search.config import SearchConfig
 from dreams_nas.nas.search.params import arch_params, params_of, search_distributions, spec_of
 from dreams_nas.nas.search.sampler import DistinctSampler, suggest, worker_seed
 from dreams_nas.nas.search.scoring import CachedAcceptance
-from dreams_nas.nas.search.shared import SharedRows, acceptance_scope, triple_key
+from dreams_nas.nas.search.shared import SharedRows, acceptance_scope, arch_key
 from dreams_nas.nas.search.storage import claims_url, open_storage, storage_errors
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.progress import progress
@@ -70,8 +70,7 @@ class StudyRunner:
         self.max_draft_ms = config.max_draft_ms
         self.study_name, self.seed = config.study_name, config.seed
         self.show_progress = config.show_progress
-        storage, study_name, seed, wait_s = config.storage, config.study_name, config.seed, \
-            config.wait_s
+        storage, study_name, wait_s = config.storage, config.study_name, config.wait_s
         self.host, self.pid = host_identity(), os.getpid()
         self.distributions = search_distributions(space)
         # JSON round trip: the key compares equal to the copy the storage gives back
@@ -84,7 +83,7 @@ class StudyRunner:
             self.ordinal = self.ledger.join()
             if storage is not None:
                 self._share_acceptance(claims_url(storage), wait_s)
-        self.worker_seed = worker_seed(study_name, seed, self.ordinal)
+        self.worker_seed = worker_seed(study_name, self.seed, self.ordinal)
         self._reserved: set[str] = set()  # claimed by the sampler, not yet scored
         self.study, self.created = self._open_study()
         self.study_id = self.storage.get_study_id_from_name(study_name)
@@ -92,7 +91,7 @@ class StudyRunner:
         self._adopt_completed_claims()
 
     def _share_acceptance(self, url: str, wait_s: float) -> None:
-        """Score tau through the storage's shared rows, one claim per triple."""
+        """Score tau through the storage's shared rows, one claim per architecture."""
         self.acceptance.use_space(self.space)
         scope = acceptance_scope(self.acceptance.table, self.acceptance.scorer)
         shared = SharedRows(url, scope, self.ledger.worker)
@@ -358,7 +357,7 @@ class StudyRunner:
                     for n in names}
             specs = [SubnetSpec(**arch, draft_len=g, tree=tree)
                      for g, tree in self.space.shapes]
-            trial.set_user_attr("triple", triple_key(specs[0]))
+            trial.set_user_attr("triple", arch_key(specs[0]))
             rows = self.acceptance.rows(specs, show_progress=False)
             cands = evaluate_rows(rows, self.pricing, max_draft_ms=self.max_draft_ms)
             best = min(cands, key=lambda c: (not c.feasible, -c.speedup, c.draft_params))

@@ -105,7 +105,7 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
     run = check_run_folder(RunFolder(run_dir))
     parse_budget(options.profile_budget, PROFILE_BUDGET)  # before the slow stages
     if options.target != BUILTIN and options.target not in PROXY_TARGETS:
-        raise InputError(f"demo --target {options.target!r} is not a built-in target; pass "
+        raise InputError(f"demo --target {options.target!r} is not a named target; pass "
                          f"one of {', '.join((BUILTIN, *PROXY_TARGETS))} (other targets: "
                          "`dreams-nas train`, `profile`, `score` and `search` one by one)")
     device = resolve_device(options.device)
@@ -165,7 +165,7 @@ def sized(options: DemoOptions) -> DemoOptions:
 
 
 def _variant(target: str) -> str:
-    """the built-in target's variant for `builtin` (`DREAMS_NAS_DEMO_VARIANT`), else the proxy's
+    """The built-in target's variant for `builtin` (`DREAMS_NAS_DEMO_VARIANT`), else the proxy's
     name."""
     from dreams_nas.supernet.builtin.variants import builtin_variant
     from dreams_nas.supernet.core.targets import BUILTIN
@@ -278,18 +278,6 @@ def finished_search(run: RunFolder, hardware_id: str, options: Any) -> dict[str,
             "measured": best.get("measured"), "best_json": str(best_path), "warnings": []}
 
 
-def _predictor_schema(run: RunFolder, hardware_id: str) -> str | None:
-    """A change when the saved predictor is of another schema than this code's: loading it is
-    refused (`LatencyPredictor.load` names the refit), and a best.json priced by it is stale."""
-    from dreams_nas.latency.model.persist import PREDICTOR_SCHEMA_VERSION
-    from dreams_nas.nas.stages.search import predictor_meta
-
-    schema = predictor_meta(run, hardware_id).get("schema_version", 1)
-    if schema == PREDICTOR_SCHEMA_VERSION:
-        return None
-    return f"predictor schema {_show(schema)} -> {PREDICTOR_SCHEMA_VERSION}"
-
-
 def _show(value: Any) -> str:
     if value is None:
         return "none"
@@ -303,7 +291,8 @@ def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[st
     """Why `best` (search/<hw>/best.json) is not the answer to `options`, each as "name
     recorded -> asked" or in words; empty when it can be reused."""
     from dreams_nas.nas.stages.inputs import dataset_id, supernet_hash
-    from dreams_nas.nas.stages.search import search_inputs
+    from dreams_nas.nas.stages.profile_reuse import predictor_changes
+    from dreams_nas.nas.stages.search import predictor_meta, search_inputs
 
     sources = [run.supernet_dir / "model.safetensors", run.predictor_json(hardware_id),
                run.acceptance_csv(dataset_id(options.data, options.limit, options.seed))]
@@ -321,9 +310,7 @@ def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[st
         inputs = search_inputs(run, options, hardware_id, options.dtype)
         changes += [f"{key} {_show(recorded.get(key))} -> {_show(value)}"
                     for key, value in inputs.items() if recorded.get(key) != value]
-    schema = _predictor_schema(run, hardware_id)
-    if schema is not None:
-        changes.append(schema)
+    changes += predictor_changes(predictor_meta(run, hardware_id))  # refused when loaded
     if options.verify > 0 and not best.get("measured"):
         changes.append("best.json holds no end-to-end measurement")
     if not (run.root / str(best.get("spec_dir", ""))).is_dir():

@@ -102,7 +102,7 @@ def write_spec_dir(folder: Path, c: Candidate, record: SearchRecord,
     folder.mkdir(parents=True, exist_ok=True)
     if write_draft is not None:
         write_draft(c.spec, folder)
-    atomic_write_json(folder / "spec.json", {
+    atomic_write_json(folder / "spec.json", {  # RunFolder.spec_json
         "schema_version": SPEC_SCHEMA_VERSION, "spec": c.spec.to_dict(), "spec_id": c.spec.id,
         "target": dict(record.target), "supernet_hash": record.supernet_hash,
         "hardware": dict(record.hardware), "dtype": record.dtype, "predicted": predicted(c),
@@ -153,7 +153,7 @@ def export_result(run: RunFolder, result: SearchResult, record: SearchRecord, *,
     paths["pareto"] = write_trials(run.pareto_csv(hardware_id), result.front,
                                    method=result.method, objective=result.objective)
     if result.history:
-        paths["history"] = write_history(run.search_dir(hardware_id) / "history.csv",
+        paths["history"] = write_history(run.history_csv(hardware_id),
                                          result.history)
     if result.best is not None:
         wanted = set(spec_ids) if spec_ids is not None else (

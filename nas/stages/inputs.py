@@ -50,7 +50,7 @@ def resolve_hardware(run: RunFolder, hardware: str | None) -> str:
 
 
 def hardware_identity(run: RunFolder, hardware_id: str) -> dict[str, Any]:
-    path = run.latency_dir(hardware_id) / "hardware.json"
+    path = run.hardware_json(hardware_id)
     data = read_json(path) if path.is_file() else {}
     return data if isinstance(data, dict) else {}
 
@@ -268,16 +268,20 @@ class RunModels:
                 raise MissingArtefactError(f"no target in {self.run.run_json}; "
                                            "run `dreams-nas train` first")
             log.info("loading target %s", where)
-            from dreams_nas.supernet.builtin.resolve import resolve_target
+            from dreams_nas.supernet.builtin.resolve import (
+                resolve_target,
+                same_folder,
+                target_folder,
+            )
             from dreams_nas.supernet.core.device import torch_dtype
             from dreams_nas.supernet.core.targets import is_named_target
 
-            folder = resolve_target(where)
+            expected = target_folder(where)  # checked before anything is built
             recorded = (self.run.read_run().get("target") or {}).get("path")
-            if is_named_target(where) and recorded and str(recorded) != str(folder):
-                raise other_target(self.run, str(recorded), str(folder), rebuilt=True)
-            self._target = TargetAdapter.load(folder, target_id=where, device=self.device,
-                                              dtype=torch_dtype(self.dtype))
+            if is_named_target(where) and recorded and not same_folder(recorded, expected):
+                raise other_target(self.run, str(recorded), str(expected), rebuilt=True)
+            self._target = TargetAdapter.load(resolve_target(where), target_id=where,
+                                              device=self.device, dtype=torch_dtype(self.dtype))
         return self._target
 
     @property

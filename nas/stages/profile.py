@@ -94,16 +94,6 @@ def check_context_lengths(contexts: Sequence[int], visual_tokens: int, config: A
             f"{visual_tokens} visual tokens of one image; give lengths above {visual_tokens}")
 
 
-def load_target(target: str, device: str, dtype: Any) -> Any:
-    """The engine's `TargetAdapter` over `target` ("builtin", a checkpoint folder or hub id;
-    a named target is resolved, built on first use, first)."""
-    from dreams_nas.supernet.builtin.resolve import resolve_target
-    from dreams_nas.supernet.target.adapter import TargetAdapter
-
-    return TargetAdapter.load(resolve_target(target), target_id=str(target), device=device,
-                              dtype=dtype)
-
-
 def _eval_examples(options: ProfileOptions) -> list[Any]:
     """The evaluation prompts whose visual tokens and lengths the profile reads (`contexts`)."""
     from dreams_nas.nas.stages.inputs import load_eval_examples
@@ -182,9 +172,10 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
 
 
 class _Timed(NamedTuple):
-    """What the fit needs of the timing: the rows' machine, the visual tokens of a prompt and
-    the target's architecture hash."""
+    """What the fit needs of the timing: the profile's folder, the rows' machine, the visual
+    tokens of a prompt and the target's architecture hash."""
 
+    folder: Path
     hw: HardwareInfo
     visual_tokens: int
     architecture: str | None
@@ -209,7 +200,7 @@ def _check_options(options: ProfileOptions, device: str) -> None:
 
 def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str) -> _Timed:
     """`--fit-only`: the recorded profile's machine, visual tokens and architecture."""
-    folder = run.latency_dir(hw.hardware_id)
+    folder = run.latency_dir(hw.hardware_id)  # this machine's: the rows' identity may differ
     if not store.exists():
         others = run.hardware_ids()
         hint = (f" (profiled in this run: {', '.join(others)}; give the --device and "
@@ -217,10 +208,12 @@ def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str
         raise MissingArtefactError(
             f"no latency profile in {store.path}; run `dreams-nas profile --device {device}` "
             f"without --fit-only first{hint}")
-    plan_info = read_json(folder / "plan.json") if (folder / "plan.json").is_file() else {}
-    if (folder / "hardware.json").is_file():  # the rows' own identity, not this machine's
-        hw = HardwareInfo.from_dict(read_json(folder / "hardware.json"))
-    return _Timed(hw, int(plan_info.get("visual_tokens", 0)), plan_info.get("architecture_hash"))
+    plan = run.plan_json(hw.hardware_id)
+    plan_info = read_json(plan) if plan.is_file() else {}
+    if run.hardware_json(hw.hardware_id).is_file():  # the rows' own identity, not this machine's
+        hw = HardwareInfo.from_dict(read_json(run.hardware_json(hw.hardware_id)))
+    return _Timed(folder, hw, int(plan_info.get("visual_tokens", 0)),
+                  plan_info.get("architecture_hash"))
 
 
 def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store: ProfileStore
@@ -236,7 +229,7 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
     check_same_hardware(folder, hw, options.clock)
     examples = _eval_examples(options)  # a bad --data fails before the slow load
     target_id = options.target or run.target_source() or "builtin"
-    where = resolve_target(target_id)  # a built-in target is built (and logged) on first use
+    where = resolve_target(target_id)  # a named target is built (and logged) on first use
     check_same_target(folder, where, target_id)  # from its config, before the slow load
     adapter = TargetAdapter.load(where, target_id=target_id, device=hw.device,
                                  dtype=torch_dtype(hw.dtype))
@@ -252,8 +245,8 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
     existing = run.read_run()
     run.update_run(**{k: v for k, v in (("target", entry), ("space", space.to_dict()),
                                          ("dtype", hw.dtype)) if k not in existing})
-    atomic_write_json(folder / "hardware.json", hw.to_dict())
-    atomic_write_json(folder / "plan.json", {
+    atomic_write_json(run.hardware_json(hw.hardware_id), hw.to_dict())
+    atomic_write_json(run.plan_json(hw.hardware_id), {
         "visual_tokens": visual_tokens, "context_lengths": contexts, "budget": options.budget,
         "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
         "repeats": options.repeats, "warmup": options.warmup, "clock": options.clock,
@@ -270,7 +263,7 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
                        precede=space.largest(), trees=space.trees)
     log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
     result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
-    return _Timed(hw, visual_tokens, entry["architecture_hash"]), result
+    return _Timed(folder, hw, visual_tokens, entry["architecture_hash"]), result
 
 
 def _contexts(adapter: Any, options: ProfileOptions, examples: list[Any]
@@ -296,7 +289,7 @@ def _contexts(adapter: Any, options: ProfileOptions, examples: list[Any]
 def _fit(run: RunFolder, options: ProfileOptions, timed: _Timed, store: ProfileStore
          ) -> dict[str, Any]:
     """Fit the predictor on the profile's ok rows, save it beside them; the summary."""
-    hw, folder = timed.hw, run.latency_dir(timed.hw.hardware_id)
+    hw, folder = timed.hw, timed.folder
     fitted = store.ok_rows()
     predictor = LatencyPredictor.fit(fitted, hw.hardware_id, visual_tokens=timed.visual_tokens,
                                      holdout=options.holdout, seed=options.seed, stat=options.stat,

@@ -28,7 +28,7 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     dtype_name = run.dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
     store = ProfileStore(run.profile_csv(hw.hardware_id))
-    plan_path = run.latency_dir(hw.hardware_id) / "plan.json"
+    plan_path = run.plan_json(hw.hardware_id)
     predictor_path = run.predictor_json(hw.hardware_id)
     missing = [p for p in (store.path, plan_path, predictor_path)
                if not (p.is_file() and p.stat().st_size > 0)]
@@ -69,9 +69,10 @@ def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore
     if run.read_run().get("space") not in (None, plan.get("space")):
         changes.append("the run's search space changed since the plan")  # new steps to time
     report = read_json(predictor_path)
-    fitted_stat = report.get("stat", "median_ms") if isinstance(report, dict) else None
-    if fitted_stat != options.stat:
-        changes.append(f"stat {_show(fitted_stat)} -> {options.stat}")
+    report = report if isinstance(report, dict) else {}
+    if report.get("stat") != options.stat:
+        changes.append(f"stat {_show(report.get('stat'))} -> {options.stat}")
+    changes += predictor_changes(report)
     if changes:
         return changes
     rows = store.read()
@@ -85,4 +86,22 @@ def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore
         changes.append(f"no {', '.join(absent)} step timed yet")
     if predictor_path.stat().st_mtime < store.path.stat().st_mtime:
         changes.append("profile.csv has rows newer than the fitted predictor")
+    return changes
+
+
+def predictor_changes(report: dict[str, Any]) -> list[str]:
+    """Why predictor.json cannot be loaded by this dreams-nas (another schema or scikit-learn
+    version, which `LatencyPredictor.load` refuses): the profile is then fitted again from its
+    rows, nothing timed anew."""
+    from dreams_nas.latency.model.persist import PREDICTOR_SCHEMA_VERSION
+    from dreams_nas.supernet.core.versions import library_versions
+
+    changes = []
+    if report.get("schema_version") != PREDICTOR_SCHEMA_VERSION:
+        changes.append(f"predictor schema {_show(report.get('schema_version'))} -> "
+                       f"{PREDICTOR_SCHEMA_VERSION}")
+    fitted = (report.get("versions") or {}).get("scikit-learn")
+    installed = library_versions().get("scikit-learn")
+    if fitted != installed:
+        changes.append(f"predictor fitted with scikit-learn {_show(fitted)} -> {installed}")
     return changes

@@ -111,7 +111,7 @@ def build_retimer(run: Any, models: Any, candidate: Candidate, context_len: int,
 
     if candidate.spec.is_tree:
         return None
-    plan_path = run.latency_dir(hardware["hardware_id"]) / "plan.json"
+    plan_path = run.plan_json(hardware["hardware_id"])
     if not plan_path.is_file():
         return None
     plan = read_json(plan_path)

@@ -80,17 +80,15 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
 
 
 def ranks_share(specs: Sequence[SubnetSpec], cached: Any, world: World) -> list[SubnetSpec]:
-    """The specs this rank scores: those of every `size`-th architecture (`triple_of`, in the
+    """The specs this rank scores: those of every `size`-th architecture (`SubnetSpec.arch`, in the
     order the specs first name them) among those the acceptance CSV lacks as rank 0 read it. A
     rerun after a kill splits only what is still missing, so no row is scored twice."""
-    from dreams_nas.nas.search.shared import triple_of
-
     # rank 0's view of what is missing, for all: each rank read the CSV when it started, and a
     # rank that starts late may already see rows a faster rank appended; two views would split
     # differently and score some architectures twice
     missing_ids = world.broadcast([s.id for s in specs if cached.cached(s) is None])
     by_id = {s.id: s for s in specs}
     missing = [by_id[i] for i in missing_ids]
-    triples = list(dict.fromkeys(triple_of(s) for s in missing))
-    mine = set(world.mine(triples))
-    return [s for s in missing if triple_of(s) in mine]
+    archs = list(dict.fromkeys(s.arch for s in missing))
+    mine = set(world.mine(archs))
+    return [s for s in missing if s.arch in mine]

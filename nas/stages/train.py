@@ -120,13 +120,13 @@ def training_changes(block: dict[str, Any], options: TrainOptions) -> list[str]:
     changes = [f"{names.get(key, key)} {trained[key]} -> {value}" for key, value in asked.items()
                if value is not None and key in trained and trained[key] != value]
     draft = block.get("config") if isinstance(block.get("config"), dict) else None
-    if draft is not None:  # a draft config without the field keeps visual tokens out (cross)
-        recorded = "self" if draft.get("visual_in_self", False) else "cross"
+    if draft is not None:
+        recorded = "self" if draft["visual_in_self"] else "cross"
         if recorded != options.visual_context:
             changes.append(f"visual-context {recorded} -> {options.visual_context}")
         depth, shares = options.sizes()
-        had_depth = draft.get("num_layers", 1)  # drafts before elastic depth: one a side
-        had_shares = tuple(float(x) for x in draft.get("mlp_shares", (1.0,)))
+        had_depth = draft["num_layers"]
+        had_shares = tuple(float(x) for x in draft["mlp_shares"])
         if had_depth != depth:
             changes.append(f"depth {had_depth} -> {depth}")
         if had_shares != shares:
@@ -174,7 +174,9 @@ def same_target(info: dict[str, Any], target: str, target_path: str | None) -> b
     if not info:
         return True
     if target_path is not None:
-        return str(info.get("path")) == str(target_path)
+        from dreams_nas.supernet.builtin.resolve import same_folder
+
+        return info.get("path") is not None and same_folder(str(info["path"]), target_path)
     return info.get("id") == target
 
 

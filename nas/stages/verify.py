@@ -232,8 +232,9 @@ class _Session:
         self.base, self.totals = _Totals(), {s: _Totals() for s in self.drafts}
 
     def prompt(self, repeat: int, index: int, prompt: Mapping[str, Any]) -> None:
-        """Decode prompt `index` plainly and by every spec; check the outputs (lossless on the
-        first repeat, reproduced on later ones) and add the times."""
+        """Decode prompt `index` plainly and by every spec, one after another, then check the
+        outputs (lossless on the first repeat, reproduced on later ones: a divergence's margin
+        is read with a prefill of its own, after the timed decodes) and add the times."""
         plain, *drafted = self.decode_all(prompt, timed=True)
         plain_tokens = _same_output(self.outputs, None, index, plain.tokens.tolist())
         self.base.add(plain.stats, plain=True)

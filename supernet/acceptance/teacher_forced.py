@@ -16,7 +16,7 @@ target is run once per prompt and every subnet and every draft length is scored 
    (`accepted_levels`), because at temperature 0 the path a tree accepts is the target's
    greedy continuation.
 3. `simulate_cycles`: the speculative loop replayed on those accepted levels for one shape,
-   with the engine's exact rules (room left before max_new_tokens, the bonus token, EOS),
+   with the engine's exact rules (the budget left before max_new_tokens, the bonus token, EOS),
    giving the cycle lengths a real run produces, hence tau for every chain and tree from one
    rollout.
 
@@ -199,7 +199,7 @@ def _rank(logits: Tensor, index: Tensor, continuation: Tensor, cap: int) -> np.n
 
 def trace_sample(trace: TargetTrace) -> TargetSample:
     """A trace as a training sample (prompt + continuation, H_p per position, the inject
-    layers' prompt states), so that `ranks.path_ranks` ranks all its starts in `depth` passes.
+    layers' prompt states), so that `ranks.path_ranks` ranks all its starts in one pass per level.
     The last position has no hidden state (nothing reads it): its row is zero."""
     hidden = trace.last_hidden
     pad = int(trace.tokens.shape[0]) - int(hidden.shape[0])
@@ -357,24 +357,24 @@ class TeacherForcedScorer:
         for s in specs:
             wanted.setdefault(s.arch, set()).add((s.draft_len, s.tree))
         rows: list[AcceptanceRow] = []
-        for triple, shapes in wanted.items():
+        for arch, shapes in wanted.items():
             lens = sorted(set(self.draft_lens) | {g for g, t in shapes if not t})
             trees = list(dict.fromkeys([*self.trees, *(t for _, t in shapes if t)]))
-            rows.extend(self.score_triple(triple, lens, trees))
+            rows.extend(self.score_arch(arch, lens, trees))
         return rows
 
-    def score_triple(self, triple: SubnetSpec, draft_lens: Sequence[int],
+    def score_arch(self, arch: SubnetSpec, draft_lens: Sequence[int],
                      trees: Sequence[Sequence[int]] = ()) -> list[AcceptanceRow]:
-        """Rows for the chains of `draft_lens` and the `trees` of one triple, from one rollout
+        """Rows for the chains of `draft_lens` and the `trees` of one architecture, from one rollout
         per prompt (`batched_ranks`, as deep as the deepest shape, as wide at each level as
         the widest)."""
         traces = self.traces()
-        shapes = [triple.replace(draft_len=g) for g in draft_lens]
-        shapes += [triple.replace(tree=tuple(t)) for t in trees]
+        shapes = [arch.replace(draft_len=g) for g in draft_lens]
+        shapes += [arch.replace(tree=tuple(t)) for t in trees]
         n_levels = max(s.draft_len for s in shapes)
         widths = [max((s.shape.branching[j] for s in shapes if s.draft_len > j), default=1)
                   for j in range(n_levels)]
-        ranks = batched_ranks(self.draft, traces, triple, widths)
+        ranks = batched_ranks(self.draft, traces, arch, widths)
         out = []
         for spec in shapes:
             # The same seed for every spec: their intervals resample the same prompts.

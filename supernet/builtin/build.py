@@ -180,7 +180,7 @@ def _train_and_grow(model: Any, encoder: Encoder, spec: BuiltinVariant, seed: in
 def _train_phase(model: Any, encoder: Encoder, cfg: TargetTrainConfig, spec: BuiltinVariant,
                  seed: int, on_step: Callable[[int, float, float | None], None],
                  sample_offset: int = 0) -> dict[str, Any]:
-    """`training.train` in this process, or data parallel over the variant's `build_ranks`
+    """`training.train_target` in this process, or data parallel over the variant's `build_ranks`
     local processes sharing this process's torch threads (`parallel.train_on_ranks`)."""
     import torch
 

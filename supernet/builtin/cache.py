@@ -1,4 +1,5 @@
-"""The built-in targets' cache: built once on first use, reused, never half-written.
+"""The named targets' cache (the built-in target and the proxies): built once on first use,
+reused, never half-written.
 
 `ensure_builtin_target` (and `ensure_proxy_target`, for the real-shaped proxies) builds it into
 ``$DREAMS_NAS_CACHE`` (default ``~/.cache/dreams-nas``) under a version key, in a temporary

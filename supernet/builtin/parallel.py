@@ -1,6 +1,6 @@
 """Train the built-in target data parallel over several local processes (gloo, one host).
 
-the built-in target's training step is a few hundred small operations, each of which one process's
+The built-in target's training step is a few hundred small operations, each of which one process's
 threads meet at the end of: on a shared 2-core machine another tenant's work stalls them, while
 two one-thread processes, each taking half the batch, meet once per step: as fast on a quiet
 machine, faster beside a busy neighbour (BENCHMARKS.md, 'Built-in target build').
@@ -9,11 +9,11 @@ machine, faster beside a busy neighbour (BENCHMARKS.md, 'Built-in target build')
 (``python -m dreams_nas.supernet.builtin.parallel``,
 so the caller's own script is never re-imported, as multiprocessing's spawn would), hands them
 the model and the recipe through a private folder, and lets them meet in a gloo group through a
-rendezvous file there. Each runs `training.train` with its `World` (each rank a contiguous slice
-of every global batch, the gradients averaged, the same stop); rank 0 reports each step as a
-JSON line on its stdout, which the parent turns into `on_step` calls (the progress bar and the
-log stay in the parent), and saves the final weights, which the parent loads. A rank that fails
-ends the training with its error (bad input keeps its one-line message); none is left running.
+rendezvous file there. Each runs `training.train_target` with its `World` (each rank a contiguous
+slice of every global batch, the gradients averaged, the same stop); rank 0 reports each step as a
+JSON line on its stdout, which the parent turns into `on_step` calls (the progress bar and the log
+stay in the parent), and saves the final weights, which the parent loads. A rank that fails ends the
+training with its error (bad input keeps its one-line message); none is left running.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def train_on_ranks(
     sample_offset: int = 0,
     on_step: OnStep | None = None,
 ) -> dict[str, Any]:
-    """Train `model` (a built-in target LLaVA, in place) like `training.train`, over `ranks` local
-    processes of `threads_per_rank` torch threads each; returns `train`'s result."""
+    """Train `model` (a built-in target LLaVA, in place) like `training.train_target`, over
+    `ranks` local processes of `threads_per_rank` torch threads each; returns its result."""
     import torch
 
     if ranks < 1 or threads_per_rank < 1:

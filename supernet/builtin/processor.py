@@ -1,4 +1,4 @@
-"""the built-in target's processor: CLIP preprocessing at the synthetic tasks' size and the
+"""The built-in target's processor: CLIP preprocessing at the synthetic tasks' size and the
 word-level tokenizer with its chat template (saved with the target by `build`)."""
 
 from __future__ import annotations

@@ -11,9 +11,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dreams_nas.supernet.builtin.cache import ensure_builtin_target, ensure_proxy_target
+from dreams_nas.supernet.builtin.cache import (
+    builtin_target_dir,
+    ensure_builtin_target,
+    ensure_proxy_target,
+    proxy_target_dir,
+)
 from dreams_nas.supernet.builtin.variants import builtin_variant
 from dreams_nas.supernet.core.targets import BUILTIN, is_named_target
+
+
+def target_folder(target: str | Path) -> str | Path:
+    """Where `target` is, without building anything: a named target's cache folder (which may
+    not exist yet), any other `target` as it is."""
+    if not is_named_target(target):
+        return target
+    if str(target) == BUILTIN:
+        return builtin_target_dir(variant=builtin_variant())
+    return proxy_target_dir(name=str(target))
+
+
+def same_folder(a: str | Path, b: str | Path) -> bool:
+    """Whether two spellings of a path name one folder (symlinks, relative parts resolved)."""
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def resolve_target(target: str | Path, *, show_progress: bool | None = None) -> str | Path:

@@ -21,8 +21,7 @@ REQUIRED_EXACT_MATCH = 0.95
 @dataclass(frozen=True)
 class DemoSizes:
     """`dreams-nas demo`'s stage sizes on a variant, for the flags not given. None keeps the real
-    pipeline's: 384 training prompts, 300 + 400 supernet steps, the whole profile grid at 40
-    repeats, 32 evaluation prompts of 64 new tokens, every scored prompt verified."""
+    pipeline's (`nas.stages.demo.DemoOptions` and `TrainConfig` hold them)."""
 
     train_prompts: int | None = None  # --train-prompts
     train_steps: int | None = None  # --train-steps: each of the two supernet training phases

@@ -152,6 +152,9 @@ def check_header(path: str | Path, header: Sequence[str], expected: Sequence[str
         return
     missing = [c for c in expected if c not in header]
     unknown = [c for c in header if c not in expected]
+    if len(missing) == len(expected):
+        raise InputError(f"{path} has none of the columns a dreams-nas file of its kind has "
+                         f"(header {list(header)[:6]}); move it aside and {fix}")
     found = (f"lacks {missing} and adds {unknown}" if missing and unknown
              else f"lacks {missing}" if missing else f"adds {unknown}" if unknown
              else "has them in another order")

@@ -32,7 +32,9 @@ from dreams_nas.supernet.core.targets import is_named_target
 from dreams_nas.supernet.core.versions import library_versions
 
 DEFAULT_RUN_DIR = "dreams-run"
-RUN_SCHEMA_VERSION = 1
+# 2: the held-out evaluation's chain length is `supernet.train.convergence.draft_len`, the
+#    built-in target's cache folder `builtin-target/builtin-v6-*`
+RUN_SCHEMA_VERSION = 2
 _SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -72,12 +74,18 @@ class RunFolder:
     profile_csv = partialmethod(_latency_file, "profile.csv")
     predictor_skops = partialmethod(_latency_file, "predictor.skops")
     predictor_json = partialmethod(_latency_file, "predictor.json")
+    hardware_json = partialmethod(_latency_file, "hardware.json")
+    plan_json = partialmethod(_latency_file, "plan.json")
 
     def acceptance_csv(self, dataset_id: str) -> Path:
         return self.root / "acceptance" / f"{_check_slug('dataset id', dataset_id)}.csv"
 
+    @property
+    def search_root(self) -> Path:
+        return self.root / "search"
+
     def search_dir(self, hardware_id: str) -> Path:
-        return self.root / "search" / _check_slug("hardware id", hardware_id)
+        return self.search_root / _check_slug("hardware id", hardware_id)
 
     def _search_file(self, name: str, hardware_id: str) -> Path:
         return self.search_dir(hardware_id) / name
@@ -87,6 +95,7 @@ class RunFolder:
     trials_csv = partialmethod(_search_file, "trials.csv")
     pareto_csv = partialmethod(_search_file, "pareto.csv")
     best_json = partialmethod(_search_file, "best.json")
+    history_csv = partialmethod(_search_file, "history.csv")
 
     @property
     def specs_root(self) -> Path:
@@ -94,6 +103,9 @@ class RunFolder:
 
     def spec_dir(self, name: str) -> Path:
         return self.specs_root / _check_slug("spec name", name)
+
+    def spec_json(self, name: str) -> Path:
+        return self.spec_dir(name) / "spec.json"
 
     @property
     def report_html(self) -> Path:
@@ -135,7 +147,7 @@ class RunFolder:
         if not isinstance(data, dict):
             raise InputError(f"{self.run_json} must hold a JSON object; "
                              "move it aside to start anew")
-        version = data.get("schema_version", RUN_SCHEMA_VERSION)
+        version = data.get("schema_version")
         if version != RUN_SCHEMA_VERSION:
             raise InputError(
                 f"{self.run_json} has schema_version {version!r}; this dreams-nas reads "

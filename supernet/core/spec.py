@@ -141,7 +141,6 @@ class SubnetSpec:
         return SubnetSpec(self.heads, self.visual_keep, self.inject_layer, 1,
                           depth=self.depth, mlp=self.mlp, draft_vocab=self.draft_vocab)
 
-
     def replace(self, **changes: Any) -> SubnetSpec:
         """A copy with `changes`. A new `draft_len` alone makes a chain of that length; a new
         `tree` alone takes its levels as `draft_len`."""

@@ -359,7 +359,7 @@ def _checkpoint(target: str | Path) -> str | Path:
     is the resolver's work, never a side effect of loading."""
     if is_named_target(target):
         raise InputError(
-            f"{str(target)!r} names a built-in target, not a checkpoint folder or hub id; "
+            f"{str(target)!r} names a built-in or proxy target, not a checkpoint folder or hub id; "
             "resolve it first (dreams_nas.supernet.builtin.resolve.resolve_target, as the "
             "commands do for --target) and load the folder it returns")
     return target

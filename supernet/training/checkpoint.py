@@ -92,8 +92,9 @@ def load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
     meta = read_json(directory / "state.json")
     if meta.get("fingerprint") != fingerprint:
         raise InputError(
-            f"the checkpoint in {directory} belongs to another training set-up (data, target or "
-            "settings differ); use another --run folder or delete that checkpoint folder"
+            f"the checkpoint in {directory} belongs to another training set-up (data, target, "
+            "settings or dreams-nas version differ); use another --run folder or delete that "
+            "checkpoint folder"
         )
     device = next(model.parameters()).device
     fix = f"delete {directory} and rerun `dreams-nas train` to train from the start"

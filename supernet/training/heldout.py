@@ -24,7 +24,7 @@ from dreams_nas.supernet.training.ranks import path_ranks
 
 def chain_matches(model: DreamDraft, samples: Sequence[TargetSample], spec: SubnetSpec,
                   draft_len: int) -> list[np.ndarray]:
-    """Per sample, the accepted depth (0..draft_len) of a chain started after each answer token
+    """Per sample, the accepted levels (0..draft_len) of a chain started after each answer token
     y_t, t = 0 .. len(answer) - 2 -> one (n_answer - 1,) int array per sample."""
     samples = list(samples)  # one batch: each sample read once (a feature store reads on access)
     with_visual = model.config.visual_in_self

@@ -202,9 +202,9 @@ def distill_layers_for(mode: DistillMode, data: PreparedData) -> tuple[int, ...]
 
 def build_draft(target: TargetAdapter, data: PreparedData, recipe: SupernetRecipe, *,
                 seed: int, device: str | torch.device = "cpu") -> DreamDraft:
-    """An initialised supernet of `recipe`'s heads and layers for the sizes of `data.space`
-    (its deepest depth, its MLP widths and vocabulary shares), attached to `target`."""
-    space = data.space
+    """An initialised supernet of `recipe`'s heads, layers, MLP widths and vocabulary shares
+    (`SupernetRecipe.space_for` over `data.space`), attached to `target`."""
+    space = recipe.space_for(data.space, target)
     cfg = DraftConfig.for_target(target.text_config, space.inject_layer,
                                  num_heads=recipe.heads_for(target),
                                  cross_attention=recipe.cross_attention,
@@ -273,7 +273,7 @@ def train_run(run: RunFolder, target: TargetAdapter, examples: Sequence[Any],
     if isinstance(data.samples, FeatureStore):
         data.samples.close()  # unmap its shards (a later read would map them again)
     world = current()
-    best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
+    best = outcome.best
     if outcome.stopped and world.is_main:
         log.info("training stopped at step %d of %d (%s); keeping step %s (held-out tau %s)",
                  outcome.steps, config.total_steps, outcome.stopped, outcome.best_step,
@@ -315,7 +315,7 @@ def _train_record(config: TrainConfig, recipe: SupernetRecipe, outcome: TrainOut
                   counts: Mapping[str, int], dtype: str, start: float, draft_len: int
                   ) -> dict[str, Any]:
     """run.json's `supernet.train` (SCHEMAS.md)."""
-    best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
+    best = outcome.best
     return {"warmup_steps": config.warmup_steps, "multires_steps": config.multires_steps,
             "batch_size": config.batch_size, "lr": config.lr,
             "lambdas": {"kl": config.weights.kl, "distill": config.weights.distill,
@@ -338,7 +338,7 @@ def _summary(run: RunFolder, supernet: Mapping[str, Any], outcome: TrainOutcome,
              config: TrainConfig, data: PreparedData, layers: Sequence[int], start: float
              ) -> dict[str, Any]:
     """`dreams-nas train`'s summary."""
-    best = next((e for e in outcome.evals if e["step"] == outcome.best_step), None)
+    best = outcome.best
     last = outcome.loss_curve[-1] if outcome.loss_curve else {}
     return {"supernet": str(run.supernet_dir), "hash": supernet["hash"],
             "num_params": supernet["num_params"], "aifd_chosen": list(data.aifd.chosen),

@@ -104,6 +104,11 @@ class TrainOutcome:
     stopped: str | None = None  # "plateau" | "time budget" | None (the step cap)
     steps: int = 0  # optimizer steps taken in all (resumed ones included)
 
+    @property
+    def best(self) -> dict[str, Any] | None:
+        """The held-out evaluation of `best_step` (None: no evaluation kept)."""
+        return next((e for e in self.evals if e["step"] == self.best_step), None)
+
 
 def make_optimizer(model: DreamDraft, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.lr,

@@ -72,9 +72,6 @@ class FakeLatency(ScalarLatency):
     def __init__(self) -> None:
         self.calls = 0
 
-    def prices(self, kind: str) -> bool:
-        return not kind.startswith("cycle")
-
     def step_ms(self, kind: str, spec: SubnetSpec | None, context_len: int, k: int) -> float:
         self.calls += 1
         if kind in ("draft", "draft_first"):  # first step as hot as the rest: old formula

@@ -162,6 +162,12 @@ def test_repeats_bound_the_samples_and_a_partial_fit_is_told(small_run, tiny_lla
     assert logged[-1] == "profile: redone (stat p10_ms -> median_ms)"
     assert completed_profile(small_run, replace(same, warmup=1)) is None
     assert logged[-1] == "profile: redone (warmup 3 -> 1)"
+    # a predictor this dreams-nas refuses to load is fitted again (nothing timed anew)
+    report = json.loads((folder / "predictor.json").read_text())
+    (folder / "predictor.json").write_text(json.dumps({**report, "schema_version": 8}))
+    assert completed_profile(small_run, same) is None
+    assert logged[-1] == "profile: redone (predictor schema 8 -> 9)"
+    (folder / "predictor.json").write_text(json.dumps(report))
     # a plan that does not record its warm-ups is redone: nothing is assumed of an older plan
     (folder / "plan.json").write_text(json.dumps({k: v for k, v in plan.items()
                                                   if k != "warmup"}))

@@ -11,7 +11,7 @@ import bench_hardware
 
 def _run(root: Path, dtype: str, searches: dict[str, dict[str, float]]) -> Path:
     root.mkdir(parents=True)
-    (root / "run.json").write_text(json.dumps({"dtype": dtype}))
+    (root / "run.json").write_text(json.dumps({"schema_version": 2, "dtype": dtype}))
     for hw, speedups in searches.items():
         folder = root / "search" / hw
         folder.mkdir(parents=True)

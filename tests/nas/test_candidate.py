@@ -22,7 +22,7 @@ from _support.search import (
 )
 from dreams_nas.latency.kinds import DRAFT_AXES
 from dreams_nas.latency.model.predictor import LatencyPredictor
-from dreams_nas.latency.model.query import ARCH_FIELDS, LatencyModel, MemoizedLatency
+from dreams_nas.latency.model.query import LatencyModel, MemoizedLatency
 from dreams_nas.nas.search.candidate import (
     Candidate,
     SubnetFields,
@@ -30,7 +30,7 @@ from dreams_nas.nas.search.candidate import (
     evaluate_fields,
 )
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.core.spec import SubnetSpec
+from dreams_nas.supernet.core.spec import ARCH_FIELDS, SubnetSpec
 
 CONTEXT = 32
 
@@ -112,8 +112,8 @@ def test_memo_keys_ignore_inject_layer_and_draft_len(predictor) -> None:
 def test_a_model_reading_inject_layer_is_asked_per_architecture() -> None:
     lat = FakeLatency()  # its draft step reads inject_layer: the key must keep it
     candidates = evaluate(_rows(), pricing_of(lat, CONTEXT))
-    triples = len(SMALL_SPACE.heads) * len(SMALL_SPACE.visual_keep) * len(SMALL_SPACE.inject_layer)
-    assert lat.calls == 2 * triples + len(SMALL_SPACE.draft_len) + 1
+    archs = len(SMALL_SPACE.heads) * len(SMALL_SPACE.visual_keep) * len(SMALL_SPACE.inject_layer)
+    assert lat.calls == 2 * archs + len(SMALL_SPACE.draft_len) + 1
     for c in candidates:
         assert c.draft_ms == lat.step_ms("draft", c.spec, CONTEXT, 1)
         assert c.verify_ms == lat.step_ms("verify", None, CONTEXT, c.spec.draft_len + 1)

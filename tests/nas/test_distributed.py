@@ -69,17 +69,17 @@ def _shared_rows(url: str) -> dict[str, list[str]]:
     finally:
         engine.dispose()
     out: dict[str, list[str]] = {}
-    for triple, worker in found:
-        out.setdefault(triple, []).append(worker)
+    for arch, worker in found:
+        out.setdefault(arch, []).append(worker)
     return out
 
 
 def _assert_each_triple_scored_once(rows: dict[str, list[str]], space) -> None:
     want = {f"triple:{s.id}" for s in space.enumerate() if s.draft_len == 1}
     assert set(rows) == want  # every triple, shared
-    for triple, workers in rows.items():
-        assert len(set(workers)) == 1, (triple, workers)  # by one worker
-        assert len(workers) == len(space.draft_len), (triple, workers)  # each row once
+    for arch, workers in rows.items():
+        assert len(set(workers)) == 1, (arch, workers)  # by one worker
+        assert len(workers) == len(space.draft_len), (arch, workers)  # each row once
 
 
 def _duplicate_trials(storage: str, study_name: str) -> tuple[int, int]:

@@ -195,7 +195,8 @@ def test_a_run_of_another_build_of_the_builtin_target_is_refused(tmp_path, monke
 
     run = RunFolder(tmp_path / "run")
     run.update_run(target={"id": "builtin", "path": str(tmp_path / "old-build")})
-    monkeypatch.setattr(resolve, "resolve_target", lambda target, **_: tmp_path / "new-build")
+    monkeypatch.setattr(resolve, "target_folder", lambda target: tmp_path / "new-build")
+    monkeypatch.setattr(resolve, "resolve_target", lambda target, **_: pytest.fail("built"))
     with pytest.raises(InputError, match=r"holds a supernet of target .*old-build \(another "
                                          r"build of the built-in target.*not of .*new-build; .*"
                                          r"pass another --run folder") as err:

@@ -287,9 +287,10 @@ def test_the_demo_reuses_a_supernet_trained_otherwise_and_says_how_to_retrain(
     default = TrainOptions()  # 384 builtin prompts, 300 + at most 400 steps, 64 tokens
     ensure_supernet(run, default)
     assert "prompts 3 -> 384" in logged[-1]
-    assert "visual-context" not in logged[-1]  # a config without the field: not compared
+    assert "visual-context" not in logged[-1]  # the same: visual tokens in its own sequence
     block = run.read_run()["supernet"]
-    run.update_run(supernet={**block, "config": {"visual_in_self": True}})
+    run.update_run(supernet={**block, "config": {"visual_in_self": True, "num_layers": 1,
+                                                 "mlp_shares": [1.0]}})
     memory_only = TrainOptions(n_train=3, warmup_steps=1, multires_steps=1, max_new_tokens=5,
                                visual_context="cross")
     ensure_supernet(run, memory_only)
@@ -298,7 +299,7 @@ def test_the_demo_reuses_a_supernet_trained_otherwise_and_says_how_to_retrain(
     assert "--depth" not in logged[-1] and "--mlp" not in logged[-1]  # the defaults
     elastic = TrainOptions(n_train=3, warmup_steps=1, multires_steps=1, max_new_tokens=5,
                            depth=3, mlp=(0.25, 0.5, 1.0))
-    ensure_supernet(run, elastic)  # a config without the fields: one layer a side, whole MLP
+    ensure_supernet(run, elastic)  # the config trained: one layer a side, the whole MLP
     assert "(depth 1 -> 3, mlp 1 -> 0.25,0.5,1)" in logged[-1]
     assert "--depth 3 --mlp 0.25,0.5,1 " in logged[-1]
 

@@ -118,9 +118,9 @@ def test_optuna_in_memory_is_seeded_and_enqueues_extremes_first() -> None:
     assert len(a.candidates) == 12
     assert len(set(scorer.calls)) == len(scorer.calls)  # never scored twice
     # tau is scored a triple at a time: every draft length of each triple the trials touched
-    triples = {c.spec.replace(draft_len=1) for c in a.candidates}
+    archs = {c.spec.replace(draft_len=1) for c in a.candidates}
     assert sorted(scorer.calls, key=str) == sorted(
-        (t.replace(draft_len=g) for t in triples for g in SMALL_SPACE.draft_len), key=str)
+        (t.replace(draft_len=g) for t in archs for g in SMALL_SPACE.draft_len), key=str)
     assert [h[0] for h in a.history] == [c.number for c in a.candidates]
     bests = [h[2] for h in a.history]
     assert bests == sorted(bests) and bests[-1] == pytest.approx(a.best.speedup)
@@ -142,8 +142,8 @@ def test_optuna_sqlite_resumes_the_same_study(tmp_path) -> None:
     more, s3 = _run(method="optuna", n_trials=10, storage=url)
     assert len(more.candidates) == 10
     assert not set(s3.calls) & set(s1.calls)  # the storage's shared rows hold s1's triples
-    triples = {c.spec.replace(draft_len=1) for c in more.candidates[6:]}
-    assert {s.replace(draft_len=1) for s in s3.calls} == triples - {
+    archs = {c.spec.replace(draft_len=1) for c in more.candidates[6:]}
+    assert {s.replace(draft_len=1) for s in s3.calls} == archs - {
         s.replace(draft_len=1) for s in s1.calls}  # only the new triples, whole
 
 

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from _support.search import SMALL_SPACE, FakeScorer
 from dreams_nas.nas.search.claims import ClaimLedger
 from dreams_nas.nas.search.scoring import CachedAcceptance
-from dreams_nas.nas.search.shared import TABLE, SharedRows, acceptance_scope, triple_key
+from dreams_nas.nas.search.shared import TABLE, SharedRows, acceptance_scope, arch_key
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.spec import SubnetSpec
 
@@ -48,7 +48,7 @@ def test_two_workers_asking_for_one_triple_score_it_once(tmp_path) -> None:
     calls = scorers[0].calls + scorers[1].calls
     assert sorted(s.draft_len for s in calls) == list(SMALL_SPACE.draft_len)  # one triple, once
     assert got[0][0].spec == SPEC and got[1][0].spec == SPEC.replace(draft_len=5)
-    owner = workers[0]._shared.scorers()[triple_key(SPEC)]
+    owner = workers[0]._shared.scorers()[arch_key(SPEC)]
     assert len(owner) == 1
     for w in workers:
         w.unshare()
@@ -65,7 +65,7 @@ def test_a_dead_workers_triple_is_taken_over(tmp_path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     ledger = worker._ledger
-    assert ledger.claim(triple_key(SPEC))  # as a worker that then died mid-scoring
+    assert ledger.claim(arch_key(SPEC))  # as a worker that then died mid-scoring
     with ledger._engine.begin() as conn:
         from dreams_nas.nas.search.claims import _claims
 

@@ -60,11 +60,11 @@ def test_one_scoring_pass_per_triple_covers_its_chains_and_trees():
     cached.use_space(SPACE)
     tree_spec = SubnetSpec(1, 0.5, 1, 2, tree=(4, 1))
     cached.rows([tree_spec], show_progress=False)
-    triple = tree_spec.arch
-    expected = [triple.replace(draft_len=g) for g in SPACE.draft_len]
-    expected += [triple.replace(tree=t) for t in TREES]
+    arch = tree_spec.arch
+    expected = [arch.replace(draft_len=g) for g in SPACE.draft_len]
+    expected += [arch.replace(tree=t) for t in TREES]
     assert scorer.calls == expected
-    cached.rows([triple.replace(draft_len=5), triple.replace(tree=(2, 1, 1))],
+    cached.rows([arch.replace(draft_len=5), arch.replace(tree=(2, 1, 1))],
                 show_progress=False)
     assert len(scorer.calls) == len(expected)  # cached: nothing scored again
 

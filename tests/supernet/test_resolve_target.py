@@ -18,8 +18,9 @@ def test_load_refuses_a_named_target_and_builds_nothing(name, tmp_path, monkeypa
     monkeypatch.setenv("DREAMS_NAS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(cache, "build_builtin_target", _never)
     monkeypatch.setattr(cache, "build_proxy_target", _never)
-    with pytest.raises(InputError, match=rf"^'{name}' names a built-in target, not a checkpoint "
-                                         r"folder or hub id; resolve it first .*resolve_target"):
+    with pytest.raises(InputError, match=rf"^'{name}' names a built-in or proxy target, not a "
+                                         r"checkpoint folder or hub id; resolve it first "
+                                         r".*resolve_target"):
         TargetAdapter.load(name)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
@@ -55,3 +56,15 @@ def test_resolve_passes_a_folder_or_hub_id_through(tmp_path) -> None:
 
 def _never(*_: object, **__: object) -> dict[str, object]:
     raise AssertionError("nothing may be built")
+
+
+def test_two_spellings_of_one_cache_folder_are_one_target(tmp_path) -> None:
+    """run.json records the target's folder resolved; a cache reached through a symlink or a
+    relative path is the same folder, not another build."""
+    from dreams_nas.supernet.builtin.resolve import same_folder
+
+    real = tmp_path / "cache" / "builtin-target"
+    real.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(tmp_path / "cache")
+    assert same_folder(tmp_path / "link" / "builtin-target", real)
+    assert not same_folder(tmp_path / "cache", real)

@@ -56,13 +56,15 @@ def test_corrupt_run_json_is_a_clear_error(run_dir: RunFolder) -> None:
 def test_a_run_json_of_another_schema_is_refused_in_one_line(run_dir: RunFolder) -> None:
     """No reading with defaults: a run.json another version stamped names both schemas and
     the command that starts the run again; updating it is refused too."""
-    atomic_write_text(run_dir.run_json, '{"schema_version": 0, "dtype": "float32"}')
-    message = (r"run.json has schema_version 0; this dreams-nas reads schema 1: run "
-               r"`dreams-nas train` \(or `dreams-nas demo`\) into a new --run folder$")
-    with pytest.raises(InputError, match=message):
-        run_dir.read_run()
-    with pytest.raises(InputError, match=message):
-        run_dir.update_run(dtype="float32")
+    for version, shown in (("1", "1"), (None, "None")):  # 1: before this schema; None: none
+        text = '{"dtype": "float32"' + (f', "schema_version": {version}' if version else "") + "}"
+        atomic_write_text(run_dir.run_json, text)
+        message = (rf"run.json has schema_version {shown}; this dreams-nas reads schema 2: run "
+                   r"`dreams-nas train` \(or `dreams-nas demo`\) into a new --run folder$")
+        with pytest.raises(InputError, match=message):
+            run_dir.read_run()
+        with pytest.raises(InputError, match=message):
+            run_dir.update_run(dtype="float32")
 
 
 def test_atomic_write_leaves_no_temp_files(tmp_path) -> None:

@@ -15,9 +15,10 @@ SPACE = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), d
 
 
 def _steps(tiny_llava: str) -> ModelSteps:
-    from dreams_nas.nas.stages.profile import load_target
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    adapter = TargetAdapter.load(tiny_llava, device="cpu",
+                                 dtype=torch_dtype(resolve_dtype("auto", "cpu")))
     supernet = build_supernet(adapter.model, SPACE)
     return ModelSteps(adapter, supernet, visual_tokens=4, precede=SPACE.largest(),
                       trees=SPACE.trees)

@@ -9,9 +9,10 @@ from dreams_nas.supernet.core.space import SearchSpace
 
 
 def _steps(tiny_llava: str, precede) -> ModelSteps:
-    from dreams_nas.nas.stages.profile import load_target
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    adapter = TargetAdapter.load(tiny_llava, device="cpu",
+                                 dtype=torch_dtype(resolve_dtype("auto", "cpu")))
     space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
     supernet = build_supernet(adapter.model, space)
     return ModelSteps(adapter, supernet, visual_tokens=4,
@@ -108,10 +109,11 @@ def test_a_deeper_narrower_subnet_is_extracted_and_timed(tiny_llava, tmp_path) -
     from dreams_nas.latency.measure.hardware import detect_hardware
     from dreams_nas.latency.measure.profile_store import ProfileStore
     from dreams_nas.latency.measure.profiler import TimingSettings, run_profile
-    from dreams_nas.nas.stages.profile import load_target
     from dreams_nas.supernet.core.spec import SubnetSpec
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    adapter = TargetAdapter.load(tiny_llava, device="cpu",
+                                 dtype=torch_dtype(resolve_dtype("auto", "cpu")))
     space = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2),
                         draft_len=(1, 3), depth=(1, 2), mlp=(0.5, 1.0))
     supernet = build_supernet(adapter.model, space)
@@ -138,11 +140,12 @@ def test_a_deeper_narrower_subnet_is_extracted_and_timed(tiny_llava, tmp_path) -
 def test_a_supernet_config_must_cover_the_spaces_depths_and_widths(tiny_llava) -> None:
     import pytest
     from dreams_nas.latency.measure.steps import text_config
-    from dreams_nas.nas.stages.profile import load_target
     from dreams_nas.supernet.core.errors import InputError
     from dreams_nas.supernet.draft.config import DraftConfig
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    adapter = TargetAdapter.load(tiny_llava, device="cpu",
+                                 dtype=torch_dtype(resolve_dtype("auto", "cpu")))
     space = SearchSpace(heads=(1, 4), visual_keep=(1.0,), inject_layer=(1, 2), draft_len=(1,),
                         depth=(1, 3), mlp=(0.25, 1.0))
     shallow = DraftConfig.for_target(text_config(adapter.model.config), inject_layers=(1, 2),
@@ -164,9 +167,10 @@ VOCAB_SPACE = SearchSpace(heads=(1, 4), visual_keep=(0.5, 1.0), inject_layer=(1,
 def _vocab_steps(folder: str, precede=None):
     """ModelSteps over the large-vocabulary target, and a recorder of its LM head's calls as a
     module (the full head: what a draft vocabulary below 1 must not run)."""
-    from dreams_nas.nas.stages.profile import load_target
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    adapter = load_target(folder, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    adapter = TargetAdapter.load(folder, device="cpu",
+                                 dtype=torch_dtype(resolve_dtype("auto", "cpu")))
     supernet = build_supernet(adapter.model, VOCAB_SPACE)
     calls: list[tuple[int, ...]] = []
     head = adapter.model.get_output_embeddings()
@@ -245,11 +249,12 @@ def test_a_cycle_drafts_with_the_subnets_vocabulary(large_vocab_llava) -> None:
 def test_a_supernet_config_must_offer_the_spaces_draft_vocabularies(tiny_llava) -> None:
     import pytest
     from dreams_nas.latency.measure.steps import text_config
-    from dreams_nas.nas.stages.profile import load_target
     from dreams_nas.supernet.core.errors import InputError
     from dreams_nas.supernet.draft.config import DraftConfig
+    from dreams_nas.supernet.target.adapter import TargetAdapter
 
-    adapter = load_target(tiny_llava, "cpu", torch_dtype(resolve_dtype("auto", "cpu")))
+    adapter = TargetAdapter.load(tiny_llava, device="cpu",
+                                 dtype=torch_dtype(resolve_dtype("auto", "cpu")))
     space = SearchSpace(heads=(1, 4), visual_keep=(1.0,), inject_layer=(1, 2), draft_len=(1,),
                         draft_vocab=(0.25, 1.0))
     whole = DraftConfig.for_target(text_config(adapter.model.config), inject_layers=(1, 2),
