@@ -3,6 +3,7 @@ pareto.csv, best.json and history.csv (SCHEMAS.md), and which hardware ids were 
 
 from __future__ import annotations
 
+import csv
 import io
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,6 +19,16 @@ from dreams_nas.reports.reading import (
     json_object,
     num,
     read_csv,
+    whole_csv,
+)
+from dreams_nas.reports.search_checks import (
+    FLAG_TRUE,
+    REWRITE,
+    check_best,
+    check_count,
+    check_front,
+    check_text,
+    numbers,
 )
 from dreams_nas.reports.subnets import SubnetTable
 from dreams_nas.reports.values import BestSubnet, CrossHardware, HistoryPoint, Verified
@@ -75,32 +86,26 @@ def pick_hardware(run: RunFolder, hardware_ids: Sequence[str], requested: str | 
 
 # trials.csv columns read as text: the name, the state and the flag (the rest are numbers).
 _TEXT_COLUMNS = ("spec_id", "state", "feasible", "tree")
-_FLAG_TRUE = ("1", "true", "yes", "1.0")
 
 
 def _read_trials(path: Path) -> pd.DataFrame:
-    """The TRIALS_COLUMNS of trials.csv (a cell that is not a number reads as NaN in a number
-    column); a torn last line (a kill mid-append) is skipped."""
-    with path.open("rb") as handle:
-        size = handle.seek(0, io.SEEK_END)
-        if size:
-            handle.seek(-1, io.SEEK_END)
-        torn = size > 0 and handle.read(1) != b"\n"
-    source: Path | io.BytesIO = path
-    if torn:
-        data = path.read_bytes()
-        source = io.BytesIO(data[: data.rfind(b"\n") + 1])
+    """The TRIALS_COLUMNS of trials.csv, every row whole (`reading.whole_csv`: the search
+    rewrites the file whole, so a row cut short is damage) and every cell of a number column a
+    number or empty (`search_checks.numbers`)."""
+    data = whole_csv(path, REWRITE)
     wanted = set(TRIALS_COLUMNS) | set(OPTIONAL_COLUMNS)
-    frame = pd.read_csv(source, usecols=lambda name: name in wanted,
+    frame = pd.read_csv(io.BytesIO(data), usecols=lambda name: name in wanted,
                         dtype={"spec_id": str, "state": "category", "feasible": "category",
                                "tree": str},
-                        low_memory=False, encoding="utf-8")
+                        keep_default_na=False, na_values=[""], low_memory=False,
+                        encoding="utf-8")
     for name in OPTIONAL_COLUMNS:
         if name not in frame:
             frame[name] = "" if name in _TEXT_COLUMNS else np.nan
     for name in (*TRIALS_COLUMNS, *OPTIONAL_COLUMNS):
-        if name not in _TEXT_COLUMNS and frame[name].dtype.kind not in "iuf":
-            frame[name] = pd.to_numeric(frame[name].astype(str), errors="coerce")
+        if name not in _TEXT_COLUMNS:
+            frame[name] = numbers(path, frame, name)
+    check_text(path, frame)
     for name, default in SIZE_DEFAULTS.items():
         frame[name] = frame[name].fillna(default)
     return frame
@@ -122,7 +127,8 @@ def load_subnet_table(run: RunFolder, hardware_id: str) -> SubnetTable:
     """Every scored subnet of trials.csv as columns, in file order, none marked on the front.
 
     A row is scored when its state is `complete` and its tau, speedup and draft steps are
-    numbers; SCHEMAS.md: a subnet listed twice keeps its last scored row.
+    numbers; SCHEMAS.md: a subnet listed twice keeps its last scored row. The file must hold
+    as many rows as best.json counts and best.json's subnet (`search_checks`).
     """
     path = run.trials_csv(hardware_id)
     if not path.is_file():
@@ -132,9 +138,14 @@ def load_subnet_table(run: RunFolder, hardware_id: str) -> SubnetTable:
         raise ReportError(f"{path} lacks the column(s) {missing}; rerun `dreams-nas search`")
     try:
         frame = _read_trials(path)
+    except ReportError:
+        raise
     except (ValueError, pd.errors.ParserError) as exc:
-        raise ReportError(f"{path} is not a readable CSV ({exc}); rerun `dreams-nas search`"
-                          ) from None
+        raise ReportError(f"{path} is not a readable CSV ({' '.join(str(exc).split())}); "
+                          "rerun `dreams-nas search`") from None
+    best_path = run.best_json(hardware_id)
+    best = json_object(best_path)
+    check_count(path, len(frame), best, best_path)
     number = lambda name: frame[name].to_numpy(dtype=np.float64)  # noqa: E731
     scored = _is(frame["state"], ("complete",)) & ~np.isnan(
         np.stack([number(n) for n in ("speedup", "draft_ms", "first_draft_ms", "tau")])
@@ -158,7 +169,7 @@ def load_subnet_table(run: RunFolder, hardware_id: str) -> SubnetTable:
             f"{path} holds no completed trial; run `dreams-nas search` (again) first"
         )
     whole = lambda name: _whole_numbers(number(name)[keep])  # noqa: E731
-    return SubnetTable(
+    table = SubnetTable(
         spec_id=spec_id[keep],
         # int() of the cell, as a Subnet's spec fields are read
         heads=number("heads")[keep].astype(np.int64),
@@ -169,13 +180,15 @@ def load_subnet_table(run: RunFolder, hardware_id: str) -> SubnetTable:
         draft_ms=number("draft_ms")[keep], first_draft_ms=number("first_draft_ms")[keep],
         verify_ms=number("verify_ms")[keep], decode_ms=number("decode_ms")[keep],
         speedup=number("speedup")[keep], draft_params=whole("draft_params"),
-        feasible=_is(frame["feasible"], _FLAG_TRUE)[keep],
+        feasible=_is(frame["feasible"], FLAG_TRUE)[keep],
         on_front=np.zeros(keep.size, dtype=bool), number=whole("number"),
         draft_bytes=whole("draft_bytes"),
         tree=np.char.strip(_text(frame["tree"]))[keep], recorded_cycle_ms=number("cycle_ms")[keep],
         depth=number("depth")[keep].astype(np.int64), mlp=number("mlp")[keep],
         draft_vocab=number("draft_vocab")[keep],
     )
+    check_best(path, table, best, best_path)
+    return table
 
 
 def _whole_numbers(values: np.ndarray) -> np.ndarray:
@@ -193,12 +206,23 @@ def _cell(value: Any) -> str:
 
 
 def mark_front(run: RunFolder, hardware_id: str, table: SubnetTable) -> SubnetTable:
-    """`table`, the subnets listed in pareto.csv (the search's front) marked on the front."""
+    """`table`, the subnets listed in pareto.csv (the search's front) marked on the front;
+    pareto.csv must be whole and the front of trials.csv (`search_checks.check_front`)."""
     path = run.pareto_csv(hardware_id)
     if not path.is_file():
         raise MissingResultsError(f"no Pareto front in {path}; run `dreams-nas search` (again)")
-    front = {(row.get("spec_id") or "").strip() for row in read_csv(path)}
-    return replace(table, on_front=np.isin(table.spec_id, sorted(front)))
+    try:
+        text = whole_csv(path, REWRITE).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ReportError(f"{path} is not UTF-8 text; {REWRITE}") from None
+    reader = csv.DictReader(text.splitlines())
+    if "spec_id" not in (reader.fieldnames or ()):
+        raise ReportError(f"{path} has no spec_id column; {REWRITE}")
+    front = sorted({(row.get("spec_id") or "").strip() for row in reader})
+    best_path = run.best_json(hardware_id)
+    check_front(path, front, table, run.trials_csv(hardware_id), json_object(best_path),
+                best_path)
+    return replace(table, on_front=np.isin(table.spec_id, front))
 
 
 def load_best(run: RunFolder, hardware_id: str) -> tuple[BestSubnet, tuple[Verified, ...],

@@ -96,6 +96,8 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
         "spec", "spec.heads", "spec.visual_keep", "spec.inject_layer", "spec.draft_len",
         "spec.tree", "spec.depth", "spec.mlp", "spec.draft_vocab",
         "spec_id", "spec_dir", "objective", "method", "created", "supernet_hash",
+        # what trials.csv and pareto.csv are checked against (reports.search_checks)
+        "n_evaluations", "front", "front.maximise", "front.minimise",
         "predicted", "predicted.speedup", "predicted.tau", "predicted.tau_ci",
         "predicted.draft_ms", "predicted.verify_ms", "predicted.decode_ms",
         "measured", "measured.speedup", "measured.speedup_end_to_end", "measured.tau",

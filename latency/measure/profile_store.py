@@ -3,7 +3,9 @@
 A row is appended (under a lock, flushed whole) as soon as its step is timed, so a killed run
 loses at most the row in flight. A rerun reads the keys already there -- (kind, spec_id,
 context_len, k) -- and times only the rest; the append re-checks the keys under a lock so two
-processes timing the same hardware id (two identical GPUs) never write a key twice.
+processes timing the same hardware id (two identical GPUs) never write a key twice. A file that
+holds a key twice (two profiles concatenated, an edit) is refused on reading, naming both lines:
+its second measurement would silently weigh in the fit.
 
 A file of another header (another dreams-nas version's columns) is refused, read or appended
 to, in one line naming the columns it lacks or adds and `dreams-nas profile`, which times it
@@ -114,14 +116,21 @@ class ProfileStore:
             return pd.DataFrame(columns=list(PROFILE_COLUMNS))
         self._check_header(header)
         records = []
+        lines: dict[tuple[str, str, int, int], int] = {}  # key -> the line that recorded it
         for values in reader:
             line = reader.line_num
             if not values:
                 continue
             if len(values) != len(header):
                 self._corrupt(line, f"has {len(values)} fields where the header has {len(header)}")
-            record = dict(zip(header, values, strict=True))
-            records.append(self._parse(record, line))
+            record = self._parse(dict(zip(header, values, strict=True)), line)
+            key = (record["kind"], record["spec_id"], record["context_len"], record["k"])
+            if key in lines:
+                self._corrupt(line, f"key {list(key)} (kind, spec_id, context_len, k) was "
+                                    f"recorded already on line {lines[key]}, and a key is timed "
+                                    "once")
+            lines[key] = line
+            records.append(record)
         return pd.DataFrame.from_records(records, columns=list(PROFILE_COLUMNS))
 
     def _check_header(self, header: list[str]) -> None:

@@ -9,8 +9,11 @@ Nothing in a run folder is unpickled: a run folder someone sends you could carry
 runs their code when loaded, and a hash beside it proves nothing (they can write that too).
 predictor.skops is read with skops trusting only scikit-learn's and numpy's types and ours
 (`regressor.SKOPS_TRUSTED_TYPES`); a file naming any other type is refused before anything in
-it is built. A folder of another schema or scikit-learn version, or whose skops file is
-missing, damaged or swapped, is refused in one line naming the refit that writes it again.
+it is built. What it builds is then checked by type (`regressor.model_problem`): a scikit-learn
+estimator skops trusts but `make_regressor` never builds (a `DummyRegressor` whose hash was
+written beside it) is refused as well. A folder of another schema or scikit-learn version, or
+whose skops file is missing, damaged or swapped, is refused in one line naming the refit that
+writes it again.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dreams_nas.latency.kinds import DRAFT_KINDS
-from dreams_nas.latency.model.regressor import SKOPS_TRUSTED_TYPES
+from dreams_nas.latency.model.regressor import SKOPS_TRUSTED_TYPES, model_problem
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.spec import SIZE_DEFAULTS
 from dreams_nas.supernet.core.versions import library_versions
@@ -39,12 +42,16 @@ REFIT = ("rerun `dreams-nas profile --fit-only` (it refits from profile.csv) wit
 
 
 def dump_model(model: Any) -> bytes:
-    """predictor.skops's bytes; a type `load_model` will not trust (a custom candidate
-    regressor) is refused here, before anything is written."""
+    """predictor.skops's bytes; a type `load_model` will not trust or accept (a custom
+    candidate regressor) is refused here, before anything is written."""
     import zipfile
 
     import skops.io as sio
 
+    problem = model_problem(model)
+    if problem:
+        raise InputError(f"the latency model is not one loading accepts ({problem}); fit it "
+                         "with the default candidate regressors")
     payload = sio.dumps(model, compression=zipfile.ZIP_DEFLATED)
     extra = sorted(set(sio.get_untrusted_types(data=payload)) - set(SKOPS_TRUSTED_TYPES))
     if extra:
@@ -56,7 +63,8 @@ def dump_model(model: Any) -> bytes:
 def load_model(directory: Path, meta: Mapping[str, Any]) -> Any:
     """The fitted regressor of predictor.skops: refused in one line (naming the refit) when
     the folder is of another schema or scikit-learn version, or the file is missing, damaged,
-    swapped or names a type we do not trust."""
+    swapped, names a type we do not trust or builds anything but what `make_regressor` builds
+    (`regressor.model_problem`)."""
     import skops.io as sio
 
     path = directory / MODEL_FILE
@@ -77,10 +85,15 @@ def load_model(directory: Path, meta: Mapping[str, Any]) -> Any:
         raise InputError(f"{path} does not match the hash predictor.json records (damaged or "
                          f"replaced); {REFIT}")
     try:
-        return sio.loads(payload, trusted=list(SKOPS_TRUSTED_TYPES))
+        model = sio.loads(payload, trusted=list(SKOPS_TRUSTED_TYPES))
     except Exception as exc:  # noqa: BLE001 - an unreadable or refused file is one line
         raise InputError(f"cannot read {path} ({' '.join(str(exc).split())[:300]}); "
                          f"{REFIT}") from None
+    problem = model_problem(model)
+    if problem:
+        raise InputError(f"{path} is not a latency model this dreams-nas fits "
+                         f"({' '.join(problem.split())[:300]}); {REFIT}")
+    return model
 
 
 def read_train_rows(path: Path) -> pd.DataFrame:
@@ -101,10 +114,12 @@ def read_train_rows(path: Path) -> pd.DataFrame:
     return frame
 
 
-def training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+def training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]],
+                   stat: str = "median_ms") -> pd.DataFrame:
     """`rows` as the columns the regressor is fitted on (`TRAIN_COLUMNS`); only ``ok`` rows
     when they carry a status. Rows made in memory without a size column (tests, notebooks)
-    are at that size's default for draft rows."""
+    are at that size's default for draft rows. A row whose time (`median_ms`, holding `stat`)
+    is not a positive number is refused in one line naming it (`InputError`)."""
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     if "status" in frame.columns:
         frame = frame[frame["status"] == "ok"]
@@ -123,7 +138,15 @@ def training_frame(rows: pd.DataFrame | Iterable[Mapping[str, Any]]) -> pd.DataF
     frame = frame[[c for c in TRAIN_COLUMNS if c in frame.columns]]
     for name in ("context_len", "k"):
         frame[name] = frame[name].astype(int)
-    return frame.reset_index(drop=True)
+    frame = frame.reset_index(drop=True)
+    ms = frame["median_ms"].to_numpy(dtype=float)
+    bad = np.flatnonzero(~(np.isfinite(ms) & (ms > 0)))
+    if bad.size:
+        row = frame.iloc[int(bad[0])]
+        spec = f" of {row['spec_id']}" if row["spec_id"] else ""
+        raise InputError(f"the {row['kind']} row{spec} at context_len {row['context_len']}, k "
+                         f"{row['k']} has {stat} {ms[bad[0]]:g}: not a positive time in ms")
+    return frame
 
 
 def check_fingerprint(fingerprint: Mapping[str, Any], expected: Mapping[str, Any],

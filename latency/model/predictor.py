@@ -183,9 +183,9 @@ class LatencyPredictor:
         rows = pd.DataFrame(rows)
         if stat != "median_ms":
             rows = rows.assign(median_ms=rows[stat])
-        return cls._fitted(persist.training_frame(rows), hardware_id, visual_tokens=visual_tokens,
-                           holdout=holdout, seed=seed, candidates=candidates, stat=stat,
-                           fingerprint=fingerprint)
+        return cls._fitted(persist.training_frame(rows, stat), hardware_id,
+                           visual_tokens=visual_tokens, holdout=holdout, seed=seed,
+                           candidates=candidates, stat=stat, fingerprint=fingerprint)
 
     @classmethod
     def _fitted(cls, rows: pd.DataFrame, hardware_id: str, *, visual_tokens: int,

@@ -15,7 +15,10 @@ A kind the profile never timed is refused (`InputError`) rather than guessed fro
 so is a draft step over a tree level wider than any timed.
 
 It is a scikit-learn style estimator (`fit(rows, ms)`, `predict(rows)`, `get_params`, `clone`)
-saved with skops, which loads only `SKOPS_TRUSTED_TYPES` beyond scikit-learn's and numpy's.
+saved with skops, which loads only `SKOPS_TRUSTED_TYPES` beyond scikit-learn's and numpy's; a
+loaded model is then checked by type (`model_problem`): only the classes `make_regressor` builds
+and fitting fills in (`PERSISTED_PARTS`) pass, so a valid scikit-learn estimator in their place
+(a `DummyRegressor`) is refused.
 """
 
 from __future__ import annotations
@@ -26,11 +29,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dreams_nas.latency.kinds import DRAFT_KINDS, KINDS
-from dreams_nas.latency.model.draft_regression import CVSelectedRegressor, DraftFeatures
+from dreams_nas.latency.model.draft_regression import (
+    CVSelectedRegressor,
+    DraftFeatures,
+    RelativeRidge,
+)
 from dreams_nas.latency.model.target_table import TABLE, TargetTable
 from dreams_nas.latency.model.validation import grid_groups
 from dreams_nas.supernet.core.errors import InputError
 from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.exceptions import NotFittedError
+from sklearn.linear_model import RidgeCV
+from sklearn.preprocessing import StandardScaler
 from sklearn.utils.validation import check_is_fitted
 
 # What a saved predictor (skops) holds beyond skops's default-trusted types (scikit-learn's
@@ -43,6 +53,19 @@ SKOPS_TRUSTED_TYPES = (
     "dreams_nas.latency.model.regressor.LatencyRegressor",
     "dreams_nas.latency.model.target_table.TargetTable",
 )
+# Every estimator class a fitted `LatencyRegressor` holds, exactly (no subclass), each with the
+# fitted attributes that hold its parts and the class each part is (a dict attribute: each of
+# its values). What `make_regressor` builds and `fit` fills in; a saved model holding any other
+# object is refused (`model_problem`).
+PERSISTED_PARTS: dict[type, dict[str, type]] = {
+    # LatencyRegressor is added below its class
+    CVSelectedRegressor: {"best_estimator_": RelativeRidge},
+    RelativeRidge: {"scaler_": StandardScaler, "ridge_": RidgeCV},
+    DraftFeatures: {}, TargetTable: {}, StandardScaler: {}, RidgeCV: {},
+}
+# What else a fitted model holds: numbers, text, numpy arrays of them, and containers.
+_VALUES = (type(None), bool, int, float, str)
+_NUMPY_VALUES = (np.bool_, np.number, np.str_)
 INTERPOLATED = TABLE  # the name `regressors` gives a target kind's table (SURFACE: its surface)
 _INPUT_COLUMNS = ("kind", "heads", "visual_keep", "context_len", "k")
 _FIX = ("rerun `dreams-nas profile` with the run's search space (it times every kind the space "
@@ -145,6 +168,72 @@ class LatencyRegressor(RegressorMixin, BaseEstimator):
             raise InputError(f"no {kind} step was profiled, and it is not guessed from another "
                              f"kind's; {_FIX}")
         return model, self.draft_widths_[kind]
+
+
+PERSISTED_PARTS[LatencyRegressor] = {"draft_features_": DraftFeatures,
+                                     "draft_models_": CVSelectedRegressor,
+                                     "target_models_": TargetTable}
+
+
+def model_problem(model: Any) -> str | None:
+    """Why `model` is not a fitted `LatencyRegressor` as `make_regressor` builds it (None: it
+    is): the root, every part that fitting filled in (`PERSISTED_PARTS`, each fitted) and every
+    estimator anywhere in it (the candidates' too) must be of exactly those classes, and
+    everything else numbers, text, numpy arrays of them, lists, tuples or dicts."""
+    if type(model) is not LatencyRegressor:
+        return f"a {_type_name(model)}, not a {LatencyRegressor.__name__}"
+    stack: list[tuple[str, Any, bool]] = [("the model", model, True)]  # where, what, fitted?
+    seen: set[int] = set()
+    while stack:
+        where, value, fitted = stack.pop()
+        if type(value) in _VALUES or isinstance(value, _NUMPY_VALUES) or id(value) in seen:
+            continue
+        seen.add(id(value))
+        kind = type(value)
+        if kind is np.ndarray:
+            if value.dtype.kind not in "biufU" and value.dtype != object:
+                return f"{where}: an array of {value.dtype}"
+            if value.dtype == object:
+                stack += [(f"{where}[]", v, False) for v in value.ravel()]
+        elif kind in (list, tuple):
+            stack += [(f"{where}[{i}]", v, False) for i, v in enumerate(value)]
+        elif kind is dict:
+            stack += [(f"{where}[{k!r}]", v, fitted) for k, v in value.items()]
+            stack += [(f"{where} key", k, False) for k in value]
+        elif kind in PERSISTED_PARTS:
+            problem = _parts_problem(where, value, fitted)
+            if problem:
+                return problem
+            stack += [(f"{where}.{k}", v, k in PERSISTED_PARTS[kind]) for k, v in
+                      vars(value).items()]
+        else:
+            return f"{where}: a {_type_name(value)}, which make_regressor never builds"
+    return None
+
+
+def _parts_problem(where: str, estimator: Any, fitted: bool) -> str | None:
+    """A fitted part (`fitted`) unfitted, or a part of another class than `PERSISTED_PARTS`
+    names (a dict attribute: any of its values)."""
+    if fitted:
+        try:
+            check_is_fitted(estimator)
+        except NotFittedError:
+            return f"{where}: an unfitted {type(estimator).__name__}"
+    for name, part in PERSISTED_PARTS[type(estimator)].items():
+        if name not in vars(estimator):
+            if fitted:
+                return f"{where} has no {name}"
+            continue
+        held = vars(estimator)[name]
+        for value in held.values() if isinstance(held, dict) else (held,):
+            if type(value) is not part:
+                return f"{where}.{name}: a {_type_name(value)}, not a {part.__name__}"
+    return None
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def make_regressor(visual_tokens: int = 0, candidates: Sequence[tuple[str, Any]] | None = None,

@@ -38,7 +38,9 @@ EXAMPLES = ("sqlite:///dreams-run/search/<hw>/study.db, postgresql+psycopg2://us
             f"(password from PGPASSWORD or ~/.pgpass, or the URL in ${ENV}) or "
             "journal:/path/study.log")
 
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)[^@\s]*(?=@)")
+# the password runs to the authority's last "@" (a raw "@" in it would otherwise leak its tail)
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@\s]*:)[^/?#\s]*"
+                           r"(?=@[^@/?#\s]*(?:[/?#\s]|$))")
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&;\s](?:password|passwd|pwd)=)[^&\s]*",
                              re.IGNORECASE)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from dreams_nas.nas.search.candidate import FRONTS, Candidate
 from dreams_nas.nas.search.strategies import SearchResult
+from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, atomic_write_text
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.spec import SPEC_SCHEMA_VERSION, SubnetSpec
@@ -112,6 +113,16 @@ def write_spec_dir(folder: Path, c: Candidate, record: SearchRecord,
     return folder
 
 
+def _inside(run: RunFolder, folder: Path) -> Path:
+    """`folder`, refused when it (or a link on its way) leads out of the run folder: a spec
+    written through a link would change files elsewhere."""
+    where = folder.resolve()
+    if not where.is_relative_to(run.root.resolve()):
+        raise InputError(f"{folder} leads to {where}, outside the run folder {run.root}; "
+                         f"remove the link (the search writes the spec there)")
+    return folder
+
+
 def best_payload(result: SearchResult, record: SearchRecord,
                  measured: Mapping[str, Any] | None = None,
                  verified: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
@@ -160,7 +171,7 @@ def export_result(run: RunFolder, result: SearchResult, record: SearchRecord, *,
             {result.best.spec.id} | {c.spec.id for c in result.front})
         for c in result.candidates:
             if c.spec.id in wanted:
-                write_spec_dir(run.spec_dir(c.spec.id), c, record, write_draft)
+                write_spec_dir(_inside(run, run.spec_dir(c.spec.id)), c, record, write_draft)
         paths["best"] = write_best(run, result, record)
         paths["spec_dir"] = run.spec_dir(result.best.spec.id)
     return paths

@@ -7,13 +7,15 @@ acceptance rows are all cached never loads a model.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dreams_nas.supernet.acceptance.table import AcceptanceRow, AcceptanceTable
+from dreams_nas.supernet.core.digests import data_digest
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
-from dreams_nas.supernet.core.io import file_sha256, read_json
+from dreams_nas.supernet.core.io import read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.core.spec import SubnetSpec
@@ -50,9 +52,30 @@ def resolve_hardware(run: RunFolder, hardware: str | None) -> str:
 
 
 def hardware_identity(run: RunFolder, hardware_id: str) -> dict[str, Any]:
+    """hardware.json of `hardware_id`: what its latencies were measured on, which a search
+    copies into best.json and every spec.json and a verification must reproduce (the device
+    kind, the CPU's thread count). Missing, empty or damaged is refused in one line: without it
+    a measurement would run on whatever state this machine is in."""
+    from dreams_nas.latency.measure.hardware import HardwareInfo
+
     path = run.hardware_json(hardware_id)
-    data = read_json(path) if path.is_file() else {}
-    return data if isinstance(data, dict) else {}
+    fix = (f"rerun `dreams-nas profile --run {run.root}` on that machine (it writes the file "
+           "and keeps the rows already timed)")
+    if not path.is_file():
+        raise MissingArtefactError(f"{path} is missing: the latencies of {hardware_id} do not "
+                                   f"say what they were measured on; {fix}")
+    fix = f"delete it, then {fix}"
+    data = read_json(path)
+    try:
+        info = HardwareInfo.from_dict(data) if isinstance(data, dict) else None
+    except TypeError:
+        info = None
+    if info is None or info.hardware_id != hardware_id or info.kind not in ("cpu", "cuda") \
+            or (info.kind == "cpu" and not (isinstance(info.threads, int) and info.threads > 0)):
+        raise InputError(f"{path} is not the hardware.json of {hardware_id} (a HardwareInfo "
+                         f"object naming hardware_id {hardware_id!r}, its kind and, on a CPU, "
+                         f"its thread count); {fix}")
+    return data
 
 
 def load_latency(run: RunFolder, hardware_id: str, dtype: str | None = None
@@ -220,15 +243,20 @@ def _specs_of_json(path: Path, body: str) -> list[SubnetSpec]:
 # --- evaluation data -----------------------------------------------------------------------
 def dataset_id(data: str, limit: int | None, seed: int = 0) -> str:
     """`builtin-eval-n32` (`-s<seed>` when the synthetic set has another seed) or
-    `<file stem>-<sha8 of the file>[-n<limit>]`."""
+    `<file stem>-<sha8 of the file and its images>[-n<limit>]`: another picture under the same
+    name is another data set (`supernet.core.digests`, each image hashed once)."""
     n = f"-n{limit}" if limit is not None else ""
     if data == "builtin":
         return f"builtin-eval{n or f'-n{DEFAULT_EVAL_PROMPTS}'}{f'-s{seed}' if seed else ''}"
     path = Path(data)
     if not path.is_file():
         raise InputError(f"--data {data!r} is neither builtin nor an existing .jsonl file")
-    digest = file_sha256(path)[:8]
-    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem) or "data"
+    from dreams_nas.supernet.data.prompts import load_llava_jsonl
+
+    images = [example.image_path for example in load_llava_jsonl(path)]
+    digest = data_digest(path, images)[:8]
+    words = re.split(r"[^A-Za-z0-9._]+", path.stem)
+    stem = "-".join(w for w in words if w).lstrip("._-") or "data"
     return f"{stem}-{digest}{n}"
 
 

@@ -152,6 +152,7 @@ def _space_and_supernet(run: RunFolder, model: Any, seed: int) -> tuple[SearchSp
 def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     """Profile the present device (resuming a killed run) and fit its latency predictor."""
     from dreams_nas.nas.stages.inputs import check_run_folder
+    from dreams_nas.supernet.core.runlock import stage_lock
 
     started = time.perf_counter()
     check_run_folder(run)
@@ -160,11 +161,12 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     dtype_name = run.dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
     store = ProfileStore(run.profile_csv(hw.hardware_id))
-    if options.fit_only:
-        timed, result = _recorded(run, hw, store, device), None
-    else:
-        timed, result = _time_steps(run, options, hw, store)
-    summary = _fit(run, options, timed, store)
+    with stage_lock(run.root, [f"latency-{hw.hardware_id}"], "dreams-nas profile"):
+        if options.fit_only:
+            timed, result = _recorded(run, hw, store, device), None
+        else:
+            timed, result = _time_steps(run, options, hw, store)
+        summary = _fit(run, options, timed, store)
     summary.update(device=device, seconds=round(time.perf_counter() - started, 1))
     if result is not None:
         summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
@@ -182,6 +184,9 @@ class _Timed(NamedTuple):
 
 
 def _check_options(options: ProfileOptions, device: str) -> None:
+    from dreams_nas.latency.measure.plan import parse_budget
+
+    parse_budget(options.budget, options.budget_option)  # before the target's slow load
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
     if options.warmup < 0:
@@ -211,7 +216,9 @@ def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str
     plan = run.plan_json(hw.hardware_id)
     plan_info = read_json(plan) if plan.is_file() else {}
     if run.hardware_json(hw.hardware_id).is_file():  # the rows' own identity, not this machine's
-        hw = HardwareInfo.from_dict(read_json(run.hardware_json(hw.hardware_id)))
+        from dreams_nas.nas.stages.inputs import hardware_identity  # refuses a damaged one
+
+        hw = HardwareInfo.from_dict(hardware_identity(run, hw.hardware_id))
     return _Timed(folder, hw, int(plan_info.get("visual_tokens", 0)),
                   plan_info.get("architecture_hash"))
 

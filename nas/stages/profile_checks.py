@@ -50,6 +50,11 @@ def check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
     path = folder / "hardware.json"
     if path.is_file():
         old = read_json(path)
+        if not isinstance(old, dict) or not old.get("hardware_id"):
+            raise InputError(f"{path} is damaged (not the JSON object a profile writes): the "
+                             f"rows in {folder} no longer say what they were timed on; delete "
+                             "it and rerun `dreams-nas profile` on that machine (the rows "
+                             "already timed are kept)")
         if old.get("dtype") != hw.dtype:
             raise InputError(
                 f"the profile in {folder} was timed in {old.get('dtype')}, this run asks for "

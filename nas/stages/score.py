@@ -40,6 +40,7 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     )
     from dreams_nas.supernet.acceptance.table import AcceptanceTable
     from dreams_nas.supernet.core.device import resolve_device, torch_threads
+    from dreams_nas.supernet.core.runlock import stage_lock
 
     start = time.perf_counter()
     check_run_folder(run)
@@ -52,22 +53,23 @@ def score_run(run: RunFolder, options: ScoreOptions) -> dict[str, Any]:
     specs = read_specs(options.specs, space)
     run.record_dtype(dtype)
     data_id = dataset_id(options.data, options.limit, options.seed)
-    table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, options.temperature,
-                            dtype=dtype, max_new_tokens=options.max_new_tokens)
-    scorer = LazyScorer(RunModels(run, device, dtype), data=options.data, limit=options.limit,
-                        seed=options.seed, supernet_hash=digest, dataset_id=data_id,
-                        temperature=options.temperature, max_new_tokens=options.max_new_tokens,
-                        draft_lens=space.draft_len, trees=space.trees,
-                        show_progress=options.show_progress)
-    cached = CachedAcceptance(scorer, table)
-    world = current()
-    with torch_threads(options.threads):
-        if world.distributed:  # each rank scores its share of the architectures, then all read
-            cached.rows(ranks_share(specs, cached, world),
-                        show_progress=options.show_progress if world.is_main else False)
-            world.barrier()
-            cached.refresh()
-        rows = cached.rows(specs, show_progress=options.show_progress)
+    with stage_lock(run.root, [f"acceptance-{data_id}"], "dreams-nas score"):
+        table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, options.temperature,
+                                dtype=dtype, max_new_tokens=options.max_new_tokens)
+        scorer = LazyScorer(RunModels(run, device, dtype), data=options.data, limit=options.limit,
+                            seed=options.seed, supernet_hash=digest, dataset_id=data_id,
+                            temperature=options.temperature, max_new_tokens=options.max_new_tokens,
+                            draft_lens=space.draft_len, trees=space.trees,
+                            show_progress=options.show_progress)
+        cached = CachedAcceptance(scorer, table)
+        world = current()
+        with torch_threads(options.threads):
+            if world.distributed:  # each rank scores its share of the architectures, then all read
+                cached.rows(ranks_share(specs, cached, world),
+                            show_progress=options.show_progress if world.is_main else False)
+                world.barrier()
+                cached.refresh()
+            rows = cached.rows(specs, show_progress=options.show_progress)
     best = max(rows, key=lambda r: r.tau)
     n_scored = int(world.sum([cached.n_scored])[0])  # by every rank
     return {"acceptance": str(table.path), "dataset_id": data_id, "supernet_hash": digest,

@@ -118,19 +118,31 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
 def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
     """`dreams-nas search`: score what the acceptance CSV lacks, search, export the specs,
     verify the pick end to end, write the report; returns the summary."""
-    from dreams_nas.nas.stages.export import SearchRecord, export_result, write_best
-    from dreams_nas.nas.stages.inputs import check_run_folder, hardware_identity
-    from dreams_nas.nas.stages.verify_pick import verify_best
+    from dreams_nas.nas.stages.inputs import check_run_folder, dataset_id, resolve_hardware
+    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.core.runlock import stage_lock
 
     check_run_folder(run)
     _check_options(options)
+    resolve_device(options.device)  # a device not here: before anything else is read
+    locks = [f"search-{resolve_hardware(run, options.hardware)}",
+             f"acceptance-{dataset_id(options.data, options.limit, options.seed)}"]
+    with stage_lock(run.root, locks, "dreams-nas search"):
+        return _search_locked(run, options)
+
+
+def _search_locked(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
+    """`search_run` while it holds the run folder's search and acceptance locks."""
+    from dreams_nas.nas.stages.export import SearchRecord, export_result, write_best
+    from dreams_nas.nas.stages.verify_pick import verify_best
+
     setup = _setup(run, options)
     result, inputs, context_len, notes = _searched(run, options, setup)
     if result.best is None:
         raise InputError(f"no subnet meets --max-draft-ms {options.max_draft_ms}; the fastest "
                          f"draft step is {min(c.draft_ms for c in result.candidates):.3f} ms: "
                          "raise it")
-    hardware = hardware_identity(run, setup.hardware_id)
+    hardware = setup.hardware
     info = run.read_run().get("target") or {}
 
     def write_draft(spec: Any, folder: Any) -> None:
@@ -164,6 +176,7 @@ class _Setup:
     scorer: Any
     cached: Any
     storage: str | None
+    hardware: dict[str, Any]  # hardware.json: what the latencies were measured on
 
 
 def _check_options(options: SearchOptions) -> None:
@@ -189,6 +202,7 @@ def _setup(run: RunFolder, options: SearchOptions) -> _Setup:
         LazyScorer,
         RunModels,
         dataset_id,
+        hardware_identity,
         resolve_hardware,
         supernet_hash,
     )
@@ -199,6 +213,7 @@ def _setup(run: RunFolder, options: SearchOptions) -> _Setup:
     device = resolve_device(options.device)
     dtype = run.dtype(options.dtype, device)
     hardware_id = resolve_hardware(run, options.hardware)
+    hardware = hardware_identity(run, hardware_id)  # what a measurement must reproduce
     if trained_supernet(run) is None:  # no weights at all; unrecorded weights are refused
         ensure_supernet(run, replace(options.train, target=run.target_source() or "builtin",
                                      device=device, dtype=dtype, seed=options.seed,
@@ -219,7 +234,7 @@ def _setup(run: RunFolder, options: SearchOptions) -> _Setup:
         db.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{db.resolve()}"
     return _Setup(hardware_id, dtype, digest, space, data_id, models, scorer,
-                  CachedAcceptance(scorer, table), storage)
+                  CachedAcceptance(scorer, table), storage, hardware)
 
 
 def _searched(run: RunFolder, options: SearchOptions, setup: _Setup

@@ -221,14 +221,24 @@ def train(run: RunFolder, options: TrainOptions, examples: list[Any] | None = No
     """Train the supernet of `options.target` into `run` (resuming a killed run); the summary.
     `examples`: the training prompts when already loaded (else read from `options.data`)."""
     from dreams_nas.nas.stages.inputs import check_run_folder
+    from dreams_nas.supernet.core.device import resolve_device
+    from dreams_nas.supernet.core.runlock import stage_lock
+
+    check_run_folder(run)
+    config = options.config()  # bad settings fail here, before the (slow) target load
+    resolve_device(options.device)  # a device not here too: before the run folder is written
+    with stage_lock(run.root, ["supernet"], "dreams-nas train"):
+        return _train(run, options, config, examples)
+
+
+def _train(run: RunFolder, options: TrainOptions, config: Any, examples: list[Any] | None
+           ) -> dict[str, Any]:
     from dreams_nas.supernet.builtin.resolve import resolve_target
     from dreams_nas.supernet.core.device import resolve_device, torch_dtype
     from dreams_nas.supernet.core.dist import local_device
     from dreams_nas.supernet.target.adapter import TargetAdapter
     from dreams_nas.supernet.training.recipe import SupernetRecipe, train_run
 
-    check_run_folder(run)
-    config = options.config()  # bad settings fail here, before the (slow) target load
     device = local_device(resolve_device(options.device))  # several ranks: one GPU each
     dtype = run.dtype(options.dtype, device)
     if examples is None:

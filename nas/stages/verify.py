@@ -14,13 +14,9 @@ also the drafter's (its KV cache and cross-attention memory over the prompt, onc
 `speedup_end_to_end` is tokens over the whole call, prefill included: the prefill is the same
 work for both, so it dilutes the ratio the more, the shorter the answers.
 
-Lossless is checked on every prompt. In float32 the speculative output must equal plain greedy
-decoding token for token; a difference is a bug. In bfloat16/float16 a verify over draft_len + 1
-positions and a one-token decode run different kernels, so where the target's top two logits
-are nearly tied the two can pick different tokens: that is the target's own numerics. There the
-first divergence of each prompt is recorded with the target's top-2 logit margin at it, and only
-a divergence at a margin above `near_tie_tolerance` (a few units in the last place of the
-logit's magnitude in that dtype) is an error.
+Lossless is checked on every prompt (`lossless.check_lossless`): in float32 the speculative
+output must equal plain greedy decoding token for token; in 16 bits every divergence must be a
+near tie that both runs' own logits show as one, within a few ulps of the dtype.
 """
 
 from __future__ import annotations
@@ -31,52 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dreams_nas.nas.search.candidate import Candidate
+from dreams_nas.nas.stages.lossless import Divergence, check_lossless
 from dreams_nas.supernet.core.spec import SubnetSpec
 
 GAP_WARN = 0.15
-# A divergence is a near tie when the target's top-2 logit margin there is at most this many
-# units in the last place of the top logit in the run's dtype.
-NEAR_TIE_ULPS = 8
-_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10}  # unit roundoff of the 16-bit dtypes
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """Where a prompt's speculative output first left plain greedy decoding."""
-
-    spec_id: str
-    prompt: int
-    position: int  # index of the first differing generated token
-    margin: float  # the target's top-1 minus top-2 logit there (plain decoding's context)
-    tolerance: float
-
-
-def near_tie_tolerance(dtype: str, top_logit: float) -> float:
-    """The largest top-2 margin a divergence may have in `dtype` (0 in float32: none may)."""
-    eps = _EPS.get(dtype)
-    return 0.0 if eps is None else NEAR_TIE_ULPS * eps * max(1.0, abs(top_logit))
-
-
-def first_divergence(spec_tokens: Sequence[int], plain_tokens: Sequence[int]) -> int | None:
-    """Index of the first generated token where the two outputs differ (None: identical)."""
-    for i, (a, b) in enumerate(zip(spec_tokens, plain_tokens, strict=False)):
-        if a != b:
-            return i
-    return None if len(spec_tokens) == len(plain_tokens) else min(len(spec_tokens),
-                                                                  len(plain_tokens))
-
-
-def _top2(target: Any, prompt: Mapping[str, Any], prefix: Sequence[int]) -> tuple[float, float]:
-    """The target's top logit and top-2 margin after `prompt` + `prefix` (one prefill)."""
-    import torch
-
-    inputs = dict(prompt)
-    if prefix:
-        tokens = torch.tensor([list(prefix)], dtype=torch.long, device="cpu")
-        inputs = target.extend_inputs(inputs, tokens)
-    logits = target.prefill(inputs).logits.reshape(-1, target.vocab_size)[-1].float()
-    top = torch.topk(logits, 2).values.tolist()
-    return float(top[0]), float(top[0] - top[1])
 
 
 @dataclass(frozen=True)
@@ -95,6 +49,7 @@ class Measured:
     prompts: int = 0  # prompts decoded
     identical_prompts: int = 0  # of them, those whose output equals plain greedy decoding
     divergences: tuple[Divergence, ...] = ()  # the others: near ties of a 16-bit target
+    drift_ulps: float = 0.0  # the two runs' logits in the same context, at most this far apart
     # Per repeat (each a pass over every prompt, interleaved with the others), the decode-phase
     # and the whole-call speedups; with several, the speedups are their medians.
     repeat_speedups: tuple[float, ...] = ()
@@ -212,8 +167,14 @@ class _Session:
         self.base_all, self.all_totals = _Totals(), {s: _Totals() for s in drafts}
         self.per_repeat: dict[SubnetSpec, list[tuple[float, float]]] = {s: [] for s in drafts}
         self.divergences: dict[SubnetSpec, list[Divergence]] = {s: [] for s in drafts}
+        self.drift: dict[SubnetSpec, float] = {s: 0.0 for s in drafts}
         self.outputs: dict[tuple[Any, int], list[int]] = {}  # (spec or None, prompt) -> tokens
         self.base, self.totals = _Totals(), {s: _Totals() for s in drafts}
+
+    def _drafter(self, spec: SubnetSpec) -> Callable[[], Any]:
+        from dreams_nas.supernet.decoding.dream import DreamDrafter
+
+        return lambda: DreamDrafter(self.drafts[spec], spec)
 
     def decode_all(self, prompt: Mapping[str, Any], timed: bool) -> list[Any]:
         """Plain decoding then each spec's draft on `prompt`: [plain, *per spec] results."""
@@ -242,10 +203,12 @@ class _Session:
         for spec, out in zip(self.drafts, drafted, strict=True):
             tokens = _same_output(self.outputs, spec, index, out.tokens.tolist())
             if repeat == 0:
-                at = first_divergence(tokens, plain_tokens)
-                if at is not None:
-                    self.divergences[spec].append(
-                        _check_divergence(self.target, spec, index, prompt, plain_tokens, at))
+                checked = check_lossless(
+                    self.target, prompt, self._drafter(spec), spec.shape,
+                    max_new_tokens=self.max_new_tokens, outputs=(tokens, plain_tokens),
+                    where=(spec.id, index))
+                self.divergences[spec] += checked.divergences
+                self.drift[spec] = max(self.drift[spec], checked.drift_ulps)
             self.totals[spec].add(out.stats, plain=False)
             self.all_totals[spec].add(out.stats, plain=False)
 
@@ -270,8 +233,8 @@ class _Session:
                 verify_ms=1000 * t.verify_s / n_cycles,
                 other_ms=1000 * t.other_s / n_cycles,
                 decode_ms=1000 * self.base_all.verify_s / max(1, self.base_all.decode_steps),
-                prompts=n, identical_prompts=n - len(self.divergences[s]),
-                divergences=tuple(self.divergences[s]),
+                prompts=n, identical_prompts=n - len({d.prompt for d in self.divergences[s]}),
+                divergences=tuple(self.divergences[s]), drift_ulps=self.drift[s],
                 repeat_speedups=tuple(r[0] for r in self.per_repeat[s]),
                 repeat_speedups_end_to_end=tuple(r[1] for r in self.per_repeat[s])))
         return rows
@@ -287,22 +250,6 @@ def _same_output(outputs: dict[tuple[Any, int], list[int]], spec: SubnetSpec | N
         raise RuntimeError(f"{name} decoded prompt {index} differently on a repeat of the "
                            "verification: decoding is not deterministic here; please report it")
     return first
-
-
-def _check_divergence(target: Any, spec: SubnetSpec, index: int, prompt: Mapping[str, Any],
-                      plain_tokens: Sequence[int], at: int) -> Divergence:
-    """The divergence of prompt `index` at generated token `at`; an error unless it is a near
-    tie of the target's own logits in a 16-bit dtype."""
-    dtype = str(target.dtype).removeprefix("torch.")
-    top, margin = _top2(target, prompt, plain_tokens[:at])
-    tolerance = near_tie_tolerance(dtype, top)
-    if margin > tolerance:
-        raise RuntimeError(
-            f"speculative output of {spec.id} differs from plain greedy decoding on prompt "
-            f"{index} at token {at}, where the target's top-2 logit margin is {margin:.4g} "
-            f"(tolerated in {dtype}: {tolerance:.4g}): the loop is not lossless here; please "
-            "report it")
-    return Divergence(spec.id, index, at, margin, tolerance)
 
 
 def speedup_gap(predicted: Candidate, measured: Measured) -> dict[str, float]:

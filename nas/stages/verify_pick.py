@@ -27,9 +27,9 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     if options.verify == 0:
         return None, [], []
     here = models.device.split(":")[0]
-    profiled = hardware.get("hardware_id")
-    this = this_machine(models.device, hardware) if profiled else None
-    if profiled and this != profiled:
+    profiled = hardware["hardware_id"]  # hardware.json, checked by `hardware_identity`
+    this = this_machine(models.device, hardware)
+    if this != profiled:
         warning = (f"not verified: the latency profile is of {profiled} and this run decodes on "
                    f"{this} ({models.device}); run the search there to measure the speedup")
         log.warning("warning: %s", warning)
@@ -125,5 +125,6 @@ def _measured(best: Any, gap: dict[str, Any], dtype: str, max_new_tokens: int
             "decode_tokens_per_s": best.decode_tokens_per_s,
             "baseline_decode_tokens_per_s": best.baseline_decode_tokens_per_s,
             "prompts": best.prompts, "identical_prompts": best.identical_prompts,
-            "divergences": [asdict(d) for d in best.divergences], "dtype": dtype,
+            "divergences": [asdict(d) for d in best.divergences],
+            "drift_ulps": best.drift_ulps, "dtype": dtype,
             "max_new_tokens": max_new_tokens}

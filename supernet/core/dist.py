@@ -96,6 +96,23 @@ class World:
         dist.all_reduce(tensor, group=_CONTROL)
         return tensor.tolist()
 
+    def sum_tensors(self, tensors: Sequence[Any]) -> list[Any]:
+        """Each tensor's element-wise sum over the ranks, on its own device and dtype: one
+        all-reduce, in float64 on the control group, whose single result every rank receives
+        (the same bits on every rank, whatever each rank's device computes)."""
+        if not self.distributed or not tensors:
+            return list(tensors)
+        import torch
+        import torch.distributed as dist
+
+        flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float64) for t in tensors])
+        dist.all_reduce(flat, group=_CONTROL)
+        out, offset = [], 0
+        for t in tensors:
+            out.append(flat[offset: offset + t.numel()].view_as(t).to(t.device, t.dtype))
+            offset += t.numel()
+        return out
+
     def average(self, params: Sequence[Any], bucket_bytes: int = 64 << 20) -> None:
         """Replace each parameter's gradient by its mean over the ranks, in all-reduces of
         flattened buckets of about `bucket_bytes` on the default group (NCCL between GPUs).
@@ -176,6 +193,13 @@ def join(backend: str, *, init_method: str | None = None, rank: int | None = Non
 
     if not dist.is_available():  # pragma: no cover - torch without distributed support
         raise InputError("this torch build has no torch.distributed; launch without torchrun")
+    # `torch.distributed.nn.functional` binds the default group into its functions' defaults
+    # when it is imported (transformers imports it on loading a model): imported after the
+    # group exists, it keeps the group alive past `destroy_process_group`, gloo's threads and
+    # sockets with it, until the interpreter's exit tears them down under a peer's feet
+    # ("terminate called without an active exception"). Imported now, it binds None.
+    import torch.distributed.nn.functional  # noqa: F401
+
     timeout = datetime.timedelta(seconds=timeout_s)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank or 0)))
@@ -190,10 +214,11 @@ def join(backend: str, *, init_method: str | None = None, rank: int | None = Non
 
 
 def leave(synchronize: bool = False) -> None:
-    """Destroy the process group. `synchronize` (a rank that ended its work normally) waits
-    for every rank first, so that no rank tears down its connections while a peer's last
-    messages to it are in flight (gloo aborts the process then); a rank leaving on an error
-    does not wait, since a peer may be gone."""
+    """Destroy the process group: its gloo threads and connections end here, while the
+    interpreter still runs (`join` says what kept them to the exit before). `synchronize` (a
+    rank that ended its work normally) waits for every rank first, so that no rank tears down
+    its connections while a peer's last messages to it are in flight (gloo aborts the process
+    then); a rank leaving on an error does not wait, since a peer may be gone."""
     global _CONTROL
     import torch.distributed as dist
 

@@ -43,6 +43,7 @@ from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.elastic import ElasticAttention, rotary_cos_sin
 from dreams_nas.supernet.draft.head import HeadRows, full_logits, vocab_logits
+from dreams_nas.supernet.draft.kept import Kept, keep
 from dreams_nas.supernet.draft.layers import (
     ActiveWeights,
     CrossAttentionLayer,
@@ -84,7 +85,7 @@ class DreamDraft(nn.Module):
         self._head_rows = HeadRows()  # the LM head's rows of the draft vocabulary
         self._checked: set[SubnetSpec] = set()  # the specs `set_active` accepted
         # (heads, depth, mlp) -> the weights of those subnets: `active_weights`
-        self._weights: dict[tuple[int, int, float], ActiveWeights] = {}
+        self._weights: dict[tuple[int, int, float], Kept] = {}
         if config.has_vocab_order:
             # target token ids, most frequent in the self-distillation answers first
             # (`set_vocab_order`); an extracted subnet keeps only the ones it predicts over
@@ -135,17 +136,19 @@ class DreamDraft(nn.Module):
 
         Without gradients (drafting, profiling, scoring) they are kept per (heads, depth,
         mlp), so a draft step does not slice its weights again; views follow in-place changes
-        of the parameters (an optimizer step, a channel permutation), and moving the draft
-        (`.to`) or loading a state dict drops them. With gradients they are sliced for each
-        forward, so each graph has its own views."""
+        of the parameters (an optimizer step, a channel permutation), a parameter replaced in
+        any way has them sliced again (`supernet.draft.kept`), a copy keeps none. With
+        gradients they are sliced for each forward, so each graph has its own views."""
         if torch.is_grad_enabled():
             return self._slice_weights()
         spec = self._active
         key = (spec.heads, spec.depth, spec.mlp)
         kept = self._weights.get(key)
-        if kept is None:
-            kept = self._weights[key] = self._slice_weights()
-        return kept
+        if kept is None or not kept.current():
+            if kept is not None:
+                self._weights.clear()  # the others are views of replaced tensors too
+            kept = self._weights[key] = keep(self._slice_weights(), self._weight_paths())
+        return kept.weights
 
     def _slice_weights(self) -> ActiveWeights:
         heads, channels = self._active.heads, self.active_channels
@@ -156,14 +159,22 @@ class DreamDraft(nn.Module):
             tuple(layer.weights(heads, channels) for layer in after),
             self.norm.weight, self.norm.eps)
 
+    def _weight_paths(self) -> list[tuple[nn.Module, str, bool]]:
+        """Where `_slice_weights` reads (`kept.keep`): the layer lists, the modules it uses."""
+        d, n = self._active.depth, len(self.layers_out)
+        tops = ["fuse", "norm", *(["cross"] if self.cross is not None else [])]
+        return [(self, "layers_in", False), (self, "layers_out", False),
+                *((self, name, True) for name in tops),
+                *((self.layers_in, str(i), True) for i in range(d)),
+                *((self.layers_out, str(i), True) for i in range(n - d, n))]
+
     def _apply(self, fn: Any, recurse: bool = True) -> DreamDraft:
-        self._weights.clear()  # views of the tensors `fn` replaces (.to, .half, .cuda, ...)
+        self._weights.clear()  # views of the tensors `fn` replaces: freed now, not at next use
         return super()._apply(fn, recurse)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False
-                        ) -> Any:
-        self._weights.clear()  # `assign=True` replaces the parameters
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (`copy.deepcopy`, pickle) keeps no cache: views of the original's tensors."""
+        return {**super().__getstate__(), "_weights": {}, "_head_rows": HeadRows()}
 
     @contextlib.contextmanager
     def using(self, spec: SubnetSpec) -> Iterator[DreamDraft]:

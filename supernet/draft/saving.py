@@ -58,6 +58,13 @@ def save_tensors(tensors: dict[str, torch.Tensor], tmp: Path, final: Path) -> No
             raise
         code = int(found[1])
         raise OSError(code, os.strerror(code), str(final)) from exc
+    os.chmod(tmp, 0o666 & ~_umask())  # safetensors writes 0600; every other file obeys the umask
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save_supernet(model: DreamDraft, directory: str | Path,

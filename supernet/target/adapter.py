@@ -296,6 +296,17 @@ class TargetAdapter:
         if n > 0:
             self.cache.crop(-n)
 
+    def _fresh_cache(self) -> Any:
+        """The cache a prefill starts: the model's own (None), except under sliding-window
+        attention, whose cache layers drop what passes the window and then cannot roll back a
+        rejected draft; there every layer keeps every position and the model's sliding mask
+        keeps attention within the window, as it does for a cache of the full context."""
+        if sliding_window(self.decoder.config) is None:
+            return None
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
     def _forward(self, inputs: dict[str, Any], layers: Sequence[int], *, extra_hooks=(),
                  fresh: bool = False) -> tuple[Tensor, dict[int, Tensor]]:
         layer_hidden: dict[int, Tensor] = {}
@@ -306,7 +317,8 @@ class TargetAdapter:
             # M-RoPE positions come from cache length + rope_deltas
             kwargs.pop("attention_mask", None)
         try:
-            out = self.model.model(**kwargs, cache=None if fresh else self.cache, use_cache=True)
+            out = self.model.model(**kwargs, cache=self._fresh_cache() if fresh else self.cache,
+                                   use_cache=True)
         finally:
             for handle in handles:
                 handle.remove()

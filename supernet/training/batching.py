@@ -165,17 +165,20 @@ def _rms(x: Tensor) -> Tensor:
 
 
 def row_noise(batch: DraftBatch, seeds: Sequence[int]) -> Tensor:
-    """Standard normal noise shaped as `batch.prev_hidden`, row i drawn from its own generator
-    seeded `seeds[i]` over that row's real positions only (zeros on padding): a row's noise
-    does not depend on the rows beside it or the padding, so a data-parallel rank's slice of a
-    batch gets the same noise as the whole batch in one process."""
+    """Standard normal noise shaped as `batch.prev_hidden`, on its device: row i drawn from its
+    own generator on that device, seeded `seeds[i]`, over that row's real positions only (zeros
+    on padding). A row's noise does not depend on the rows beside it or the padding, so a
+    data-parallel rank's slice of a batch gets the same noise as the whole batch in one process;
+    it is a function of the seed and the device (a GPU's generator draws other numbers than
+    the CPU's), and nothing is copied from the host."""
     b, t, h = batch.prev_hidden.shape
     if len(seeds) != b:
         raise ValueError(f"{len(seeds)} noise seeds for a batch of {b} rows")
-    out = torch.zeros(b, t, h, device="cpu")  # cpu: drawn there on every device, then moved
+    device = batch.prev_hidden.device
+    out = torch.zeros(b, t, h, device=device)
     for i, (seed, n) in enumerate(zip(seeds, batch.text_mask.sum(1).tolist(), strict=True)):
-        gen = torch.Generator().manual_seed(int(seed))
-        out[i, :n] = torch.randn(n, h, generator=gen, device="cpu")  # cpu: a CPU generator
+        gen = torch.Generator(device=device).manual_seed(int(seed))
+        out[i, :n] = torch.randn(n, h, generator=gen, device=device)
     return out
 
 
@@ -261,7 +264,7 @@ def _forward_passes(model: DreamDraft, batch: DraftBatch, spec: SubnetSpec, setu
     if setup.noise > 0:
         seeds = (noise_seeds if noise_seeds is not None else
                  torch.randint(2**62, (prev.shape[0],), device="cpu").tolist())  # cpu: seeds
-        prev = prev + setup.noise * row_noise(batch, seeds).to(prev.device, prev.dtype)
+        prev = prev + setup.noise * row_noise(batch, seeds).to(dtype=prev.dtype)
     keys = batch.keys(model)
     if setup.unroll > 0:
         return unrolled_forward(model, batch.text_ids, prev, batch.text_pos, memory, keys,

@@ -1,6 +1,7 @@
 """Checkpoints of supernet training: weights and AdamW moments as safetensors, the step, the
-loss curve and the held-out evaluations as JSON, all written atomically (state.json last: it
-names the step the weight files belong to); the best evaluation's weights beside them."""
+loss curve, the held-out evaluations and float16's loss scale as JSON, all written atomically
+(state.json last: it names the step the weight files belong to); the best evaluation's weights
+beside them."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ class TrainState:
     loss_curve: list[dict[str, float]] = field(default_factory=list)
     tracker: Tracker = field(default_factory=Tracker)
     ema: dict[str, torch.Tensor] | None = None  # phase 2's weight average (`ema`), if any
+    # float16's loss scaler (`GradScaler.state_dict()`: its scale and growth count); {} when
+    # the run scales no loss (float32, bfloat16)
+    scaler: dict[str, Any] = field(default_factory=dict)
 
 
 def save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.Optimizer,
@@ -54,6 +58,7 @@ def save_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
         "fingerprint": fingerprint, "step": state.step, "heads_sorted": state.heads_sorted,
         "loss_curve": state.loss_curve, "param_groups": opt["param_groups"],
         "convergence": state.tracker.to_dict(), "ema": state.ema is not None,
+        "scaler": state.scaler,
     })
 
 
@@ -108,7 +113,9 @@ def load_checkpoint(directory: Path, model: DreamDraft, optimizer: torch.optim.O
     ema = load_weights(directory / "ema.safetensors", device, fix) if meta["ema"] else None
     return TrainState(step=int(meta["step"]), heads_sorted=bool(meta["heads_sorted"]),
                       loss_curve=list(meta["loss_curve"]),
-                      tracker=Tracker.from_dict(meta["convergence"]), ema=ema)
+                      tracker=Tracker.from_dict(meta["convergence"]), ema=ema,
+                      # a checkpoint written before the scaler was saved: it starts afresh
+                      scaler=dict(meta.get("scaler") or {}))
 
 
 def fingerprint_of(model: DreamDraft, samples: Sequence[TargetSample],

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, overload
 
 import torch
+from dreams_nas.supernet.core.digests import files_sha256
 from dreams_nas.supernet.core.dist import World, current
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import atomic_write_json, locked, read_json
@@ -63,14 +64,16 @@ def store_key(target: TargetAdapter, examples: Sequence[Any], answers: Sequence[
               memory_layers: Sequence[int], distill_layers: Sequence[int],
               samples_per_shard: int) -> str:
     """16 hex digits of a sha256 over everything the stored features depend on: the target
-    (id or path, architecture, dtype), each example (id, image, prompt) and its answer ids,
-    the layers kept and the shard size."""
+    (id or path, architecture, dtype), each example (id, image content, prompt) and its answer
+    ids, the layers kept and the shard size."""
     described = target.describe()
+    images = files_sha256(ex.image_path for ex in examples)
     digest = hashlib.sha256(json.dumps({
         "schema_version": STORE_SCHEMA_VERSION,
         "target": str(target.path or target.target_id),
         "architecture": described.get("architecture_hash"), "dtype": str(target.dtype),
-        "examples": [[str(ex.id), str(ex.image_path), ex.prompt] for ex in examples],
+        "examples": [[str(ex.id), image, ex.prompt]
+                     for ex, image in zip(examples, images, strict=True)],
         "memory_layers": [int(i) for i in memory_layers],
         "distill_layers": [int(i) for i in distill_layers],
         "samples_per_shard": int(samples_per_shard),

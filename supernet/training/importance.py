@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from dreams_nas.supernet.core.dist import current
 from dreams_nas.supernet.draft.elastic import importance_order
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.training.batching import DraftBatch, LossSetup, loss_terms
@@ -18,7 +19,8 @@ def sort_heads(model: DreamDraft, batches: Sequence[DraftBatch], distill_layers:
                amp: MixedPrecision | None = None) -> list[list[int]]:
     """Accumulate |grad x weight| per head and per MLP channel over `batches` (full draft,
     layers cycled), then reorder every attention's heads and every MLP's channels (and the
-    optimizer's moments) by decreasing importance. Returns the head orders.
+    optimizer's moments) by decreasing importance, the totals summed over the data-parallel
+    ranks first so that every rank takes the same orders. Returns the head orders.
     `amp`: the forward's autocast (the loss is scaled alike; a common scale keeps the order)."""
     attns = model.attentions()
     mlps = model.mlps()
@@ -42,6 +44,12 @@ def sort_heads(model: DreamDraft, batches: Sequence[DraftBatch], distill_layers:
         for total, mlp in zip(channel_totals, mlps, strict=True):
             total += mlp.channel_importance()
     model.zero_grad(set_to_none=True)
+    # Data parallel: every rank ran the same batches, but a GPU's backward is not bitwise
+    # reproducible, and two channels closer than its noise would sort differently on two
+    # ranks (`World.average` would then mix unrelated channels). The orders are taken from
+    # the totals summed over the ranks, the same bits on every rank.
+    summed = current().sum_tensors([*totals, *channel_totals])
+    totals, channel_totals = summed[:len(totals)], summed[len(totals):]
     for total, mlp in zip(channel_totals, mlps, strict=True):
         index = mlp.permute_channels(importance_order(total).to(mlp.gate_proj.weight.device))
         _permute_moments(optimizer, mlp.permuted_params(), index)

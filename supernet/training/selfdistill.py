@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, overload
 
 import torch
+from dreams_nas.supernet.core.digests import files_sha256
 from dreams_nas.supernet.core.dist import current
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.progress import progress
@@ -166,11 +167,13 @@ def prompt_inputs(target: TargetAdapter, examples: Sequence[Any]) -> PromptInput
 
 def answers_key(target: TargetAdapter, examples: Sequence[Any], max_new_tokens: int) -> str:
     """16 hex digits of what the target's answers depend on: the target, dtype, answer budget
-    and each example (id, image, prompt); the answers cache holds it beside the answers."""
+    and each example (id, image content, prompt); the answers cache holds it beside the answers."""
+    images = files_sha256(ex.image_path for ex in examples)
     digest = hashlib.sha256(json.dumps(
         {"target": str(target.path or target.target_id), "max_new_tokens": max_new_tokens,
          "dtype": str(target.dtype),
-         "examples": [[str(ex.id), str(ex.image_path), ex.prompt] for ex in examples]}
+         "examples": [[str(ex.id), image, ex.prompt]
+                      for ex, image in zip(examples, images, strict=True)]}
     ).encode())
     return digest.hexdigest()[:16]
 

@@ -11,7 +11,7 @@ Determinism and resume: the learning rate is a pure function of the step, and ev
 choice of step `s` (batch order, subnets, feature noise: `schedule`) comes from generators
 seeded with (seed, s), so a run restored from a checkpoint continues exactly like an
 uninterrupted one. Checkpoints are safetensors (weights, AdamW state) + JSON (step, loss
-curve), written atomically.
+curve, float16's loss scale), written atomically.
 
 Data parallel (several ranks, `supernet.core.dist`): each rank holds the draft (the target's
 features come from the shared feature store, so the target is not replicated here), takes every
@@ -175,6 +175,8 @@ class _Training:
         self.ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.state = ((load_checkpoint(self.ckpt, model, self.optimizer, self.fingerprint)
                        if self.ckpt else None) or TrainState())
+        if self.state.scaler:  # float16: the loss scale goes on from where the run stood
+            self.amp.scaler.load_state_dict(self.state.scaler)
         self.average = (WeightAverage(model, config.ema_decay, self.state.ema)
                         if config.ema_decay and self.state.ema is not None else None)
         self.best = (load_best(self.ckpt, self.device)
@@ -242,6 +244,7 @@ class _Training:
                 evaluated or state.tracker.stopped or state.step == config.total_steps
                 or state.step % config.checkpoint_every == 0):
             state.ema = self.average.state() if self.average is not None else None
+            state.scaler = self.amp.scaler.state_dict()  # {} unless float16 scales the loss
             save_checkpoint(self.ckpt, self.model, self.optimizer, state, self.fingerprint)
 
     def finish(self) -> None:

@@ -1,7 +1,9 @@
-"""Tiny DREAM drafts for the supernet tests (hidden 32, 4 heads, vocab 50) and the target-side
-tensors of a prompt they draft for."""
+"""Tiny DREAM drafts for the supernet tests (hidden 32, 4 heads, vocab 50), the target-side
+tensors of a prompt they draft for, and random training samples for them."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from dreams_nas.supernet.draft.config import DraftConfig
@@ -49,3 +51,24 @@ def tiny_prompt(batch: int = 1, prompt_len: int = 12, num_visual: int = 6, seed:
     scores = torch.rand(batch, prompt_len, generator=gen)
     layer_hidden = torch.randn(batch, prompt_len, HIDDEN, generator=gen)
     return layer_hidden, visual_mask, scores
+
+
+def tiny_samples(n: int, seed: int = 0) -> list[Any]:
+    """`n` random training samples for `tiny_draft`, a function of `seed` (the same in every
+    process): 12 prompt positions (6 visual), 6 answer tokens, target features at layers 1 and 2."""
+    from dreams_nas.supernet.training.features import TargetSample
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt, seq = 12, 18
+    samples = []
+    for _ in range(n):
+        visual = torch.zeros(prompt, dtype=torch.bool)
+        visual[2:8] = True
+        samples.append(TargetSample(
+            input_ids=torch.randint(VOCAB, (seq,), generator=gen), prompt_len=prompt,
+            visual_mask=visual, visual_scores=torch.rand(prompt, generator=gen) * visual,
+            memory_hidden={k: torch.randn(prompt, HIDDEN, generator=gen) for k in (1, 2)},
+            distill_hidden={2: torch.randn(seq, HIDDEN, generator=gen)},
+            last_hidden=torch.randn(seq, HIDDEN, generator=gen)))
+    return samples
+

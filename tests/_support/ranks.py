@@ -118,3 +118,57 @@ def score_task(rank: int, run_root: str, data: str, kill: Sequence[Any] | None =
     summary = score_run(RunFolder(run_root), ScoreOptions(
         data=data, max_new_tokens=max_new_tokens, device="cpu", show_progress=False))
     Path(run_root, f"score-summary-{rank}.json").write_text(json.dumps(summary))
+
+
+def _perturb_importance(rank: int, noise: float) -> dict[int, Any]:
+    """Make every head's and MLP channel's |grad x weight| on this rank differ from the other
+    ranks' by `noise` times its mean (a rank-seeded draw), as a GPU's backward differs between
+    ranks; returns the totals this rank alone accumulates (module id -> tensor)."""
+    import torch
+    from dreams_nas.supernet.draft.elastic import ElasticAttention
+    from dreams_nas.supernet.draft.layers import SwiGLU
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    alone: dict[int, Any] = {}
+    for cls, name in ((ElasticAttention, "head_importance"), (SwiGLU, "channel_importance")):
+        original = getattr(cls, name)
+
+        def perturbed(self: Any, _original: Any = original) -> Any:
+            value = _original(self)
+            value = value + noise * value.mean() * torch.randn(value.shape, generator=gen)
+            alone[id(self)] = alone.get(id(self), 0) + value
+            return value
+
+        setattr(cls, name, perturbed)
+    return alone
+
+
+def importance_task(rank: int, out: str, noise: float, steps: int) -> None:
+    """The tiny draft on random samples, its importances perturbed per rank (`noise`): with
+    `steps` 0 the heads and channels sorted once (`sort_heads`), else `steps` training steps
+    (the sort at the fifth). Saves the orders each rank alone would take, the orders taken and
+    the weights before and after to `out`/rank-<rank>.pt."""
+    import torch
+    from dreams_nas.supernet.draft.elastic import importance_order
+    from dreams_nas.supernet.training.batching import collate
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.importance import sort_heads
+    from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
+
+    from _support.drafts import tiny_draft, tiny_samples
+
+    alone = _perturb_importance(rank, noise)
+    draft = tiny_draft(0, mlp_shares=(0.5, 1.0)).train()
+    start = {k: v.clone() for k, v in draft.state_dict().items()}
+    samples = tiny_samples(8)
+    config = TrainConfig(warmup_steps=5, multires_steps=max(steps - 5, 0),
+                         batch_size=4, unroll=0, calibration_batches=2, checkpoint_every=1000)
+    if steps:
+        orders = train_supernet(draft, TrainingSet(samples, (2,)), config,
+                                show_progress=False).head_orders
+    else:
+        batches = [collate(samples[i:i + 4], draft.config.visual_in_self) for i in (0, 4)]
+        orders = sort_heads(draft, batches, (2,), config)
+    torch.save({"alone": [importance_order(t).tolist() for t in alone.values()],
+                "orders": orders, "start": start, "weights": draft.state_dict()},
+               Path(out, f"rank-{rank}.pt"))

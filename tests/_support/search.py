@@ -136,9 +136,11 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
     predictor = LatencyPredictor.fit(pd.DataFrame(rows), hardware_id, holdout=0.0)
     predictor.save(run.latency_dir(hardware_id))
     (run.latency_dir(hardware_id) / "profile.csv").write_text("hardware_id,kind\n")
+    from dreams_nas.latency.measure.hardware import detect_hardware
+
+    here = detect_hardware("cpu", dtype="float32", threads=1).to_dict()  # every key
     (run.latency_dir(hardware_id) / "hardware.json").write_text(json.dumps(
-        {"hardware_id": hardware_id, "kind": "cpu", "name": "test box", "threads": 1,
-         "dtype": "float32"}))
+        {**here, "hardware_id": hardware_id, "name": "test box"}))
 
 
 def _synthetic_tree_rows(space: SearchSpace, ctx: int) -> list[dict]:

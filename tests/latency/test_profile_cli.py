@@ -241,6 +241,26 @@ def test_corrupt_profile_names_file_and_line(small_run, capsys) -> None:
     assert f"{store.path}, line 5: status 'fine' is not one of" in capsys.readouterr().err
 
 
+def test_a_duplicated_key_is_refused_by_fit_only(small_run, capsys) -> None:
+    """A key recorded twice (the second timed 3x slower) was fitted, moving the prediction;
+    now --fit-only exits 2 in one line naming the file, the key and the fix (issue #48)."""
+    hw = detect_hardware("cpu", threads=1)
+    store = ProfileStore(small_run.profile_csv(hw.hardware_id))
+    store.append([make_row(hw, StepKey("verify", 20, k),
+                           Timing(samples_ms=(1.0 + k, 1.1 + k), warmup=0, throttled=False))
+                  for k in range(2, 9)])
+    lines = store.path.read_text().splitlines(keepends=True)
+    slower = lines[3].replace(",5.05,", ",15.15,", 1)  # k 4, median 5.05 ms
+    assert slower != lines[3]
+    store.path.write_text("".join(lines) + slower)
+    assert cli.main(["profile", "--run", str(small_run.root), "--fit-only", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dreams-nas profile: error: ")
+    assert (f"{store.path}, line 9: key ['verify', '', 20, 4] (kind, spec_id, context_len, k) "
+            "was recorded already on line 4") in err and "delete that line" in err
+    assert not (store.path.parent / "predictor.json").exists()
+
+
 @pytest.mark.slow
 def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tiny_llava,
                                                                   capsys) -> None:

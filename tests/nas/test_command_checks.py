@@ -25,3 +25,20 @@ def test_a_bad_data_file_is_refused_before_the_run_is_read(command, latin1_jsonl
     assert code == 2 and err.count("\n") == 1
     assert f"{latin1_jsonl}:1: byte 11 (0xe9) is not UTF-8" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("budget", ["-3", "lots", "2.5"])
+def test_a_bad_profile_budget_is_refused_before_the_target_loads(budget, tmp_path, capsys,
+                                                                 monkeypatch):
+    from dreams_nas.supernet.target.adapter import TargetAdapter
+
+    def never(*args, **kwargs):
+        raise AssertionError("the target was loaded before --budget was checked")
+
+    monkeypatch.setattr(TargetAdapter, "load", never)
+    monkeypatch.setattr("dreams_nas.supernet.builtin.resolve.resolve_target", never)
+    code = main(["profile", "--run", str(tmp_path / "run"), "--device", "cpu", "--budget",
+                 budget])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"--budget {budget!r}" in err

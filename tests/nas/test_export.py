@@ -151,3 +151,18 @@ def test_the_draft_vocab_reaches_trials_pareto_and_the_spec_folders(run_dir) -> 
     assert "-n0.25-" in small[0].spec.id
     best = json.loads(paths["best"].read_text())
     assert SubnetSpec.from_dict(best["spec"]) == result.best.spec
+
+
+def test_a_spec_folder_linked_out_of_the_run_folder_is_not_written_through(run_dir, tmp_path
+                                                                          ) -> None:
+    from dreams_nas.supernet.core.errors import InputError
+
+    result = run_search(SMALL_SPACE, FakeScorer(), FakeLatency(), fake_params, context_len=32,
+                        show_progress=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run_dir.specs_root.mkdir(parents=True, exist_ok=True)
+    run_dir.spec_dir(result.best.spec.id).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match=r"outside the run folder .*; remove the link"):
+        export_result(run_dir, result, RECORD)
+    assert list(elsewhere.iterdir()) == []

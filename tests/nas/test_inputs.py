@@ -12,8 +12,10 @@ from dreams_nas.nas.stages.inputs import (
 )
 from dreams_nas.nas.stages.verify import Measured, gap_warning
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
+from dreams_nas.supernet.core.runfolder import RunFolder
 from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.core.spec import SubnetSpec
+from dreams_nas.supernet.data.prompts import write_synthetic
 
 SPACE = SearchSpace(heads=(2, 4), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
 
@@ -71,14 +73,32 @@ def test_read_specs_with_broken_json_is_one_line(tmp_path) -> None:
 def test_dataset_ids(tmp_path) -> None:
     assert dataset_id("builtin", None) == "builtin-eval-n32"
     assert dataset_id("builtin", 8, seed=3) == "builtin-eval-n8-s3"
-    data = tmp_path / "my eval.jsonl"
-    data.write_text('{"id": 1}\n')
+    data = write_synthetic(tmp_path / "d", 3, "eval").rename(tmp_path / "d" / "my eval.jsonl")
     first = dataset_id(str(data), 4)
     assert first.startswith("my-eval-") and first.endswith("-n4")
-    data.write_text('{"id": 2}\n')
+    data.write_text(data.read_text().replace("?", " ?"))
     assert dataset_id(str(data), 4) != first  # another file content, another cache
     with pytest.raises(InputError, match="neither builtin nor an existing"):
         dataset_id(str(tmp_path / "missing.jsonl"), None)
+
+
+def test_another_picture_under_the_same_name_is_another_data_set(tmp_path) -> None:
+    data = write_synthetic(tmp_path / "d", 3, "eval")
+    first = dataset_id(str(data), None)
+    images = sorted((tmp_path / "d" / "images").iterdir())
+    swapped = images[0].read_bytes()
+    images[0].write_bytes(images[1].read_bytes())
+    second = dataset_id(str(data), None)
+    assert second != first
+    images[0].write_bytes(swapped)  # the same pictures again: the same id
+    assert dataset_id(str(data), None) == first
+
+
+@pytest.mark.parametrize("name", ["(copy) eval.jsonl", "--eval.jsonl", "._x.jsonl", "é.jsonl"])
+def test_every_file_name_gives_a_run_folder_name(tmp_path, name) -> None:
+    data = write_synthetic(tmp_path / "d", 1, "eval").rename(tmp_path / "d" / name)
+    ident = dataset_id(str(data), None)
+    assert RunFolder(tmp_path / "run").acceptance_csv(ident).name == f"{ident}.csv"
 
 
 def _cand(speedup, tau):
@@ -117,23 +137,6 @@ def test_gap_warning_names_a_slow_draft_step() -> None:
     assert pred.cycle_draft_ms == 4.5 and pred.to_row()["first_draft_ms"] == 2.5
     assert "a draft step (mean over the cycle" in gap_warning(pred, slow_draft)
     assert "took 3.00 ms here vs 1.50 ms predicted" in gap_warning(pred, slow_draft)
-
-
-def test_near_tie_tolerance_is_none_in_float32_and_ulps_in_16_bits() -> None:
-    from dreams_nas.nas.stages.verify import near_tie_tolerance
-
-    assert near_tie_tolerance("float32", 20.0) == 0.0
-    assert near_tie_tolerance("bfloat16", 20.0) == pytest.approx(8 * 2**-7 * 20.0)
-    assert near_tie_tolerance("float16", 0.3) == pytest.approx(8 * 2**-10)  # at least 1
-    assert near_tie_tolerance("bfloat16", 20.0) > near_tie_tolerance("float16", 20.0)
-
-
-def test_first_divergence() -> None:
-    from dreams_nas.nas.stages.verify import first_divergence
-
-    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
-    assert first_divergence([1, 2, 4], [1, 2, 3]) == 2
-    assert first_divergence([1, 2], [1, 2, 3]) == 2  # one stopped early (an EOS)
 
 
 def test_draft_params_and_memory_count_depth_and_mlp(run_dir) -> None:

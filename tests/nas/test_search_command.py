@@ -163,56 +163,82 @@ def test_the_search_keeps_its_results_when_the_measurement_fails(tiny_run, cmd,
     assert len(pd.read_csv(run.trials_csv(HW))) == SPACE.size
 
 
-@pytest.mark.parametrize("margin", [0.01, 1.0])
-def test_a_divergence_is_recorded_at_a_near_tie_and_an_error_above_it(tiny_run, cmd,
-                                                                      monkeypatch,
-                                                                      margin) -> None:
-    """A 16-bit target: tolerance 0.05 logits; the first prompt diverges at token 3."""
+@pytest.mark.parametrize("lossless", [True, False])
+def test_the_verification_records_near_ties_and_stops_at_a_loss(tiny_run, cmd, monkeypatch,
+                                                                lossless) -> None:
+    """Each prompt's output goes through `lossless.check_lossless` (its judging is tested in
+    test_lossless.py): near ties land in best.json, anything else fails the search."""
     from dreams_nas.nas.stages import verify
+    from dreams_nas.nas.stages.lossless import Checked, Divergence, NotLossless
 
     run, _ = tiny_run
-    calls = []
-    real_first = verify.first_divergence
+    real = verify.check_lossless
 
-    def diverge_once(spec_tokens, plain_tokens):
-        calls.append(1)
-        return 3 if len(calls) == 1 else real_first(spec_tokens, plain_tokens)
+    def judged(target, prompt, make_drafter, shape, **kw):
+        checked = real(target, prompt, make_drafter, shape, **kw)  # float32: identical
+        assert checked.divergences == [] and checked.drift_ulps <= 256
+        spec_id, index = kw["where"]
+        if index != 0:
+            return checked
+        if not lossless:
+            raise NotLossless(f"speculative output of {spec_id} differs at token 3")
+        return Checked([Divergence(spec_id, 0, 3, 0.01, 0.02, 0.05, 2.0**-20)], 1.5)
 
-    monkeypatch.setattr(verify, "first_divergence", diverge_once)
-    monkeypatch.setattr(verify, "_top2", lambda target, prompt, prefix: (12.0, margin))
-    monkeypatch.setattr(verify, "near_tie_tolerance", lambda dtype, top: 0.05)
+    monkeypatch.setattr(verify, "check_lossless", judged)
     code, out, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
                          "--verify", "1", "--verify-prompts", "2")
-    if margin > 0.05:
-        assert code == 1 and "top-2 logit margin is 1" in err and "not lossless" in err
+    if not lossless:
+        assert code == 1 and "differs at token 3" in err
         assert json.loads(run.best_json(HW).read_text())["measured"] is None
         return
     assert code == 0, err
     measured = json.loads(run.best_json(HW).read_text())["measured"]
     assert (measured["prompts"], measured["identical_prompts"]) == (2, 1)
-    assert measured["dtype"] == "float32"
+    assert measured["dtype"] == "float32" and measured["drift_ulps"] == 1.5
     (divergence,) = measured["divergences"]
     assert (divergence["prompt"], divergence["position"]) == (0, 3)
-    assert divergence["margin"] == pytest.approx(0.01)
+    assert (divergence["margin"], divergence["spec_margin"]) == (0.01, 0.02)
     assert any("1 of 2 prompts identical" in w for w in out["warnings"])
 
 
-def test_the_search_measures_only_on_the_profiled_machine(tiny_run, cmd) -> None:
+@pytest.mark.parametrize("damage", [None, "[]", "{}", '{"hardware_id": "other"}'])
+def test_a_search_without_its_hardware_json_measures_nothing(tiny_run, cmd, damage) -> None:
+    """Without hardware.json a verification would run on whatever thread count and machine
+    this is: missing, empty or another machine's file is one line naming the fix."""
     run, _ = tiny_run
-    hardware = json.loads((run.latency_dir(HW) / "hardware.json").read_text())
-    other = "nvidia-a100-sxm4-40gb"
-    (run.latency_dir(other)).mkdir(parents=True)
-    for name in ("profile.csv", "predictor.json", "predictor.skops", "predictor_train.csv"):
-        shutil.copy(run.latency_dir(HW) / name, run.latency_dir(other) / name)
-    (run.latency_dir(other) / "hardware.json").write_text(json.dumps(
-        {**hardware, "hardware_id": other, "kind": "cuda"}))
+    path = run.latency_dir(HW) / "hardware.json"
+    path.unlink() if damage is None else path.write_text(damage)
+    code, _, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
+                       "--verify", "1")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert str(path) in err and "dreams-nas profile" in err
+    assert not run.best_json(HW).exists() and not list(run.root.glob("specs/*"))
+
+
+@pytest.mark.parametrize("held", ["search", "acceptance"])
+def test_a_second_search_of_one_run_folder_is_refused(tiny_run, cmd, held) -> None:
+    """Two searches would both score every subnet, measure under each other's load and keep
+    the last best.json: the second is refused in one line while the first holds the folder."""
+    from _support.holder import hold, stop
+    from dreams_nas.nas.stages.inputs import dataset_id
+
+    run, _ = tiny_run
+    name = f"search-{HW}" if held == "search" else f"acceptance-{dataset_id('builtin', 2)}"
+    proc = hold(run.root, [name])
+    try:
+        code, _, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device",
+                           "cpu", "--verify", "0")
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"(pid {proc.pid} on" in err and f"is writing {name} of the run folder" in err
+        assert not run.acceptance_csv(dataset_id("builtin", 2)).exists()
+        if held == "acceptance":  # `score` of the same data set is refused alike
+            code, _, err = cmd("score", "--limit", "2", "--max-new-tokens", "8")
+            assert code == 2 and f"is writing {name}" in err
+    finally:
+        stop(proc)
     code, out, err = cmd("search", "--limit", "2", "--max-new-tokens", "8", "--device", "cpu",
-                         "--hardware", other, "--verify", "1")
+                         "--verify", "0")
     assert code == 0, err
-    assert out["measured"] is None
-    assert any(f"not verified: the latency profile is of {other} and this run decodes on {HW}"
-               in w for w in out["warnings"])
-    assert json.loads(run.best_json(other).read_text())["measured"] is None
 
 
 def test_a_reprofiled_machine_gets_a_new_study_not_the_stored_speedups(tiny_run, cmd) -> None:

@@ -23,6 +23,9 @@ REFUSING = "127.0.0.1:1"  # nothing listens on port 1: the connection is refused
     ("postgresql://u@db/nas?password=secret&sslmode=require",
      "postgresql://u@db/nas?password=***&sslmode=require"),
     ("postgresql://u@db/nas", "postgresql://u@db/nas"),
+    ("postgresql://u:se@cret@db/nas", "postgresql://u:***@db/nas"),  # a raw "@" in it
+    ("postgresql://u:a@b@c@db:5432/nas and mysql://v:x@h/d",
+     "postgresql://u:***@db:5432/nas and mysql://v:***@h/d"),
     ("sqlite:////tmp/study.db", "sqlite:////tmp/study.db"),
     ("journal:/tmp/study.log", "journal:/tmp/study.log"),
     (None, None),

@@ -249,6 +249,11 @@ def write_search(root: Path, hw: Hardware, specs: Sequence[tuple[int, float, int
                     "baseline_tokens_per_s": base_tps} if measured else None
     _write_json(d / "best.json", {
         "hardware_id": hw.hardware_id, "objective": "pareto", "method": method, "spec": spec,
+        # the front `front_ids` makes, and one row per evaluation: what the search records
+        "front": {"axes": "speedup-params", "maximise": "speedup", "minimise": "draft_params",
+                  "spec_ids": [r["spec_id"] for r in sorted(
+                      (r for r in scored if r["spec_id"] in ids), key=lambda r: -r["speedup"])]},
+        "n_evaluations": len(rows),
         "spec_id": best["spec_id"], "spec_dir": f"specs/{best['spec_id']}",
         "predicted": predicted, "measured": measured_obj,
         "verified": verified if measured else [], "hardware": hardware_json(hw),

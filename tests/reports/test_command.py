@@ -51,3 +51,20 @@ def test_help_imports_no_matplotlib() -> None:
             "print(rc, 'matplotlib' in sys.modules, 'dreams_nas.reports' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "0 False False"
+
+
+def test_a_damaged_search_file_is_one_line_exit_2(tmp_path, capsys) -> None:
+    """A trials.csv cut mid-row, or a pareto.csv that is not its front, exited 0 with a report of
+    other subnets or another front (issue #48)."""
+    run = make_run(tmp_path / "run", space=SMALL, aifd=False, predictor=False)
+    search = run / "search" / CPU.hardware_id
+    for name, cut in (("trials.csv", 7), ("pareto.csv", 0)):
+        data = (search / name).read_bytes()
+        lines = data.splitlines(keepends=True)
+        (search / name).write_bytes(data[:-cut] if cut else b"".join(lines[:-1]))
+        assert cli.main(["report", "--run", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("dreams-nas report: error: ")
+        assert name in err and "rerun `dreams-nas search`" in err
+        (search / name).write_bytes(data)
+    assert not (run / "report.html").exists()

@@ -180,12 +180,37 @@ def test_tolerates_missing_optional_parts_and_extra_columns(tmp_path) -> None:
          for r in read_rows(run / "search" / CPU.hardware_id / "trials.csv")])
 
 
-def test_torn_last_line_is_skipped(cpu_run) -> None:
+def _cell(line: bytes, at: int, value: bytes) -> bytes:
+    """`line` (a CSV row) with its cell `at` replaced by `value`."""
+    cells = line.split(b",")
+    return b",".join([*cells[:at], value, *cells[at + 1:]])
+
+
+def test_a_trials_csv_cut_short_is_refused_not_read_in_part(cpu_run) -> None:
+    """The search rewrites trials.csv whole (atomically): a row cut short is damage. A torn last
+    line was skipped and a report of the other subnets exited 0 (issue #48)."""
     trials = cpu_run / "search" / CPU.hardware_id / "trials.csv"
-    n = len(read_rows(trials))
-    with trials.open("a") as handle:
-        handle.write("999,h2-v0.25-l4-g1,2,0.25,4,1,1.7")  # killed mid-append: no newline
-    assert len(build_report_data(cpu_run).subnets) == n
+    data = trials.read_bytes()
+    lines = data.splitlines(keepends=True)
+    refused = {
+        "mid-row": (data[:-20], r"trials\.csv ends mid-row \(its last line has no newline\): "
+                                r"it was cut short; rerun `dreams-nas search`"),
+        "missing cells": (b"".join([*lines[:3], lines[3].rsplit(b",", 4)[0] + b"\r\n",
+                                    *lines[4:]]),
+                          r"trials\.csv, line 4: 17 field\(s\) where the header has 21"),
+        "a row dropped": (b"".join(lines[:-1]), r"trials\.csv holds 191 trial row\(s\) where "
+                                                r".*best\.json counts 192 evaluated subnets"),
+        "header only": (lines[0], r"trials\.csv holds 0 trial row\(s\) where .*best\.json "
+                                  r"counts 192"),
+        "a text number": (b"".join([*lines[:5], _cell(lines[5], 6, b"fast"), *lines[6:]]),
+                          r"trials\.csv, line 6: tau 'fast' is not a finite number; the file is "
+                          r"damaged"),
+    }
+    for why, (damaged, message) in refused.items():
+        trials.write_bytes(damaged)
+        with pytest.raises(ReportError, match=message) as err:
+            build_report_data(cpu_run)
+        assert "\n" not in str(err.value), why
 
 
 def test_missing_search_results_name_the_file_and_the_command(tmp_path) -> None:
@@ -212,6 +237,41 @@ def test_bad_files_say_which_and_what_to_do(cpu_run) -> None:
     best.write_text("{not json")
     with pytest.raises(ReportError, match=r"best\.json is not valid JSON"):
         build_report_data(cpu_run)
+
+
+def test_a_pareto_csv_that_is_not_the_front_of_trials_csv_is_refused(cpu_run) -> None:
+    """report read whichever ids pareto.csv listed: a broken one showed another front with exit
+    0 (issue #48). It must be exactly the front of trials.csv in best.json's pair, of subnets
+    trials.csv holds, whose fields make their ids."""
+    search = cpu_run / "search" / CPU.hardware_id
+    pareto, trials = search / "pareto.csv", search / "trials.csv"
+    data, rows = pareto.read_bytes(), trials.read_bytes().splitlines(keepends=True)
+    lines = data.splitlines(keepends=True)
+    front = {r["spec_id"] for r in read_rows(pareto)}
+    off = next(line for line in rows[1:] if line.split(b",")[1].decode() not in front)
+    on = next(i for i, line in enumerate(rows) if line.split(b",")[1].decode() in front)
+    pair = r"pareto\.csv is not the front of .*trials\.csv \(maximising speedup, minimising " \
+           r"draft_params\): it lacks "
+    refused = {
+        "a front row dropped": (pareto, data[: -len(lines[-1])], pair + r"h\S+ and lists none"),
+        "a row off the front": (pareto, data + off, pair + r"none and lists h\S+ off it"),
+        "an unknown subnet": (pareto, data + _cell(lines[1], 1, b"h9-v0.50-l4-g1"),
+                              r"pareto\.csv lists h9-v0\.50-l4-g1, not among the scored "
+                              r"subnets of .*trials\.csv"),
+        "cut mid-row": (pareto, data[:-5], r"pareto\.csv ends mid-row"),
+        "a front row renamed": (trials, b"".join([*rows[:on], _cell(rows[on], 3, b"0.75"),
+                                                  *rows[on + 1:]]),
+                                r"trials\.csv: the trial named h\S+ has the fields of h\S+-v0\.75"),
+    }
+    for why, (path, damaged, message) in refused.items():
+        before = path.read_bytes()
+        path.write_bytes(damaged)
+        with pytest.raises(ReportError, match=message) as err:
+            build_report_data(cpu_run)
+        assert "\n" not in str(err.value), why
+        path.write_bytes(before)
+    pareto.write_bytes(data + lines[1])  # a row listed twice: the same front
+    assert {s.spec_id for s in build_report_data(cpu_run).front} == front
 
 
 def test_missing_pareto_csv_names_the_file_and_the_command(cpu_run) -> None:

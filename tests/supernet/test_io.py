@@ -116,6 +116,17 @@ def test_atomic_writes_get_the_permissions_of_a_plain_open(tmp_path, umask) -> N
         "a.bin", "a.csv", "a.csv.lock", "a.json", "a.txt", "plain.txt"]
 
 
+@pytest.mark.parametrize("mask", [0o022, 0o002])
+def test_saved_weights_obey_the_umask_as_every_other_file(tmp_path, umask, mask) -> None:
+    """safetensors writes 0600 whatever the umask: a group-shared run folder could not be read."""
+    import torch
+    from dreams_nas.supernet.draft.saving import save_weights_and_config
+
+    umask(mask)
+    save_weights_and_config(torch.nn.Linear(2, 2), tmp_path, "w.safetensors", "c.json", {})
+    assert _mode(tmp_path / "w.safetensors") == _mode(tmp_path / "c.json") == 0o666 & ~mask
+
+
 def test_a_full_disk_while_writing_names_the_file(tmp_path, monkeypatch) -> None:
     import errno
     import os

@@ -180,3 +180,25 @@ def test_tree_support_names_what_cannot_take_a_tree_mask(tiny_vlm) -> None:
     tree = TokenTree((3, 2, 1))
     with pytest.raises(RuntimeError, match="passes the sliding window"):
         adapter.verify_tree(_tokens(adapter, tree.nodes + 1, 0), tree.parents)
+
+
+def test_a_chain_runs_losslessly_past_a_sliding_window(tiny_vlm) -> None:
+    """A window the context passes: chains verify, roll back and decode as plain decoding
+    does (a sliding-window cache layer cannot crop once it has dropped entries)."""
+    from dreams_nas.supernet.decoding.drafters import PromptLookupDrafter
+    from dreams_nas.supernet.decoding.loop import generate, plain_generate
+
+    model, processor = tiny_vlm("pixtral")
+    small = copy.deepcopy(model)
+    small.config.get_text_config().sliding_window = 24
+    adapter = TargetAdapter.from_model(small, processor)
+    inputs = adapter.build_inputs(tiny_image(0), PROMPTS[0])
+    assert inputs["input_ids"].shape[1] > 24  # the prompt alone passes the window
+    plain = plain_generate(adapter, dict(inputs), max_new_tokens=40)
+    with torch.inference_mode():  # Hugging Face's greedy decoding, with its sliding cache
+        hf = small.generate(**inputs, max_new_tokens=40, do_sample=False)
+    assert hf[0, inputs["input_ids"].shape[1]:].tolist() == plain.tokens.tolist()
+    for shape in (1, 3, 5):
+        out = generate(adapter, dict(inputs), PromptLookupDrafter(), shape=shape,
+                       max_new_tokens=40)
+        assert out.tokens.tolist() == plain.tokens.tolist()

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
 import pytest
 from dreams_nas.latency.measure.hardware import detect_hardware
 from dreams_nas.latency.measure.plan import StepKey, canonical_spec
@@ -14,6 +15,8 @@ from dreams_nas.latency.measure.timing import Timing
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.space import SearchSpace
 from dreams_nas.supernet.core.spec import SubnetSpec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 3))
 
@@ -223,3 +226,70 @@ def test_a_bad_draft_vocabulary_names_the_line(tmp_path, hw, value) -> None:
     with pytest.raises(InputError, match=rf"line 3: draft_vocab={value!r} of a draft row is not "
                                          r"a share in \(0, 1\]; the profile is corrupt"):
         store.read()
+
+
+# --- a key is timed once (issue #48) ----------------------------------------------------------
+def test_a_key_recorded_twice_is_refused_naming_both_lines(tmp_path, hw) -> None:
+    """A duplicated key was read, its second timing weighing in the fit (it moved the
+    prediction). The profiler never writes a key twice: such a file is concatenated or edited."""
+    store = ProfileStore(tmp_path / "profile.csv")
+    store.append([_row(hw, StepKey("verify", 64, k), 1.0 + 0.1 * k) for k in (2, 3, 4)])
+    clean = store.path.read_text()
+    lines = clean.splitlines(keepends=True)
+    slower = _row(hw, StepKey("verify", 64, 3), 3.9)
+    for again in (lines[2], ",".join(str(slower[c]) for c in PROFILE_COLUMNS) + "\n"):
+        store.path.write_text(clean + again)
+        with pytest.raises(InputError, match=re.escape(
+                f"{store.path}, line 5: key ['verify', '', 64, 3] (kind, spec_id, context_len, "
+                "k) was recorded already on line 3, and a key is timed once; the profile is "
+                "corrupt there: delete that line")) as err:
+            store.ok_rows()
+        assert "\n" not in str(err.value)
+        with pytest.raises(InputError, match="line 5: key"):
+            store.append([_row(hw, StepKey("verify", 64, 5))])  # nothing appended to it
+        assert store.path.read_text() == clean + again
+    # a key of another kind, spec or context is another key
+    store.path.write_text(clean)
+    assert store.append([_row(hw, StepKey("verify", 96, 3)), _row(hw, StepKey("decode", 64))]) == 2
+    assert len(store.ok_rows()) == 5
+
+
+def _profile(tmp_path, hw) -> ProfileStore:
+    """A profile of draft and target rows, one failed."""
+    store = ProfileStore(tmp_path / "profile.csv")
+    rows = [_row(hw, StepKey(kind, ctx, 1, canonical_spec(SPACE, heads, keep)), 0.5 + heads)
+            for kind in ("draft", "draft_first") for ctx in (32, 64)
+            for heads, keep in ((1, 0.5), (2, 1.0))]
+    rows += [_row(hw, StepKey("verify", ctx, k), 2.0 + k) for ctx in (32, 64) for k in (2, 3)]
+    rows.append(make_row(hw, StepKey("decode", 64), None, status="failed", error="boom"))
+    store.append(rows)
+    return store
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(copies=st.lists(st.tuples(st.floats(0.0, 0.999), st.floats(0.0, 1.0),
+                                 st.sampled_from([1.0, 0.5, 3.0])), min_size=1, max_size=3))
+def test_profile_rows_repeated_anywhere_are_refused_never_fitted(tmp_path, hw, copies) -> None:
+    """Fuzzing profile.csv with repeated rows (hypothesis): copies of any rows, timed the same or
+    otherwise, put anywhere after the header, give the undamaged rows or one line naming the
+    file, the key and the fix -- never rows a key holds twice (what the fit would average)."""
+    folder = tmp_path / f"p{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    store = _profile(folder, hw)
+    clean = store.ok_rows()
+    lines = store.path.read_text().splitlines(keepends=True)
+    for which, where, scale in copies:
+        cells = lines[1 + int(which * (len(lines) - 1))].rstrip("\n").split(",")
+        at = PROFILE_COLUMNS.index("median_ms")
+        if cells[at] and scale != 1.0:  # the same key timed otherwise
+            cells[at] = f"{float(cells[at]) * scale:.6g}"
+        lines.insert(1 + int(where * (len(lines) - 1)), ",".join(cells) + "\n")
+    store.path.write_text("".join(lines))
+    try:
+        rows = store.ok_rows()
+    except InputError as exc:
+        assert "\n" not in str(exc) and f"{store.path}, line " in str(exc)
+        assert "was recorded already on line" in str(exc) and "delete that line" in str(exc)
+    else:  # pragma: no cover - every copy repeats a key
+        pd.testing.assert_frame_equal(rows, clean)

@@ -39,6 +39,7 @@ from dreams_nas.supernet.training.recipe import (
 )
 from dreams_nas.supernet.training.selfdistill import (
     PromptInputs,
+    answers_key,
     prompt_inputs,
     regenerate_answers,
 )
@@ -192,6 +193,21 @@ def test_a_killed_build_resumes_with_the_missing_shards_only(fp32, examples, tmp
 
 
 # --- (c) other inputs ---------------------------------------------------------------------
+def test_another_picture_under_the_same_name_gives_other_keys(fp32, examples, tmp_path) -> None:
+    target, _, answers = fp32
+    copies = []
+    for ex in examples:
+        shutil.copy(ex.image_path, tmp_path / ex.image_path.name)
+        copies.append(Example(ex.id, tmp_path / ex.image_path.name, ex.prompt, ex.answer))
+    keys = (store_key(target, copies, answers, MEMORY, DISTILL, PER_SHARD),
+            answers_key(target, copies, 8))
+    assert keys == (store_key(target, examples, answers, MEMORY, DISTILL, PER_SHARD),
+                    answers_key(target, examples, 8))  # the same pictures elsewhere: same keys
+    tiny_image(99).save(copies[0].image_path)
+    assert store_key(target, copies, answers, MEMORY, DISTILL, PER_SHARD) != keys[0]
+    assert answers_key(target, copies, 8) != keys[1]
+
+
 def test_a_store_of_other_inputs_is_rebuilt(fp32, examples, tmp_path, counted):
     target, _, answers = fp32
     folder = tmp_path / "features"
