@@ -138,7 +138,7 @@ def bench(target_name: str = "builtin", *, dtype: str = "bfloat16", prompts: int
         layer = target.num_layers // 2 if layer is None else layer
         examples = load_examples("builtin", "eval", prompts, prompts, 0, "--prompts")
         inputs = [target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
-        rows = []
+        rows, n_threads = [], torch.get_num_threads()  # what the decoding ran at
         for fault in CONDITIONS:
             rows.append(_condition(target, inputs, fault, layer, draft_len, max_new_tokens))
             print(json.dumps({k: v for k, v in rows[-1].items()
@@ -146,7 +146,7 @@ def bench(target_name: str = "builtin", *, dtype: str = "bfloat16", prompts: int
                   file=sys.stderr, flush=True)
     return {"target": target_name, "dtype": dtype, "prompts": prompts,
             "max_new_tokens": max_new_tokens, "draft_len": draft_len, "layer": layer,
-            "near_tie_ulps": NEAR_TIE_ULPS[dtype], "threads": torch.get_num_threads(),
+            "near_tie_ulps": NEAR_TIE_ULPS[dtype], "threads": n_threads,
             "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
             "conditions": rows}
 
