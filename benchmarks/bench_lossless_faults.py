@@ -103,9 +103,10 @@ def _condition(target: Any, prompts: list[Any], fault: str, layer: int, draft_le
                         max_new_tokens=max_new_tokens)
         tokens, plain_tokens = spec.tokens.tolist(), plain.tokens.tolist()
         identical += tokens == plain_tokens
+        observed = lossless.observe_plain(target, prompt, max_new_tokens, expect=plain_tokens)
         checked = lossless.check_lossless(faulty, prompt, OracleDrafter, draft_len,
                                           max_new_tokens=max_new_tokens,
-                                          outputs=(tokens, plain_tokens), where=(fault, index),
+                                          outputs=(tokens, observed), where=(fault, index),
                                           ulps=math.inf)  # everything, to read its gaps
         found = checked.divergences
         worst = max([checked.drift_ulps] + [max(d.margin, d.spec_margin) / d.ulp for d in found])

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dreams_nas.nas.search.candidate import Candidate
-from dreams_nas.nas.stages.lossless import Divergence, check_lossless
+from dreams_nas.nas.stages.lossless import Divergence, check_lossless, observe_plain
 from dreams_nas.supernet.core.spec import SubnetSpec
 
 GAP_WARN = 0.15
@@ -194,18 +194,20 @@ class _Session:
 
     def prompt(self, repeat: int, index: int, prompt: Mapping[str, Any]) -> None:
         """Decode prompt `index` plainly and by every spec, one after another, then check the
-        outputs (lossless on the first repeat, reproduced on later ones: a divergence's margin
-        is read with a prefill of its own, after the timed decodes) and add the times."""
+        outputs (lossless on the first repeat, from untimed runs after the timed decodes, one
+        plain run for every spec; reproduced on later repeats) and add the times."""
         plain, *drafted = self.decode_all(prompt, timed=True)
         plain_tokens = _same_output(self.outputs, None, index, plain.tokens.tolist())
         self.base.add(plain.stats, plain=True)
         self.base_all.add(plain.stats, plain=True)
+        observed = None if repeat else observe_plain(self.target, prompt, self.max_new_tokens,
+                                                     expect=plain_tokens)
         for spec, out in zip(self.drafts, drafted, strict=True):
             tokens = _same_output(self.outputs, spec, index, out.tokens.tolist())
-            if repeat == 0:
+            if observed is not None:
                 checked = check_lossless(
                     self.target, prompt, self._drafter(spec), spec.shape,
-                    max_new_tokens=self.max_new_tokens, outputs=(tokens, plain_tokens),
+                    max_new_tokens=self.max_new_tokens, outputs=(tokens, observed),
                     where=(spec.id, index))
                 self.divergences[spec] += checked.divergences
                 self.drift[spec] = max(self.drift[spec], checked.drift_ulps)

@@ -35,12 +35,12 @@ def scripted(monkeypatch):
     maps a forced prefix (tuple) to plain decoding's (tokens, rows) after it."""
     runs: dict = {}
     monkeypatch.setattr(lossless, "_speculative", lambda *a, **k: runs["spec"])
-    monkeypatch.setattr(lossless, "_plain",
-                        lambda target, prompt, prefix, n: runs["plain"][tuple(prefix)])
+    monkeypatch.setattr(lossless, "observe_plain", lambda target, prompt, n, prefix=():
+                        lossless.Observed(*runs["plain"][tuple(prefix)]))
 
     def check(dtype: str = "bfloat16"):
         target = SimpleNamespace(dtype=getattr(torch, dtype), eos_token_ids={EOS})
-        tokens, plain = runs["spec"][0], runs["plain"][()][0]
+        tokens, plain = runs["spec"][0], lossless.Observed(*runs["plain"][()])
         return check_lossless(target, {}, lambda: None, 3, max_new_tokens=len(tokens),
                               outputs=(tokens, plain), where=("h1-v1.00-l1-g3", 0))
 
@@ -118,8 +118,9 @@ def test_a_rerun_that_decodes_otherwise_is_an_error(scripted) -> None:
     runs["spec"] = ([5, 7], _rows(_row(5, 6, 3.0), _row(7, 6, ONE)))
     runs["plain"] = {(): ([5, 7], _rows(_row(5, 6, 3.0), _row(7, 6, ONE)))}
     target = SimpleNamespace(dtype=torch.bfloat16, eos_token_ids={EOS})
+    plain = lossless.Observed(*runs["plain"][()])
     with pytest.raises(NotLossless, match="not deterministic"):
-        check_lossless(target, {}, lambda: None, 3, max_new_tokens=2, outputs=([5, 6], [5, 7]),
+        check_lossless(target, {}, lambda: None, 3, max_new_tokens=2, outputs=([5, 6], plain),
                        where=("x", 0))
 
 
@@ -145,7 +146,9 @@ def test_injected_faults_are_caught_and_a_clean_run_passes(tiny_vlm, fault) -> N
                         max_new_tokens=32).tokens.tolist()
         assert len(plain) == 32  # no EOS: the stray row lands (past the 2nd token) and is read
 
-        def check(prompt=prompt, outputs=(spec, plain), index=index):
+        observed = lossless.observe_plain(target, prompt, 32, expect=plain)
+
+        def check(prompt=prompt, outputs=(spec, observed), index=index):
             return check_lossless(faulty, prompt, OracleDrafter, 4, max_new_tokens=32,
                                   outputs=outputs, where=(fault, index))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dreams_nas.nas.stages.lossless import Checked
+from dreams_nas.nas.stages.lossless import Checked, Observed
 from dreams_nas.nas.stages.verify import measure_end_to_end
 from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.decoding.loop import GenerationResult, GenerationStats
@@ -32,6 +32,8 @@ def fake_decoding(monkeypatch):
                         lambda draft, spec: None)
     monkeypatch.setattr("dreams_nas.nas.stages.verify.check_lossless",  # test_lossless.py's
                         lambda *args, **kwargs: Checked([], 0.0))
+    monkeypatch.setattr("dreams_nas.nas.stages.verify.observe_plain",
+                        lambda *args, **kwargs: Observed([], None))
 
 
 @pytest.mark.parametrize(("show", "shown"), [(True, True), (False, False)])
