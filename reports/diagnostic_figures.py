@@ -68,7 +68,11 @@ def parity_summary(data: ReportData) -> str:
         lines.append(f"Kendall τ {pred.kendall_tau:.3f}")
     if pred.within_10pct is not None:
         lines.append(f"within 10%: {100 * pred.within_10pct:.0f}%")
-    lines.append(f"{pred.n_holdout or len(pred.holdout)} held-out rows")
+    if pred.transfer:
+        lines[:0] = [*textwrap.wrap(f"prices {pred.transfer}", width=46), ""]
+        lines.append(f"{len(pred.holdout)} measured steps, each left out of the transfer")
+    else:
+        lines.append(f"{pred.n_holdout or len(pred.holdout)} held-out rows")
     if pred.by_kind:
         lines.append("")
     lines += [kind_line(k) for k in pred.by_kind]

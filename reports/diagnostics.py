@@ -86,8 +86,19 @@ def load_predictor(run: RunFolder, hardware_id: str) -> PredictorInfo | None:
         within_10pct=num(metrics.get("within_10pct")),
         kendall_tau=num(metrics.get("kendall_tau")),
         n_train=integer(raw.get("n_train")), n_holdout=integer(raw.get("n_holdout")),
-        holdout=tuple(points), by_kind=tuple(kinds),
+        holdout=tuple(points), by_kind=tuple(kinds), transfer=transfer_text(raw.get("transfer")),
     )
+
+
+def transfer_text(raw: Any) -> str | None:
+    """predictor.json's `transfer` block in words (None for a predictor of its own profile)."""
+    if not isinstance(raw, Mapping):
+        return None
+    ids = ", ".join(str(s.get("hardware_id")) for s in raw.get("sources") or ()
+                    if isinstance(s, Mapping))
+    measured = integer(raw.get("measured"))
+    return f"transferred from {ids or '?'}, {measured if measured is not None else '?'} " \
+           "steps measured here"
 
 
 def holdout_kind(item: Mapping[str, Any]) -> str:

@@ -168,11 +168,20 @@ def _header(data: ReportData) -> str:
 <span>target <b>{target}</b>{f" ({target_bits})" if target_bits else ""}</span>
 <span>supernet <b>{supernet}</b></span>
 <span>hardware <b>{_e(data.hardware_id)}</b>{f" ({hw_bits})" if hw_bits else ""}</span>
+{_transfer_span(data)}\
 <span>search <b>{_e(data.best.method)}</b>, objective {_e(data.best.objective)}, \
 {_n(searched, "subnet")}, front {len(data.front)}</span>
 <span>searched {_e(_when(data.best.created))} · report {_e(data.generated)}</span>
 <span>{versions}</span>
 </div></div></header>"""
+
+
+def _transfer_span(data: ReportData) -> str:
+    """The header's line for a transferred latency predictor (empty for a profiled one)."""
+    pred = data.predictor
+    if pred is None or not pred.transfer:
+        return ""
+    return f"<span>latency <b>{_e(pred.transfer)}</b></span>\n"
 
 
 def _best_card(data: ReportData) -> str:

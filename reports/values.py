@@ -111,6 +111,9 @@ class PredictorInfo:
     # per kind of step (draft, draft_tree, draft_first, decode, verify, verify_tree); empty for
     # a predictor.json written before it recorded them
     by_kind: tuple[KindAccuracy, ...] = ()
+    # a transferred predictor: ``transferred from <ids>, <N> steps measured here`` (its
+    # accuracy is then the transfer's on those steps, each left out in turn); None: profiled
+    transfer: str | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ REPORT_READS: dict[str, tuple[str, ...]] = {
         "regressor", "metrics", "metrics.mape", "metrics.rmse", "metrics.within_10pct",
         "metrics.kendall_tau", "holdout", "holdout[].kind", "holdout[].k", "holdout[].spec_id",
         "holdout[].measured_ms", "holdout[].predicted_ms", "n_train", "n_holdout",
+        "transfer", "transfer.sources", "transfer.sources[].hardware_id", "transfer.measured",
         # every kind's entry alike (the report reads whichever are there)
         "metrics_by_kind", *(f"metrics_by_kind.{kind}.{key}"
                              for kind in ("draft", "draft_tree", "draft_first", "decode",

@@ -62,6 +62,10 @@ class LatencyPredictor:
     # what the timed rows depend on besides the hardware id (dtype, software stack, the
     # target's architecture hash): a predictor answers only for these (`check_fingerprint`)
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    # a transferred predictor (`dreams-nas profile --transfer-from`): its sources, how many
+    # steps were measured here and what was fitted (`transfer.LatencyTransfer.summary`); empty
+    # for a predictor fitted on this device's own full profile
+    transfer: dict[str, Any] = field(default_factory=dict)
     _sizes: dict[str, tuple[float, float]] | None = field(default=None, init=False, repr=False,
                                                           compare=False)
     draft_fields = DRAFT_AXES  # `query.LatencyModel`: a draft step depends on these alone
@@ -248,6 +252,7 @@ class LatencyPredictor:
             "n_train": len(self.train_rows) - self.n_holdout, "n_holdout": self.n_holdout,
             "n_fit": len(self.train_rows), "visual_tokens": self.visual_tokens, "seed": self.seed,
             "stat": self.stat, "fingerprint": self.fingerprint,
+            **({"transfer": self.transfer} if self.transfer else {}),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": library_versions(),
         }
@@ -296,7 +301,9 @@ class LatencyPredictor:
                    if isinstance(by_kind, Mapping) else {},
                    holdout=list(meta.get("holdout") or []), n_holdout=n_holdout,
                    holdout_fraction=holdout_fraction, seed=seed,
-                   stat=str(meta.get("stat", "median_ms")), fingerprint=fingerprint)
+                   stat=str(meta.get("stat", "median_ms")), fingerprint=fingerprint,
+                   transfer=dict(meta["transfer"]) if isinstance(meta.get("transfer"), Mapping)
+                   else {})
 
 
 def regressor_summary(regressors: Mapping[str, str]) -> str:

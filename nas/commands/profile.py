@@ -27,7 +27,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dtype(parser)
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
-                             "space-filling (default: the whole grid)")
+                             "space-filling (default: the whole grid); with --transfer-from, "
+                             "the steps measured here (default: 10)")
+    parser.add_argument("--transfer-from", action="append", default=[], metavar="DIR",
+                        help="price this device from another device's full profile "
+                             "(<run>/latency/<hardware-id>; repeat for several) and --budget "
+                             "steps measured here, the most informative ones, instead of "
+                             "timing the whole grid; a later profile without it times the rest "
+                             "and replaces the transferred prices")
     parser.add_argument("--context-lengths", type=whole(1), nargs="+", default=None, metavar="N",
                         help="prompt lengths in tokens, image included (default: five "
                              "from the shortest evaluation prompt of --data to the longest "
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         threads=args.threads,
         clock=args.clock, passes=args.passes, chunk=args.chunk, holdout=args.holdout,
         stat=f"{args.stat}_ms", fit_only=args.fit_only,
+        transfer_from=tuple(args.transfer_from),
         seed=args.seed,
         show_progress=False if args.quiet else None,
     )

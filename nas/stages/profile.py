@@ -25,6 +25,7 @@ from dreams_nas.nas.stages.profile_checks import (
     check_same_target,
     profile_fingerprint,
 )
+from dreams_nas.nas.stages.profile_transfer import recorded_transfer
 from dreams_nas.supernet.core.device import resolve_device
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
@@ -59,6 +60,9 @@ class ProfileOptions:
     seed: int = 0
     show_progress: bool | None = None
     budget_option: str = "--budget"  # the flag `budget` came from, named in messages
+    # source device folders (<run>/latency/<hardware-id>) to transfer the prices from: time
+    # `budget` steps here, not the grid (`profile_transfer`)
+    transfer_from: tuple[str, ...] = ()
 
 
 def timing_passes(repeats: int, passes: int) -> int:
@@ -163,7 +167,8 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     store = ProfileStore(run.profile_csv(hw.hardware_id))
     with stage_lock(run.root, [f"latency-{hw.hardware_id}"], "dreams-nas profile"):
         if options.fit_only:
-            timed, result = _recorded(run, hw, store, device), None
+            timed = _recorded(run, hw, store, device, options.transfer_from)
+            result = None
         else:
             timed, result = _time_steps(run, options, hw, store)
         summary = _fit(run, options, timed, store)
@@ -175,12 +180,13 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
 
 class _Timed(NamedTuple):
     """What the fit needs of the timing: the profile's folder, the rows' machine, the visual
-    tokens of a prompt and the target's architecture hash."""
+    tokens of a prompt, the target's architecture hash and, for a transfer, its sources."""
 
     folder: Path
     hw: HardwareInfo
     visual_tokens: int
     architecture: str | None
+    sources: list[Any] | None = None  # `profile_transfer.Source`s
 
 
 def _check_options(options: ProfileOptions, device: str) -> None:
@@ -203,8 +209,10 @@ def _check_options(options: ProfileOptions, device: str) -> None:
             "--threads 1, or use --clock wall")
 
 
-def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str) -> _Timed:
-    """`--fit-only`: the recorded profile's machine, visual tokens and architecture."""
+def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str,
+              transfer_from: Sequence[str] = ()) -> _Timed:
+    """`--fit-only`: the recorded profile's machine, visual tokens and architecture, and the
+    transfer's sources (`transfer_from`, else those plan.json records, if any)."""
     folder = run.latency_dir(hw.hardware_id)  # this machine's: the rows' identity may differ
     if not store.exists():
         others = run.hardware_ids()
@@ -219,8 +227,19 @@ def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str
         from dreams_nas.nas.stages.inputs import hardware_identity  # refuses a damaged one
 
         hw = HardwareInfo.from_dict(hardware_identity(run, hw.hardware_id))
-    return _Timed(folder, hw, int(plan_info.get("visual_tokens", 0)),
-                  plan_info.get("architecture_hash"))
+    architecture = plan_info.get("architecture_hash")
+    recorded = recorded_transfer(plan)
+    paths = transfer_from or (recorded or {}).get("folders") or ()
+    sources = _sources(paths, folder, hw, architecture) if paths else None
+    return _Timed(folder, hw, int(plan_info.get("visual_tokens", 0)), architecture, sources)
+
+
+def _sources(paths: Sequence[str], folder: Path, hw: HardwareInfo, architecture: str | None
+             ) -> list[Any]:
+    """The transfer's source devices, checked against this device's program."""
+    from dreams_nas.nas.stages.profile_transfer import load_sources
+
+    return load_sources(paths, folder, profile_fingerprint(hw, architecture))
 
 
 def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store: ProfileStore
@@ -234,17 +253,32 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
 
     folder = run.latency_dir(hw.hardware_id)
     check_same_hardware(folder, hw, options.clock)
-    examples = _eval_examples(options)  # a bad --data fails before the slow load
+    # a bad --data fails before the slow load (a transfer reads its sources' contexts instead)
+    examples = None if options.transfer_from else _eval_examples(options)
     target_id = options.target or run.target_source() or "builtin"
     where = resolve_target(target_id)  # a named target is built (and logged) on first use
     check_same_target(folder, where, target_id)  # from its config, before the slow load
+    sources = (_sources(options.transfer_from, folder, hw, TargetAdapter.architecture(where))
+               if options.transfer_from else None)
+    if sources and run.read_run().get("space") is not None:
+        from dreams_nas.nas.stages.profile_transfer import check_space
+
+        check_space(sources, run.space())  # before the slow load too
     adapter = TargetAdapter.load(where, target_id=target_id, device=hw.device,
                                  dtype=torch_dtype(hw.dtype))
     entry = adapter.describe()
     space, supernet = _space_and_supernet(run, adapter.model, options.seed)
-    visual_tokens, contexts, data = _contexts(adapter, options, examples)
-    keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
-                      budget_option=options.budget_option)
+    if sources is None:
+        visual_tokens, contexts, data = _contexts(adapter, options, examples)
+        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
+                          budget_option=options.budget_option)
+        planned = {"data_contexts": None if data is None else data.to_dict()}
+    else:
+        from dreams_nas.nas.stages.profile_transfer import plan_transfer
+
+        visual_tokens, contexts, keys, planned = plan_transfer(
+            sources, space, store, folder, budget=options.budget,
+            budget_option=options.budget_option, context_lengths=options.context_lengths)
     passes = timing_passes(options.repeats, options.passes)
     if passes < options.passes:
         log.info("--passes %d is more than --repeats %d: each step is timed in %d passes of "
@@ -259,8 +293,7 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
         "repeats": options.repeats, "warmup": options.warmup, "clock": options.clock,
         "threads": hw.threads, "passes": passes, "chunk": options.chunk,
         "verify_after": space.largest().id, "target": entry.get("id"),
-        "architecture_hash": entry["architecture_hash"],
-        "data_contexts": None if data is None else data.to_dict(),
+        "architecture_hash": entry["architecture_hash"], **planned,
     })
     settings = TimingSettings(warmup=options.warmup, repeats=options.repeats,
                               min_repeats=min(5, options.repeats), threads=hw.threads,
@@ -270,7 +303,7 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
                        precede=space.largest(), trees=space.trees)
     log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
     result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
-    return _Timed(folder, hw, visual_tokens, entry["architecture_hash"]), result
+    return _Timed(folder, hw, visual_tokens, entry["architecture_hash"], sources), result
 
 
 def _contexts(adapter: Any, options: ProfileOptions, examples: list[Any]
@@ -298,13 +331,23 @@ def _fit(run: RunFolder, options: ProfileOptions, timed: _Timed, store: ProfileS
     """Fit the predictor on the profile's ok rows, save it beside them; the summary."""
     hw, folder = timed.hw, timed.folder
     fitted = store.ok_rows()
-    predictor = LatencyPredictor.fit(fitted, hw.hardware_id, visual_tokens=timed.visual_tokens,
-                                     holdout=options.holdout, seed=options.seed, stat=options.stat,
-                                     fingerprint=profile_fingerprint(hw, timed.architecture))
+    fingerprint = profile_fingerprint(hw, timed.architecture)
+    if timed.sources:
+        from dreams_nas.nas.stages.profile_transfer import fit_transfer
+
+        predictor = fit_transfer(timed.sources, store, hw.hardware_id,
+                                 visual_tokens=timed.visual_tokens, stat=options.stat,
+                                 seed=options.seed, fingerprint=fingerprint)
+    else:
+        predictor = LatencyPredictor.fit(fitted, hw.hardware_id,
+                                         visual_tokens=timed.visual_tokens,
+                                         holdout=options.holdout, seed=options.seed,
+                                         stat=options.stat, fingerprint=fingerprint)
     warn_partial_fit(store, len(fitted), folder / "plan.json")
     predictor.save(folder)
     report = predictor.report()
-    log_accuracy(predictor.metrics_by_kind)
+    log_accuracy(predictor.metrics_by_kind,
+                 "transfer, measured" if predictor.transfer else "predictor, held-out")
     return {
         "hardware_id": hw.hardware_id, "dtype": hw.dtype,
         "profile": str(store.path), "rows": int(len(store.read())),
@@ -314,15 +357,18 @@ def _fit(run: RunFolder, options: ProfileOptions, timed: _Timed, store: ProfileS
                     for kind, m in predictor.metrics_by_kind.items()},
         "context_range": report["context_range"],
         "n_train": report["n_train"], "n_holdout": report["n_holdout"],
+        **({"transferred_from": [s["hardware_id"] for s in predictor.transfer["sources"]],
+            "measured_steps": predictor.transfer["measured"]} if predictor.transfer else {}),
     }
 
 
-def log_accuracy(by_kind: dict[str, dict[str, float]]) -> None:
+def log_accuracy(by_kind: dict[str, dict[str, float]], what: str = "predictor, held-out"
+                 ) -> None:
     """One log line per kind of step: how well the predictor fitted without them predicted the
-    held-out rows (MAPE, share within +-10 %, Kendall's tau)."""
+    held-out rows (MAPE, share within +-10 %, Kendall's tau); `what` names the rows."""
     for kind, m in by_kind.items():
         tau = m.get("kendall_tau", float("nan"))
-        log.info("predictor, held-out %s rows (%d): MAPE %.1f%%, within 10%% %.0f%%, "
+        log.info(f"{what} %s rows (%d): MAPE %.1f%%, within 10%% %.0f%%, "
                  "Kendall tau %s", kind, int(m.get("n", 0)), 100 * m.get("mape", float("nan")),
                  100 * m.get("within_10pct", float("nan")),
                  "n/a" if tau != tau else f"{tau:.3f}")

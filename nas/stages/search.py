@@ -112,7 +112,19 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
         "acceptance": run.acceptance_csv(data_id).relative_to(run.root).as_posix(),
         "predictor_fingerprint": predictor.get("fingerprint"),
         "predictor_created": predictor.get("created"),
+        "latency": transfer_note(predictor),
     }
+
+
+def transfer_note(predictor: dict[str, Any]) -> str:
+    """How the prices were obtained, for best.json and the report: ``profiled`` (this device's
+    own full profile) or ``transferred from <ids> (<N> steps measured here)``."""
+    transfer = predictor.get("transfer")
+    if not isinstance(transfer, dict):
+        return "profiled"
+    ids = ", ".join(str(s.get("hardware_id")) for s in transfer.get("sources") or ()
+                    if isinstance(s, dict))
+    return f"transferred from {ids} ({transfer.get('measured')} steps measured here)"
 
 
 def search_run(run: RunFolder, options: SearchOptions) -> dict[str, Any]:
