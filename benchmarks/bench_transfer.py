@@ -115,8 +115,11 @@ def _accuracy(folder: Path, truth: Path, levels_from: Path | None = None) -> dic
 
 
 def _levels(folder: Path, source: Path, rows: Any, measured: Any, np: Any) -> dict[str, Any]:
-    """MAPE and draft tau of the transfer refitted with fewer levels on the same measured rows
-    (its mapped grid predicted directly, without the predictor's regression on top)."""
+    """MAPE and draft tau of the transfer's map itself (the mapped grid, without the
+    predictor's regression on top), refitted on the same measured rows with each level set
+    and as chosen (`select_levels`); and, as `same_session`, chosen and fitted on the target's
+    full-profile rows at the same steps: the model's error without the machine's drift between
+    the full profile and the transfer."""
     from dreams_nas.latency.measure.profile_store import ProfileStore
     from dreams_nas.latency.model.draft_regression import latency_metrics
     from dreams_nas.latency.model.persist import training_frame
@@ -127,19 +130,39 @@ def _levels(folder: Path, source: Path, rows: Any, measured: Any, np: Any) -> di
     src = LatencyPredictor.load(source)
     here = training_frame(ProfileStore(folder / "profile.csv").ok_rows()
                           .assign(median_ms=lambda f: f["p10_ms"]), "p10_ms")
-    cand_x = src.predict_rows(rows)[:, None]
-    x = src.predict_rows(here)[:, None]
+    kinds, cand_x = metric_kinds(rows), src.predict_rows(rows)[:, None]
     drafts = ((rows["kind"] == "draft") & (rows["k"] == 1)).to_numpy()
+    keys = set(zip(here.kind, here.spec_id, here.context_len, here.k, strict=True))
+    same = np.array([k in keys for k in zip(rows.kind, rows.spec_id, rows.context_len, rows.k,
+                                              strict=True)])
+    fits = {"same_session": (kinds[same], cand_x[same], measured[same], None)}
+    fresh = (metric_kinds(here), src.predict_rows(here)[:, None],
+             here["median_ms"].to_numpy(dtype=float))
+    fits.update({name: (*fresh, levels) for name, levels in (
+        ("global", ("global",)), ("engines", ("global", "engine")),
+        ("kinds", ("global", "engine", "kind")), ("chosen", None))})
     out = {}
-    for name, levels in (("global", ("global",)), ("engines", ("global", "engine")),
-                         ("kinds", ("global", "engine", "kind"))):
-        model = LatencyTransfer.fit(metric_kinds(rows), cand_x, metric_kinds(here), x,
-                                    here["median_ms"].to_numpy(dtype=float), levels)
-        p = model.predict(metric_kinds(rows), cand_x)
+    for name, (k, x, y, levels) in fits.items():
+        model = LatencyTransfer.fit(kinds, cand_x, k, x, y, levels)
+        p = model.predict(kinds, cand_x)
         out[name] = {"mape": round(float(np.mean(np.abs(p - measured) / measured)), 4),
+                     "tau": round(latency_metrics(measured, p)["kendall_tau"], 4),
                      "draft_tau": round(latency_metrics(measured[drafts], p[drafts])
-                                        ["kendall_tau"], 4)}
+                                        ["kendall_tau"], 4),
+                     "levels": "+".join(model.design.levels)}
     return out
+
+
+def _speedup_tau(run: Path, full_run: Path, hardware_id: str) -> float:
+    """Kendall's tau between the predicted speedups of every subnet (trials.csv of the two
+    exhaustive searches): how alike the transferred and the full profile rank the space."""
+    import pandas as pd
+    from scipy.stats import kendalltau
+
+    a, b = (pd.read_csv(r / "search" / hardware_id / "trials.csv").set_index("spec_id")
+            ["speedup"] for r in (run, full_run))
+    joined = pd.concat([a, b], axis=1, keys=["transfer", "full"]).dropna()
+    return round(float(kendalltau(joined["transfer"], joined["full"]).statistic), 4)
 
 
 def _measure(run: Path, label: str, picks: list[str], prompts: int, repeats: int,
@@ -180,8 +203,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"scoring {label} failed: {err}")
         profiled = _profile(folder, label, timing)
         hw = profiled["hardware_id"]
+        own = folder / "latency" / hw
         full[label] = {"run": folder, "hardware_id": hw, "profile": profiled,
-                       "search": _search(folder, hw)}
+                       "search": _search(folder, hw), "own": _accuracy(own, own)}
         print(f"{label}: full profile {profiled['wall_s']} s, pick {full[label]['search']}",
               file=sys.stderr)
     transfers = []
@@ -195,6 +219,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hw, truth = full[dst]["hardware_id"], full[dst]["run"] / "latency"
             result["accuracy"] = _accuracy(folder / "latency" / hw, truth / hw, source)
             result["search"] = _search(folder, hw)
+            result["speedup_tau"] = _speedup_tau(folder, full[dst]["run"], hw)
         print(f"{src} -> {dst} N={n}: {json.dumps(result, default=str)[:300]}", file=sys.stderr)
         transfers.append(result)
     measured = {}
@@ -210,13 +235,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> list[str]:
     """The markdown table of BENCHMARKS.md."""
-    lines = ["| source -> target | N | wall / full | MAPE | within 10 % | tau | draft tau | "
-             "pick | pick measured / full pick |", "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = ["| source -> target | N | wall / full | MAPE (same session) | within 10 % | tau "
+             "(same session) | draft tau | speedup tau | pick | pick measured / full pick |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for t in result["transfers"]:
         full = result["full"][t["target"]]
         if t["profile"]["code"]:
             lines.append(f"| {t['source']} -> {t['target']} | {t['n']} | refused: "
-                         f"{t['profile']['error'][:80]} |||||||")
+                         f"{t['profile']['error'][:80]} ||||||||")
             continue
         a, pick = t["accuracy"], t["search"]["pick"]
         wall = t["profile"]["wall_s"] / full["profile"]["wall_s"]
@@ -224,9 +250,12 @@ def table(result: dict[str, Any]) -> list[str]:
         speeds = result["measured"].get(t["target"], {})
         if pick in speeds and full["search"]["pick"] in speeds:
             ratio = f"{speeds[pick]['speedup'] / speeds[full['search']['pick']]['speedup']:.3f}"
+        same = a["levels"]["same_session"]
         lines.append(f"| {t['source']} -> {t['target']} | {t['n']} | {wall:.3f} | "
-                     f"{100 * a['mape']:.1f} % | {100 * a['within_10pct']:.0f} % | "
-                     f"{a['kendall_tau']:.3f} | {a['draft_tau']:.3f} | `{pick}` | {ratio} |")
+                     f"{100 * a['mape']:.1f} % ({100 * same['mape']:.1f} %) | "
+                     f"{100 * a['within_10pct']:.0f} % | {a['kendall_tau']:.3f} "
+                     f"({same['tau']:.3f}) | {a['draft_tau']:.3f} | {t['speedup_tau']:.3f} | "
+                     f"`{pick}` | {ratio} |")
     return lines
 
 
@@ -252,6 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     print("\n".join(table(result)))
+    for label, info in result["full"].items():
+        own = info["own"]
+        print(f"\n{label}: its own predictor on its own rows: MAPE {100 * own['mape']:.1f} %, "
+              f"tau {own['kendall_tau']:.3f}, draft tau {own['draft_tau']:.3f}; full profile "
+              f"{info['profile']['wall_s']} s, pick `{info['search']['pick']}`")
     for label, speeds in result["measured"].items():
         print(f"\n{label} measured: " + ", ".join(
             f"`{p}` {m['speedup']:.3f} ({m['range'][0]:.3f}-{m['range'][1]:.3f}, "

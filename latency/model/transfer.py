@@ -52,6 +52,8 @@ NOISE = 0.05
 PRIOR_SD = {"source": 2.0, "offset": 1.0, "engine_scale": 1.0, "engine_offset": 0.5,
             "kind_scale": 0.1, "kind_offset": 0.05}
 LEVELS = ("global", "engine", "kind")
+# The level sets a fit chooses among, simplest first (`select_levels`).
+LEVEL_SETS = (("global",), ("global", "engine"), LEVELS)
 
 
 @dataclass(frozen=True)
@@ -184,11 +186,15 @@ class LatencyTransfer:
 
     @classmethod
     def fit(cls, cand_kinds: Sequence[str], cand_x: np.ndarray, kinds: Sequence[str],
-            x: np.ndarray, y: Sequence[float], levels: Sequence[str] = LEVELS
+            x: np.ndarray, y: Sequence[float], levels: Sequence[str] | None = None
             ) -> LatencyTransfer:
         """Fit on measured steps (`kinds`, source prices `x`, measured ms `y`); the candidate
         steps (`cand_kinds`, `cand_x`: every step the new device will be priced at) set the
-        typical prices."""
+        typical prices. levels: the terms fitted (`LEVELS`); None: chosen by leave-one-out
+        on the measured steps (`select_levels`)."""
+        extra: dict[str, Any] = {}
+        if levels is None:
+            levels, extra["levels_loo"] = select_levels(cand_kinds, cand_x, kinds, x, y)
         y = np.asarray(y, dtype=float)
         x = _prices(x)
         if len(y) < 1 or len(y) != len(x) or not (np.isfinite(y) & (y > 0)).all():
@@ -202,7 +208,8 @@ class LatencyTransfer:
         coef = _solve(first, kinds, x, y)
         blend = coef[: x.shape[1]] if coef[: x.shape[1]].sum() > 0 else start
         design = TransferDesign.of(cand_kinds, cand_x, blend, levels=levels)
-        return cls(design=design, coef=_solve(design, kinds, x, y, float(coef[-1])), n=len(y))
+        return cls(design=design, coef=_solve(design, kinds, x, y, float(coef[-1])), n=len(y),
+                   extra=extra)
 
     def predict(self, kinds: Sequence[str], x: np.ndarray) -> np.ndarray:
         """The new device's milliseconds of steps of `kinds` with source prices `x`; never
@@ -217,7 +224,7 @@ class LatencyTransfer:
         fitted."""
         named = dict(zip(self.design.names(), self.coef.tolist(), strict=True))
         out: dict[str, Any] = {
-            "levels": list(self.design.levels), "n": self.n,
+            "levels": list(self.design.levels), "n": self.n, **self.extra,
             "source_weights": [round(named[f"w{s}"], 6) for s in range(self.design.sources)],
             "offset_ms": round(named["offset"] * self.design.typical, 6)}
         for level in ("engine", "kind"):
@@ -230,10 +237,30 @@ class LatencyTransfer:
         return out
 
 
+def select_levels(cand_kinds: Sequence[str], cand_x: np.ndarray, kinds: Sequence[str],
+                  x: np.ndarray, y: Sequence[float]) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The terms to fit, among `LEVEL_SETS`: the simplest whose leave-one-out mean relative
+    error on the measured steps is within one standard error of the lowest (the one-standard-
+    error rule), with each set's error; the global map alone below three steps. Terms the
+    measurements cannot tell from noise (two devices that differ by a scale) would otherwise
+    fit the noise of a few rows."""
+    y = np.asarray(y, dtype=float)
+    if len(y) < 3:
+        return LEVEL_SETS[0], {}
+    errors = {levels: np.abs(leave_one_out(cand_kinds, cand_x, kinds, x, y, levels) - y) / y
+              for levels in LEVEL_SETS}
+    means = {levels: float(e.mean()) for levels, e in errors.items()}
+    lowest = min(means, key=means.get)
+    bound = means[lowest] + float(errors[lowest].std(ddof=1) / np.sqrt(len(y)))
+    chosen = next(levels for levels in LEVEL_SETS if means[levels] <= bound)
+    return chosen, {"+".join(levels): round(error, 6) for levels, error in means.items()}
+
+
 def leave_one_out(cand_kinds: Sequence[str], cand_x: np.ndarray, kinds: Sequence[str],
-                  x: np.ndarray, y: Sequence[float], levels: Sequence[str] = LEVELS
+                  x: np.ndarray, y: Sequence[float], levels: Sequence[str] | None = LEVELS
                   ) -> np.ndarray:
-    """Each measured step's price by the transfer fitted on the others (NaN with one step)."""
+    """Each measured step's price by the transfer fitted on the others (NaN with one step);
+    levels None: each of those fits chooses its own (`select_levels`), as the full fit did."""
     y = np.asarray(y, dtype=float)
     x = _prices(x)
     kinds = np.asarray(kinds, dtype=object)

@@ -66,6 +66,9 @@ def profile_changes(run: RunFolder, options: ProfileOptions, store: ProfileStore
     asked["warmup"] = options.warmup
     changes = [f"{key} {_show(plan.get(key))} -> {_show(value)}"
                for key, value in asked.items() if plan.get(key) != value]
+    if plan.get("transfer") and not options.transfer_from:
+        changes.append("its prices were transferred from another device; a profile of its own "
+                       "times the rest of the grid")
     if run.read_run().get("space") not in (None, plan.get("space")):
         changes.append("the run's search space changed since the plan")  # new steps to time
     report = read_json(predictor_path)

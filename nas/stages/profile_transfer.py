@@ -172,7 +172,7 @@ def fit_transfer(sources: Sequence[Source], store: ProfileStore, hardware_id: st
     cand_x, x = source_prices(sources, candidates), source_prices(sources, measured)
     y = measured["median_ms"].to_numpy(dtype=float)
     model = LatencyTransfer.fit(cand_kinds, cand_x, kinds, x, y)
-    loo = leave_one_out(cand_kinds, cand_x, kinds, x, y)
+    loo = leave_one_out(cand_kinds, cand_x, kinds, x, y, levels=None)  # nested: honest
     mapped = candidates.assign(median_ms=model.predict(cand_kinds, cand_x))
     predictor = LatencyPredictor.fit(mapped.assign(**{stat: mapped["median_ms"]}), hardware_id,
                                      visual_tokens=visual_tokens, holdout=0.0, seed=seed,

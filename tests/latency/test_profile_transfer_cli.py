@@ -77,6 +77,14 @@ def test_a_transfer_prices_the_device_from_five_steps_and_a_full_profile_replace
     # every kind the source prices is priced here, for every step a full profile times
     assert all(predictor.prices(kind) for kind in ("decode", "verify", "cycle", "draft_first"))
     assert (predictor.target_ms("verify", range(2, 9), 24) > 0).all()
+    # the demo and search never take a transferred profile for a finished one of its own
+    from dreams_nas.nas.stages.profile import ProfileOptions
+    from dreams_nas.nas.stages.profile_reuse import profile_changes
+
+    changes = profile_changes(run, ProfileOptions(device="cpu", threads=2, repeats=2, budget="5"),
+                              ProfileStore(folder / "profile.csv"), plan,
+                              folder / "predictor.json")
+    assert any("transferred from another device" in c for c in changes), changes
     # a rerun times nothing new; --fit-only refits the transfer from plan.json's sources
     assert _transfer(run, source) == 0
     assert json.loads(capsys.readouterr().out)["measured"] == 0

@@ -125,3 +125,22 @@ def test_leave_one_out_and_bad_input(source) -> None:
 
     with pytest.raises(InputError, match="positive measured"):
         LatencyTransfer.fit(kinds, x, kinds[:2], x[:2], [1.0, 0.0])
+
+
+def test_the_terms_are_chosen_by_leave_one_out(source) -> None:
+    """Terms the measurements cannot tell from noise are not fitted: a device that differs by a
+    scale gets the global map alone, one whose engines differ gets the engines' terms, and the
+    summary says which and why."""
+    from dreams_nas.latency.model.transfer import select_levels
+
+    kinds, x, _ = source
+    pick = choose_rows(kinds, x, 10)
+    rng = np.random.default_rng(1)
+    noisy = 1.5 * x[pick] * np.exp(rng.normal(0.0, 0.03, len(pick)))
+    assert select_levels(kinds, x, kinds[pick], x[pick], noisy)[0] == ("global",)
+    y = x * _engine(kinds, {"draft": 0.5, "target": 2.0, "host": 1.0})
+    levels, errors = select_levels(kinds, x, kinds[pick], x[pick], y[pick])
+    assert "engine" in levels and errors["global"] > 5 * errors["global+engine"]
+    model = LatencyTransfer.fit(kinds, x, kinds[pick], x[pick], y[pick])
+    assert model.summary()["levels"] == list(levels) and "levels_loo" in model.summary()
+    assert select_levels(kinds, x, kinds[:2], x[:2], x[:2])[0] == ("global",)  # too few to tell
