@@ -32,34 +32,78 @@ class Memory:
         return int(self.keys.shape[2])
 
 
+# Positions a draft cache's buffers hold at least when first written (they double past it).
+CACHE_MIN_CAPACITY = 256
+
+
 @dataclass
 class DraftCache:
-    """The draft's own KV cache (self-attention layers), reused across speculative cycles."""
+    """The draft's own KV cache (self-attention layers), reused across speculative cycles.
 
-    keys: list[Tensor | None] = field(default_factory=list)  # per layer (batch, heads, len, d)
+    Each layer's keys and values live in a buffer of (batch, heads, capacity, head_dim) written
+    in place: a step copies only its own positions, and the attention reads a view of the
+    first `length` positions (`update`). Past the capacity the buffer doubles (an amortised
+    copy, not one per step); `crop` moves the length and copies nothing. (A cache that grew by
+    concatenation copied every position at every step: O(sequence) a step.)"""
+
+    keys: list[Tensor | None] = field(default_factory=list)  # per layer: the key buffer
     values: list[Tensor | None] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # per layer: positions held
 
     @property
     def length(self) -> int:
-        return 0 if not self.keys or self.keys[0] is None else int(self.keys[0].shape[2])
+        return self.lengths[0] if self.lengths else 0
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new positions' keys and values (batch, heads, n, head_dim) after the
+        layer's held ones; returns views of all of them."""
         while len(self.keys) <= layer:
             self.keys.append(None)
             self.values.append(None)
-        cached_k, cached_v = self.keys[layer], self.values[layer]
-        if cached_k is not None:
-            k = torch.cat((cached_k, k), dim=2)
-            v = torch.cat((cached_v, v), dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+            self.lengths.append(0)
+        start = self.lengths[layer]
+        end = start + k.shape[2]
+        buffer = self.keys[layer]
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            # autograd keeps the views a step read, which a later write would change under it:
+            # concatenate instead (nothing trains through a cache today)
+            old_v = self.values[layer]
+            if start:
+                assert buffer is not None and old_v is not None
+                k = torch.cat((buffer[:, :, :start], k), dim=2)
+                v = torch.cat((old_v[:, :, :start], v), dim=2)
+            self.keys[layer], self.values[layer], self.lengths[layer] = k, v, end
+            return k, v
+        if buffer is None or buffer.shape[2] < end or buffer.shape[:2] != k.shape[:2] \
+                or buffer.shape[3] != k.shape[3] or buffer.dtype != k.dtype \
+                or buffer.device != k.device:
+            self._grow(layer, k, v, end)
+        keys, values = self.keys[layer], self.values[layer]
+        assert keys is not None and values is not None
+        keys[:, :, start:end].copy_(k)
+        values[:, :, start:end].copy_(v)
+        self.lengths[layer] = end
+        return keys[:, :, :end], values[:, :, :end]
+
+    def _grow(self, layer: int, k: Tensor, v: Tensor, end: int) -> None:
+        """A buffer for at least `end` positions (double the old capacity, at least
+        CACHE_MIN_CAPACITY) holding the layer's positions so far."""
+        old_k, old_v, held = self.keys[layer], self.values[layer], self.lengths[layer]
+        capacity = max(end, CACHE_MIN_CAPACITY, 2 * (0 if old_k is None else old_k.shape[2]))
+        shape = (*k.shape[:2], capacity, k.shape[3])
+        new_k = k.new_empty(shape)
+        new_v = v.new_empty((*v.shape[:2], capacity, v.shape[3]))
+        if held:
+            assert old_k is not None and old_v is not None
+            new_k[:, :, :held].copy_(old_k[:, :, :held])
+            new_v[:, :, :held].copy_(old_v[:, :, :held])
+        self.keys[layer], self.values[layer] = new_k, new_v
 
     def crop(self, length: int) -> None:
         """Keep the first `length` positions (drop drafted positions after a verify)."""
         if length < 0 or length > self.length:
             raise ValueError(f"cannot crop a draft cache of {self.length} positions to {length}")
-        self.keys = [None if k is None else k.narrow(2, 0, length) for k in self.keys]
-        self.values = [None if v is None else v.narrow(2, 0, length) for v in self.values]
+        self.lengths = [min(held, length) for held in self.lengths]
 
 
 @dataclass
