@@ -35,13 +35,14 @@ def test_the_speedup_ranking_and_the_table(tmp_path) -> None:
         "transfers": [
             {"source": "1t", "target": "2t", "n": 5, "profile": {"code": 0, "wall_s": 5.0},
              "accuracy": {"mape": 0.08, "within_10pct": 0.6, "kendall_tau": 0.85,
-                          "draft_tau": 0.5, "levels": {"same_session": same}},
+                          "draft_tau": 0.5, "levels": {"same_session": same},
+                          "vs_predictor": {"mape": 0.04, "tau": 0.93, "draft_tau": 0.9}},
              "search": {"pick": "q"}, "speedup_tau": 0.8},
             {"source": "1t-bfloat16", "target": "2t", "n": 5,
              "profile": {"code": 2, "error": "dreams-nas profile: error: ... dtype ..."}}],
         "measured": {"2t": {"p": {"speedup": 2.0}, "q": {"speedup": 1.9}}}}
     lines = bench_transfer.table(result)
-    assert "| 1t -> 2t | 5 | 0.050 | 8.0 % (5.0 %) | 60 % | 0.850 (0.900) |" in lines[2]
+    assert "| 1t -> 2t | 5 | 0.050 | 8.0 % (5.0 %) | 60 % | 0.850 (0.900) | 0.930 |" in lines[2]
     assert lines[2].endswith("`q` | 0.950 |")
     assert "refused" in lines[3] and lines[3].count("|") == lines[2].count("|")
 
