@@ -13,11 +13,14 @@ measurements show it does:
 
 x_s is source s's predicted price of the step, x~ = sum_s w^_s x_s their blend (w^ fitted
 first, without the engine and kind terms), m, m_g and m_kind the typical price of all steps, of
-the engine g's and of the kind's (medians of x~ over the candidate steps). The fit is Bayesian
-linear regression, solved as a ridge: each measurement's relative error has a standard
-deviation of `NOISE`, and every engine and kind term a zero-mean prior (`PRIOR_SD`), so a term
-the measurements pin down is fitted freely while one they say nothing of stays at zero (the
-engine's, or the global map). The source weights are kept non-negative. With one source and
+the engine g's and of the kind's (medians of x~ over the candidate steps). The fit is a ridge
+regression read as a linear model with Gaussian priors: each measurement's relative error has a
+standard deviation of `NOISE`, and every engine and kind term a zero-mean prior (`PRIOR_SD`), so
+a term the measurements pin down is fitted freely while one they say nothing of stays at zero
+(the engine's, or the global map). The priors of the source weights and the global offset are
+centred on a first fit of the global map alone to the same rows (empirical Bayes: the rows count
+twice there, which only keeps the global map where the other terms have no rows to go on). The
+source weights are kept non-negative. With one source and
 only the global terms this is the floor the issue names: a scale and an offset; with the
 engine and kind terms it becomes, as measurements accrue, a scale and offset per kind.
 
@@ -208,7 +211,9 @@ class LatencyTransfer:
         coef = _solve(first, kinds, x, y)
         blend = coef[: x.shape[1]] if coef[: x.shape[1]].sum() > 0 else start
         design = TransferDesign.of(cand_kinds, cand_x, blend, levels=levels)
-        return cls(design=design, coef=_solve(design, kinds, x, y, float(coef[-1])), n=len(y),
+        # the first fit's offset, in ms, as the second design's unit (its typical price) counts
+        offset = float(coef[-1]) * first.typical / design.typical
+        return cls(design=design, coef=_solve(design, kinds, x, y, offset), n=len(y),
                    extra=extra)
 
     def predict(self, kinds: Sequence[str], x: np.ndarray) -> np.ndarray:
@@ -275,11 +280,11 @@ def leave_one_out(cand_kinds: Sequence[str], cand_x: np.ndarray, kinds: Sequence
 
 
 def choose_rows(kinds: Sequence[str], x: np.ndarray, n: int, taken: Sequence[int] = (),
-                levels: Sequence[str] = LEVELS) -> list[int]:
+                levels: Sequence[str] = LEVELS, exclude: Sequence[int] = ()) -> list[int]:
     """`n` more candidate steps to measure (indices into `kinds`/`x`, the source prices),
     beyond `taken` (already measured): greedily the step whose transferred price has the
-    largest posterior variance of its relative error (D-optimal; module docstring). Ties go to
-    the earlier candidate, so the choice is deterministic."""
+    largest posterior variance of its relative error (D-optimal; module docstring), never one
+    of `exclude`. Ties go to the earlier candidate, so the choice is deterministic."""
     x = _prices(x)
     kinds = np.asarray(kinds, dtype=object)
     design = TransferDesign.of(kinds, x, np.full(x.shape[1], 1.0 / x.shape[1]), levels)
@@ -291,6 +296,7 @@ def choose_rows(kinds: Sequence[str], x: np.ndarray, n: int, taken: Sequence[int
     for i in taken:
         cov = _observe(cov, Z[i])
         free[i] = False
+    free[list(exclude)] = False  # not to be chosen (a step that failed here), nothing learnt
     for _ in range(min(n, int(free.sum()))):
         variance = np.einsum("ij,jk,ik->i", Z, cov, Z)
         variance[~free] = -np.inf

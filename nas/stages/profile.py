@@ -230,16 +230,20 @@ def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str
     architecture = plan_info.get("architecture_hash")
     recorded = recorded_transfer(plan)
     paths = transfer_from or (recorded or {}).get("folders") or ()
-    sources = _sources(paths, folder, hw, architecture) if paths else None
+    sources = _sources(run, paths, folder, hw, architecture) if paths else None
     return _Timed(folder, hw, int(plan_info.get("visual_tokens", 0)), architecture, sources)
 
 
-def _sources(paths: Sequence[str], folder: Path, hw: HardwareInfo, architecture: str | None
-             ) -> list[Any]:
-    """The transfer's source devices, checked against this device's program."""
-    from dreams_nas.nas.stages.profile_transfer import load_sources
+def _sources(run: RunFolder, paths: Sequence[str], folder: Path, hw: HardwareInfo,
+             architecture: str | None) -> list[Any]:
+    """The transfer's source devices, checked against this device's program (and the run's
+    space, once it has one)."""
+    from dreams_nas.nas.stages.profile_transfer import check_space, load_sources
 
-    return load_sources(paths, folder, profile_fingerprint(hw, architecture))
+    sources = load_sources(paths, folder, profile_fingerprint(hw, architecture))
+    if run.read_run().get("space") is not None:
+        check_space(sources, run.space())
+    return sources
 
 
 def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store: ProfileStore
@@ -258,12 +262,14 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
     target_id = options.target or run.target_source() or "builtin"
     where = resolve_target(target_id)  # a named target is built (and logged) on first use
     check_same_target(folder, where, target_id)  # from its config, before the slow load
-    sources = (_sources(options.transfer_from, folder, hw, TargetAdapter.architecture(where))
+    sources = (_sources(run, options.transfer_from, folder, hw, TargetAdapter.architecture(where))
                if options.transfer_from else None)
-    if sources and run.read_run().get("space") is not None:
-        from dreams_nas.nas.stages.profile_transfer import check_space
+    if sources:  # everything a transfer refuses, before the slow load
+        from dreams_nas.nas.stages.profile_transfer import check_transfer
 
-        check_space(sources, run.space())  # before the slow load too
+        check_transfer(sources, store, budget=options.budget,
+                       budget_option=options.budget_option,
+                       context_lengths=options.context_lengths)
     adapter = TargetAdapter.load(where, target_id=target_id, device=hw.device,
                                  dtype=torch_dtype(hw.dtype))
     entry = adapter.describe()

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dreams_nas.latency")
 DEFAULT_BUDGET = 10  # steps measured here when --budget is not given
+# Up to this many measured steps the reported leave-one-out is nested (each fit left out chooses
+# its own terms, as the full fit did: O(N^2) fits); beyond it, the full fit's terms are kept.
+NESTED_LOO_MAX = 30
 # What a source's rows must share with this device's: the program that was timed.
 MATCH_KEYS = ("dtype", "architecture_hash", "step_revision", "compile")
 _FIX = "transfer from a profile of this run's target, space and dtype, or profile in full"
@@ -66,7 +69,7 @@ def load_sources(paths: Sequence[str | Path], here: Path, fingerprint: Mapping[s
     own full profile of the same program (`MATCH_KEYS` of `fingerprint`) and is not `here`."""
     sources = []
     for given in paths:
-        folder = Path(given).expanduser()
+        folder = Path(given).expanduser().resolve()  # recorded: --fit-only runs from anywhere
         where = f"--transfer-from {given}"
         if not (folder / "predictor.json").is_file() or not (folder / "plan.json").is_file():
             raise InputError(f"{where} is not a profiled device's folder (<run>/latency/"
@@ -87,9 +90,17 @@ def load_sources(paths: Sequence[str | Path], here: Path, fingerprint: Mapping[s
                 raise InputError(f"{where} was timed with {key} {have}, this device with "
                                  f"{want}: its prices are another program's; {_FIX}")
         plan = read_json(folder / "plan.json")
-        if not isinstance(plan, dict) or not plan.get("space") or not plan.get("context_lengths"):
-            raise InputError(f"{folder / 'plan.json'} names no space and context lengths; "
-                             f"rerun `dreams-nas profile` on {predictor.hardware_id}")
+        if not isinstance(plan, dict) or not plan.get("space") or not plan.get("context_lengths") \
+                or not isinstance(plan.get("visual_tokens"), int):
+            raise InputError(f"{folder / 'plan.json'} names no space, context lengths and visual "
+                             f"tokens; rerun `dreams-nas profile` on {predictor.hardware_id}")
+        if sources and [plan["context_lengths"], plan["visual_tokens"]] != [
+                sources[0].plan["context_lengths"], sources[0].plan["visual_tokens"]]:
+            raise InputError(f"{where} was profiled at contexts {plan['context_lengths']} "
+                             f"({plan['visual_tokens']} visual tokens), --transfer-from "
+                             f"{paths[0]} at {sources[0].plan['context_lengths']} "
+                             f"({sources[0].plan['visual_tokens']}): one source would be "
+                             "extrapolated; give sources profiled alike")
         sources.append(Source(folder, predictor, plan))
     if len({s.hardware_id for s in sources}) < len(sources):
         raise InputError("--transfer-from names one hardware id twice; give each device once")
@@ -132,19 +143,24 @@ def source_prices(sources: Sequence[Source], rows: pd.DataFrame) -> np.ndarray:
 
 def transfer_budget(budget: float | int | str | None, candidates: int, option: str) -> int:
     """Steps to measure: `budget` as a count or a fraction of the candidates; DEFAULT_BUDGET
-    without one."""
+    without one. As many as a full profile times is refused: that is a full profile."""
     from dreams_nas.latency.measure.plan import parse_budget
 
     value = parse_budget(budget, option)
     if value is None:
-        return min(DEFAULT_BUDGET, candidates)
-    return min(candidates, max(1, int(np.ceil(value * candidates)) if value < 1 else int(value)))
+        return min(DEFAULT_BUDGET, candidates - 1)
+    n = max(1, int(np.ceil(value * candidates)) if value < 1 else int(value))
+    if n >= candidates:
+        raise InputError(f"{option} {budget} asks for {n} steps, as many as a full profile times "
+                         f"({candidates}): profile in full (leave out --transfer-from)")
+    return n
 
 
 def choose_keys(sources: Sequence[Source], candidates: Sequence[StepKey], measured: set[Any],
-                n: int, recorded: Mapping[str, Any] | None) -> list[StepKey]:
-    """The N candidate steps to measure here (those already measured count toward N): the ones
-    plan.json recorded for the same sources and N (a resumed transfer), else `choose_rows`."""
+                failed: set[Any], n: int, recorded: Mapping[str, Any] | None) -> list[StepKey]:
+    """The N candidate steps to measure here (those already measured count toward N, those that
+    failed here are not chosen again): the ones plan.json recorded for the same sources and N (a
+    resumed transfer), else `choose_rows`."""
     idents = [list(k.ident) for k in candidates]
     names = [s.hardware_id for s in sources]
     if recorded and recorded.get("sources") == names and recorded.get("n") == n \
@@ -153,7 +169,8 @@ def choose_keys(sources: Sequence[Source], candidates: Sequence[StepKey], measur
     frame = keys_frame(candidates)
     taken = [i for i, k in enumerate(candidates) if k.ident in measured]
     more = choose_rows(metric_kinds(frame), source_prices(sources, frame),
-                       max(0, n - len(taken)), taken=taken)
+                       max(0, n - len(taken)), taken=taken,
+                       exclude=[i for i, k in enumerate(candidates) if k.ident in failed])
     return [candidates[i] for i in sorted({*taken, *more})]
 
 
@@ -172,14 +189,17 @@ def fit_transfer(sources: Sequence[Source], store: ProfileStore, hardware_id: st
     cand_x, x = source_prices(sources, candidates), source_prices(sources, measured)
     y = measured["median_ms"].to_numpy(dtype=float)
     model = LatencyTransfer.fit(cand_kinds, cand_x, kinds, x, y)
-    loo = leave_one_out(cand_kinds, cand_x, kinds, x, y, levels=None)  # nested: honest
+    loo = leave_one_out(cand_kinds, cand_x, kinds, x, y,
+                        levels=None if len(y) <= NESTED_LOO_MAX else model.design.levels)
     mapped = candidates.assign(median_ms=model.predict(cand_kinds, cand_x))
     predictor = LatencyPredictor.fit(mapped.assign(**{stat: mapped["median_ms"]}), hardware_id,
                                      visual_tokens=visual_tokens, holdout=0.0, seed=seed,
                                      stat=stat, fingerprint=fingerprint)
     if len(y) >= 2:
         predictor.metrics = latency_metrics(y, loo)
-        predictor.metrics_by_kind = metrics_by_kind(measured, y, loo)
+        # a kind of one or two measured steps has no accuracy worth the name
+        predictor.metrics_by_kind = {kind: m for kind, m in
+                                     metrics_by_kind(measured, y, loo).items() if m["n"] >= 3}
         predictor.holdout = [
             {"kind": r.kind, "spec_id": r.spec_id or None, "context_len": int(r.context_len),
              "k": int(r.k), "measured_ms": float(m), "predicted_ms": float(p)}
@@ -191,8 +211,36 @@ def fit_transfer(sources: Sequence[Source], store: ProfileStore, hardware_id: st
         "measured": int(len(y)), "candidates": int(len(candidates)),
         "holdout": "each measured step left out of the transfer in turn",
         "model": model.summary(),
+        # what is served: the predictor fitted on the transferred prices, on the measured steps
+        "served": {k: round(v, 4) for k, v in latency_metrics(
+            y, predictor.predict_rows(measured)).items()},
     }
     return predictor
+
+
+def check_transfer(sources: Sequence[Source], store: ProfileStore, *,
+                   budget: float | int | str | None, budget_option: str,
+                   context_lengths: Sequence[int] | None
+                   ) -> tuple[list[StepKey], set[Any], set[Any], int]:
+    """(the candidate steps, those measured here, those that failed here, N), refused in one
+    line where a transfer makes no sense: given contexts, a budget as large as the grid, a
+    device whose profile is complete. Loads no model: checked before the target's load."""
+    if context_lengths:
+        raise InputError("--context-lengths does not go with --transfer-from: a transfer prices "
+                         "its sources' contexts; leave it out")
+    candidates = candidate_keys(sources[0])
+    frame = store.read() if store.exists() else None
+    rows = [] if frame is None else [
+        ((str(r.kind), str(r.spec_id), int(r.context_len), int(r.k)), r.status == "ok")
+        for r in frame.itertuples(index=False)]
+    measured = {ident for ident, ok in rows if ok}
+    failed = {ident for ident, ok in rows if not ok}
+    if all(k.ident in measured for k in candidates):
+        raise InputError(f"{store.path} already holds every step a full profile times "
+                         f"({len(candidates)}); its own predictor beats a transfer: run "
+                         "`dreams-nas profile --fit-only` without --transfer-from")
+    n = transfer_budget(budget, len(candidates), budget_option)
+    return candidates, measured, failed, n
 
 
 def plan_transfer(sources: Sequence[Source], space: SearchSpace, store: ProfileStore,
@@ -202,20 +250,11 @@ def plan_transfer(sources: Sequence[Source], space: SearchSpace, store: ProfileS
     """A transfer's (visual tokens, contexts, keys to time, plan.json's `transfer` block): the
     first source's plan, and the N candidate steps `choose_keys` picks (N: `budget`)."""
     check_space(sources, space)
-    if context_lengths:
-        raise InputError("--context-lengths does not go with --transfer-from: a transfer prices "
-                         "its sources' contexts; leave it out")
-    candidates = candidate_keys(sources[0])
-    ok = store.ok_rows() if store.exists() else None
-    measured = set() if ok is None else {
-        (str(r.kind), str(r.spec_id), int(r.context_len), int(r.k))
-        for r in ok.itertuples(index=False)}
-    if all(k.ident in measured for k in candidates):
-        raise InputError(f"{store.path} already holds every step a full profile times "
-                         f"({len(candidates)}); its own predictor beats a transfer: run "
-                         "`dreams-nas profile --fit-only` without --transfer-from")
-    n = transfer_budget(budget, len(candidates), budget_option)
-    keys = choose_keys(sources, candidates, measured, n, recorded_transfer(folder / "plan.json"))
+    candidates, measured, failed, n = check_transfer(
+        sources, store, budget=budget, budget_option=budget_option,
+        context_lengths=context_lengths)
+    keys = choose_keys(sources, candidates, measured, failed, n,
+                       recorded_transfer(folder / "plan.json"))
     plan = sources[0].plan
     log.info("transfer from %s: timing %d of the %d steps a full profile times",
              ", ".join(s.hardware_id for s in sources), len(keys), len(candidates))

@@ -61,6 +61,7 @@ def test_a_transfer_prices_the_device_from_five_steps_and_a_full_profile_replace
     folder = run.latency_dir(summary["hardware_id"])
     plan = json.loads((folder / "plan.json").read_text())
     assert plan["transfer"]["sources"] == [source.name] and len(plan["transfer"]["keys"]) == 5
+    assert plan["transfer"]["folders"] == [str(source.resolve())]
     assert plan["context_lengths"] == [12, 36] and plan["transfer"]["candidates"] == FULL_ROWS
     measured = ProfileStore(folder / "profile.csv").ok_rows()
     assert sorted(map(list, zip(measured.kind, measured.spec_id, measured.context_len,
@@ -72,6 +73,8 @@ def test_a_transfer_prices_the_device_from_five_steps_and_a_full_profile_replace
     doc = json.loads((folder / "predictor.json").read_text())
     assert doc["transfer"]["measured"] == 5 and doc["transfer"]["candidates"] == FULL_ROWS
     assert doc["n_fit"] == FULL_ROWS and doc["n_holdout"] == 0 and len(doc["holdout"]) == 5
+    assert doc["transfer"]["served"]["mape"] >= 0  # the served predictor on the measured steps
+    assert all(m["n"] >= 3 for m in doc["metrics_by_kind"].values())
     assert predictor.transfer["sources"][0]["hardware_id"] == source.name
     assert predictor.contexts() == [12, 36]
     # every kind the source prices is priced here, for every step a full profile times
@@ -147,6 +150,14 @@ def test_sources_that_are_no_full_profile_are_refused(profiled, tmp_path, capsys
     assert "is not a profiled device's folder" in capsys.readouterr().err
     assert _transfer(run, source, "--context-lengths", "12", "36") == 2
     assert "does not go with --transfer-from" in capsys.readouterr().err
+    assert _transfer(run, source, "--budget", str(FULL_ROWS)) == 2
+    assert "as many as a full profile times" in capsys.readouterr().err
+    other = _edited(source, tmp_path, "contexts", lambda file, doc: doc.update(
+        context_lengths=[12, 40]) if file == "plan.json" else None)
+    assert cli.main(["profile", "--run", str(run.root), "--json", "--transfer-from", str(source),
+                     "--transfer-from", str(other), *HERE]) == 2
+    assert "one source would be extrapolated" in capsys.readouterr().err
+    assert len(run.hardware_ids()) == 1  # every refusal before anything was timed
     assert _transfer(run, source) == 0  # the new device, transferred
     folder = run.latency_dir(json.loads(capsys.readouterr().out)["hardware_id"])
     assert cli.main(["profile", "--run", str(run.root), "--json", "--transfer-from", str(folder),

@@ -39,11 +39,12 @@ def _transfer(kinds, x, y, n=5, sources=None):
     return np.abs(predicted - y) / y, predicted, model
 
 
-@pytest.mark.parametrize("name", ["scale", "offset", "scale and offset", "engines",
-                                  "engines and offset"])
+@pytest.mark.parametrize("name", ["scale", "offset", "scale and offset", "fixed overhead",
+                                  "engines", "engines and offset"])
 def test_five_rows_recover_a_device_transformed_from_the_source(source, name) -> None:
     kinds, x, _ = source
     y = {"scale": 3.0 * x, "offset": x + 0.5,
+         "fixed overhead": 0.3 * x + 4.0,  # a launch-bound device: the offset dominates
          "scale and offset": 0.5 * x + 0.7,
          "engines": x * _engine(kinds, {"draft": 0.5, "target": 2.0, "host": 1.0}),
          "engines and offset": x * _engine(kinds, {"draft": 0.7, "target": 1.6, "host": 1.0})
@@ -109,7 +110,8 @@ def test_the_choice_spans_the_engines_and_is_repeatable(source) -> None:
     assert int(np.argmin(x)) in choose_rows(kinds, x, 10)
     more = choose_rows(kinds, x, 3, taken=pick)
     assert len(more) == 3 and not set(more) & set(pick)
-    # no more than there are
+    # never a step excluded (one that failed on the device), no more than there are
+    assert not set(choose_rows(kinds, x, 5, exclude=pick)) & set(pick)
     assert sorted(choose_rows(kinds[:4], x[:4], 10, taken=[0, 1])) == [2, 3]
 
 
