@@ -96,16 +96,21 @@ def _search(run: Path, hardware_id: str) -> dict[str, Any]:
             "error": err if code else ""}
 
 
+def _p10_rows(folder: Path) -> Any:
+    """The ok rows of the profile in `folder`, their p10 as `median_ms` (what a profile fits)."""
+    from dreams_nas.latency.measure.profile_store import ProfileStore
+    from dreams_nas.latency.model.persist import training_frame
+
+    return training_frame(ProfileStore(folder / "profile.csv").ok_rows()
+                          .assign(median_ms=lambda f: f["p10_ms"]), "p10_ms")
+
+
 def _accuracy(folder: Path, truth: Path, levels_from: Path | None = None) -> dict[str, Any]:
     """The predictor in `folder` against every ok row of the full profile in `truth` (p10)."""
-    import numpy as np
-    from dreams_nas.latency.measure.profile_store import ProfileStore
     from dreams_nas.latency.model.draft_regression import latency_metrics
-    from dreams_nas.latency.model.persist import training_frame
     from dreams_nas.latency.model.predictor import LatencyPredictor
 
-    rows = training_frame(ProfileStore(truth / "profile.csv").ok_rows()
-                          .assign(median_ms=lambda f: f["p10_ms"]), "p10_ms")
+    rows = _p10_rows(truth)
     measured = rows["median_ms"].to_numpy(dtype=float)
     predicted = LatencyPredictor.load(folder).predict_rows(rows)
     out = latency_metrics(measured, predicted)
@@ -119,26 +124,24 @@ def _accuracy(folder: Path, truth: Path, levels_from: Path | None = None) -> dic
                            "draft_tau": round(latency_metrics(full[drafts], predicted[drafts])
                                               ["kendall_tau"], 4)}
     if levels_from is not None:
-        out["levels"] = _levels(folder, levels_from, rows, measured, np)
+        out["levels"] = _levels(folder, levels_from, rows, measured)
     return {k: round(float(v), 4) if not isinstance(v, dict) else v for k, v in out.items()}
 
 
-def _levels(folder: Path, source: Path, rows: Any, measured: Any, np: Any) -> dict[str, Any]:
+def _levels(folder: Path, source: Path, rows: Any, measured: Any) -> dict[str, Any]:
     """MAPE and draft tau of the transfer's map itself (the mapped grid, without the
     predictor's regression on top), refitted on the same measured rows with each level set
     and as chosen (`select_levels`); and, as `same_session`, chosen and fitted on the target's
     full-profile rows at the same steps: the model's error without the machine's drift between
     the full profile and the transfer."""
-    from dreams_nas.latency.measure.profile_store import ProfileStore
+    import numpy as np
     from dreams_nas.latency.model.draft_regression import latency_metrics
-    from dreams_nas.latency.model.persist import training_frame
     from dreams_nas.latency.model.predictor import LatencyPredictor
     from dreams_nas.latency.model.transfer import LatencyTransfer
     from dreams_nas.latency.model.validation import metric_kinds
 
     src = LatencyPredictor.load(source)
-    here = training_frame(ProfileStore(folder / "profile.csv").ok_rows()
-                          .assign(median_ms=lambda f: f["p10_ms"]), "p10_ms")
+    here = _p10_rows(folder)
     kinds, cand_x = metric_kinds(rows), src.predict_rows(rows)[:, None]
     drafts = ((rows["kind"] == "draft") & (rows["k"] == 1)).to_numpy()
     keys = set(zip(here.kind, here.spec_id, here.context_len, here.k, strict=True))

@@ -20,9 +20,9 @@ a term the measurements pin down is fitted freely while one they say nothing of 
 (the engine's, or the global map). The priors of the source weights and the global offset are
 centred on a first fit of the global map alone to the same rows (empirical Bayes: the rows count
 twice there, which only keeps the global map where the other terms have no rows to go on). The
-source weights are kept non-negative. With one source and
-only the global terms this is the floor the issue names: a scale and an offset; with the
-engine and kind terms it becomes, as measurements accrue, a scale and offset per kind.
+source weights are kept non-negative. With one source and only the global terms the map is a
+scale and an offset; with the engine and kind terms it becomes, as measurements accrue, a scale
+and an offset per kind.
 
 Which steps to measure (`choose_rows`) follows from the same model: greedily the step whose
 transferred price is least certain (largest posterior variance of its relative error, which
@@ -195,15 +195,15 @@ class LatencyTransfer:
         steps (`cand_kinds`, `cand_x`: every step the new device will be priced at) set the
         typical prices. levels: the terms fitted (`LEVELS`); None: chosen by leave-one-out
         on the measured steps (`select_levels`)."""
-        extra: dict[str, Any] = {}
-        if levels is None:
-            levels, extra["levels_loo"] = select_levels(cand_kinds, cand_x, kinds, x, y)
         y = np.asarray(y, dtype=float)
         x = _prices(x)
         if len(y) < 1 or len(y) != len(x) or not (np.isfinite(y) & (y > 0)).all():
             raise InputError(f"the transfer needs positive measured milliseconds, one per step; "
                              f"got {len(y)} for {len(x)} steps")
         cand_x = _prices(cand_x)
+        extra: dict[str, Any] = {}
+        if levels is None:
+            levels, extra["levels_loo"] = select_levels(cand_kinds, cand_x, kinds, x, y)
         even = np.full(x.shape[1], 1.0 / x.shape[1])
         start = even * float(np.median(y / (x @ even)))  # the right units to start from
         # first the global map alone (the sources' weights and an offset): the blend x~

@@ -308,11 +308,8 @@ def search_changes(run: RunFolder, hardware_id: str, options: Any, best: dict[st
         changes.append("best.json records no inputs (written by an older dreams-nas)")
     else:
         inputs = search_inputs(run, options, hardware_id, options.dtype)
-        # `latency` follows from predictor.json (compared above by its `created`): a best.json
-        # written before it was recorded is not redone for it
         changes += [f"{key} {_show(recorded.get(key))} -> {_show(value)}"
-                    for key, value in inputs.items() if recorded.get(key) != value
-                    and not (key == "latency" and key not in recorded)]
+                    for key, value in inputs.items() if recorded.get(key) != value]
     changes += predictor_changes(predictor_meta(run, hardware_id))  # refused when loaded
     if options.verify > 0 and not best.get("measured"):
         changes.append("best.json holds no end-to-end measurement")

@@ -43,7 +43,8 @@ class SearchRecord:
     """What best.json and the spec folders record of a search besides its result.
 
     inputs:     what the result was computed from (`nas.stages.search.search_inputs`), the key
-                its reuse is checked against; None: the file is never reused.
+                its reuse is checked against, and how its prices were obtained (`latency`,
+                not checked); None: the file is never reused.
     cycle_note: why the speculative cycle's own work is priced 0 ms (a profile without
                 ``cycle`` rows); None: it is priced.
     """

@@ -75,7 +75,7 @@ def load_sources(paths: Sequence[str | Path], here: Path, fingerprint: Mapping[s
             raise InputError(f"{where} is not a profiled device's folder (<run>/latency/"
                              "<hardware-id> with predictor.json and plan.json); run `dreams-nas "
                              "profile` on that device first")
-        if folder.resolve() == here.resolve():
+        if folder == here.resolve():
             raise InputError(f"{where} is this device's own profile; transfer from another "
                              "device's")
         predictor = LatencyPredictor.load(folder)

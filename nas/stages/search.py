@@ -112,13 +112,13 @@ def search_inputs(run: RunFolder, options: SearchOptions, hardware_id: str, dtyp
         "acceptance": run.acceptance_csv(data_id).relative_to(run.root).as_posix(),
         "predictor_fingerprint": predictor.get("fingerprint"),
         "predictor_created": predictor.get("created"),
-        "latency": transfer_note(predictor),
     }
 
 
 def transfer_note(predictor: dict[str, Any]) -> str:
-    """How the prices were obtained, for best.json and the report: ``profiled`` (this device's
-    own full profile) or ``transferred from <ids> (<N> steps measured here)``."""
+    """How the prices were obtained, best.json's `inputs.latency`: ``profiled`` (this device's
+    own full profile) or ``transferred from <ids> (<N> steps measured here)``. Not among
+    `search_inputs`: it follows from predictor.json, which `predictor_created` already keys."""
     transfer = predictor.get("transfer")
     if not isinstance(transfer, dict):
         return "profiled"
@@ -267,7 +267,8 @@ def _searched(run: RunFolder, options: SearchOptions, setup: _Setup
     hardware_id, table = setup.hardware_id, setup.cached.table
     with torch_threads(options.threads):
         latency = load_latency(run, hardware_id, setup.dtype)
-        inputs = search_inputs(run, options, hardware_id, setup.dtype)  # the predictor it reads
+        inputs = {**search_inputs(run, options, hardware_id, setup.dtype),  # the predictor it reads
+                  "latency": transfer_note(predictor_meta(run, hardware_id))}
         context_len = context_len_of(table, setup.scorer)
         # the step costs are predicted at this context: refused outside the profiled contexts
         # (up to a tenth of their span), before anything is scored or searched
