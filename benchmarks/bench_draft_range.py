@@ -112,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         drafter.start(None, prefill)  # type: ignore[arg-type]
         cache = drafter._cache
         # the step the profile's `draft` kind times (`latency.measure.steps.draft_forward`)
-        step = draft_forward(drafter.draft, torch.tensor([[1]]), prefill.last_hidden[:, -1:],
-                             torch.tensor([[context]]), drafter._memory, cache, cache.length)
+        step = draft_forward(drafter.steps, drafter.draft,
+                             (torch.tensor([[1]]), prefill.last_hidden[:, -1:],
+                              torch.tensor([[context]])), drafter._memory, cache, cache.length)
 
         for _ in range(10):
             step()

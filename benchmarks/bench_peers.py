@@ -7,7 +7,8 @@
 Methods, all on the run's target and the same built-in evaluation prompts (the ones the search
 scored), interleaved per prompt within each repeat:
   1. HF `model.generate(do_sample=False)`: the target alone, the 1.0x reference;
-  2. HF prompt-lookup decoding (`prompt_lookup_num_tokens`);
+  2. HF prompt-lookup decoding (`prompt_lookup_num_tokens`); HF's own static-cache-and-compile
+     recipe (`cache_implementation="static"`, `compile_config`), the target alone compiled;
   3. HF assisted generation (`assistant_model=`) with the built-in target's 2-layer "assistant"
      variant (same vision tower, processor and width, trained on the same synthetic data);
   4. our prompt-lookup drafter, 5. a fixed EAGLE-like DREAM draft (all heads, all visual tokens,
@@ -33,7 +34,7 @@ from typing import Any
 def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16,
           max_new_tokens: int = 64, repeats: int = 5, assistant: str = "builtin",
           hf_lookup_tokens: int = 10, threads: int | None = None, show_progress: bool | None = None,
-          ) -> dict[str, Any]:
+          hf_compile_backend: str = "inductor") -> dict[str, Any]:
     """The whole benchmark: returns the header facts, the rows and the markdown table."""
     import torch
     from dreams_nas.nas.stages.inputs import (
@@ -64,7 +65,8 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 16
         helper = load_assistant(assistant, target)
         seen = vision_calls(helper)  # does HF let the assistant see the image?
         methods = peer_methods(target, models.draft, setup, inputs, assistant=helper,
-                               max_new_tokens=max_new_tokens, hf_lookup_tokens=hf_lookup_tokens)
+                               max_new_tokens=max_new_tokens, hf_lookup_tokens=hf_lookup_tokens,
+                               hf_compile_backend=hf_compile_backend)
         bar = progress(total=repeats * len(inputs) * len(methods), desc="peer benchmark",
                        unit="call", disable=None if show_progress is None else not show_progress)
         try:
@@ -100,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                              "'assistant' variant)")
     parser.add_argument("--hf-lookup-tokens", type=int, default=10,
                         help="HF prompt_lookup_num_tokens (default 10, as in HF's docs)")
+    parser.add_argument("--hf-compile-backend", default="inductor",
+                        help="torch.compile backend of HF's static-cache peer (default "
+                             "inductor; eager: dynamo's capture only, for tests)")
     parser.add_argument("--json", action="store_true",
                         help="also print the result as one JSON line")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="write the result there")
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     result = bench(args.run, hardware=args.hardware, prompts=args.prompts,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                    assistant=args.assistant, hf_lookup_tokens=args.hf_lookup_tokens,
-                   threads=args.threads)
+                   threads=args.threads, hf_compile_backend=args.hf_compile_backend)
     # --json: one line on stdout, the table on stderr
     out = sys.stderr if args.json else sys.stdout
     print(f"target {result['target'].get('path') or result['target'].get('id')}; hardware "

@@ -11,7 +11,9 @@
 #    subnet end to end against plain greedy decoding; then the same supernet's weights in a
 #    float32 copy of the run folder (no second training), profiled, scored and searched again,
 #    where the speculative output must equal plain greedy decoding on every prompt;
-# 3. prints per dtype the hardware id, the identical-prompt rate, predicted vs measured speedup
+#    the 16-bit run is profiled and searched twice: its steps eager, then compiled (--compile on:
+#    CUDA graphs; its own hardware id, <id>-compiled), side by side;
+# 3. prints per run the hardware id, the identical-prompt rate, predicted vs measured speedup
 #    and the draft and target step times; then checks the one-line error for a device that is
 #    not there.
 # Record what it prints in BENCHMARKS.md with the GPU's name. On an H200 it should take about 8
@@ -57,14 +59,19 @@ stage() {  # stage NAME COMMAND...: run one stage, then say how long it took
     echo "($name: $(( $(date +%s) - t0 )) s)" >&2
 }
 
-pipeline() {  # pipeline RUN BUDGET LIMIT: profile, score, search into RUN; best.json's summary
-    local run=$1 budget=$2 limit=$3
+pipeline() {  # pipeline RUN BUDGET LIMIT [COMPILE]: profile (its steps eager, or compiled with
+    # COMPILE=on: a hardware id of its own), score, search into RUN; best.json's summary
+    local run=$1 budget=$2 limit=$3 compile=${4:-off} hw
     stage profile "${CLI[@]}" profile --run "$run" --device "$DEVICE" --repeats 10 --passes 2 \
-        --budget "$budget" ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} --json -q
+        --budget "$budget" ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} \
+        --compile "$compile" --json -q > "$run.profile.json"
+    hw=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["hardware_id"])' \
+        "$run.profile.json")
     stage score "${CLI[@]}" score --run "$run" --device "$DEVICE" --limit "$limit" \
         --max-new-tokens "$TOKENS" --json -q
     stage search "${CLI[@]}" search --run "$run" --device "$DEVICE" --objective speedup \
-        --limit "$limit" --max-new-tokens "$TOKENS" --verify 1 --json -q > "$run.search.json"
+        --hardware "$hw" --limit "$limit" --max-new-tokens "$TOKENS" --verify 1 --json -q \
+        > "$run.search.json"
     "$PY" - "$run" "$run.search.json" <<'PYEOF'
 import json
 import sys
@@ -101,6 +108,8 @@ stage train "${CLI[@]}" train --run "$HALF_RUN" --device "$DEVICE" --dtype "$HAL
     --n-train "$PROMPTS" --warmup-steps "$STEPS" --multires-steps "$STEPS" \
     --max-new-tokens "$TOKENS" --json -q
 pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT"
+echo "== on $DEVICE, the same supernet and dtype, the steps compiled (--compile on)"
+pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT" on
 echo "== on $DEVICE, the same supernet in float32, into $FP32_RUN"
 "$PY" - "$HALF_RUN" "$FP32_RUN" <<'PYEOF'
 import json

@@ -197,6 +197,17 @@ def hf_method(name: str, model: Any, prompts: Sequence[Mapping[str, Any]], max_n
     return Method(name, decode, note)
 
 
+def hf_compile_config(device: Any, backend: str = "inductor") -> Any:
+    """HF's own compile settings for `generate`: as it picks them on CUDA (CUDA graphs), and
+    on the CPU inductor's default mode, with the flag HF asks for to compile there."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend=backend,
+                           mode="reduce-overhead" if device.type == "cuda" else "default")
+    config._compile_all_devices = True  # HF compiles on CUDA/XPU only unless told
+    return config
+
+
 def engine_method(name: str, target: Any, prompts: Sequence[Mapping[str, Any]],
                   make_drafter: Callable[[], Any] | None, draft_len: int, max_new_tokens: int,
                   note: str = "") -> Method:
@@ -242,7 +253,7 @@ def read_setup(run: Any, hardware_id: str) -> PeerSetup:
 
 def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence[Mapping[str, Any]],
                  *, assistant: Any | None, max_new_tokens: int, hf_lookup_tokens: int = 10,
-                 lookup_draft_len: int = 5) -> list[Method]:
+                 lookup_draft_len: int = 5, hf_compile_backend: str = "inductor") -> list[Method]:
     """The seven methods of the peer benchmark (HF greedy first, the reference) and our plain
     decoding, which separates the engine's own overhead from what drafting gains."""
     from dreams_nas.supernet.decoding.dream import DreamDrafter
@@ -258,6 +269,11 @@ def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence
         **({"suppress_tokens": [image_token]} if image_token is not None else {}),
         note=f"prompt_lookup_num_tokens={hf_lookup_tokens}, suppress_tokens=[image token] "
              "(else it copies image placeholders from the prompt and LLaVA raises in 5.24)"))
+    methods.append(hf_method(
+        "HF static cache + compile", model, prompts, n, cache_implementation="static",
+        compile_config=hf_compile_config(target.device, hf_compile_backend),
+        note="HF's own recipe: StaticCache, the decode step torch.compile'd (CUDA graphs on "
+             "a GPU; on the CPU inductor, with _compile_all_devices); compiled in the warm-up"))
     if assistant is not None:
         methods.append(hf_method(
             "HF assisted (small VLM)", model, prompts, n, assistant_model=assistant,

@@ -106,23 +106,23 @@ class TimedTarget:
             return self._adapter.verify_tree(*args, **kwargs)
 
 
-class TimedDraft:
-    """A draft module with its forward (``__call__``) and `logits` timed; every other attribute
-    is the module's."""
+class TimedSteps:
+    """A drafter's `DraftSteps` with its steps (`run`, `first`: each a draft forward and its
+    logits, eager or compiled) timed; every other attribute is the steps'."""
 
-    def __init__(self, draft: Any, timer: ForwardTimer) -> None:
-        self._draft, self._timer = draft, timer
+    def __init__(self, steps: Any, timer: ForwardTimer) -> None:
+        self._steps, self._timer = steps, timer
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._draft, name)
+        return getattr(self._steps, name)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def run(self, *args: Any, **kwargs: Any) -> Any:
         with self._timer.inside():
-            return self._draft(*args, **kwargs)
+            return self._steps.run(*args, **kwargs)
 
-    def logits(self, *args: Any, **kwargs: Any) -> Any:
+    def first(self, *args: Any, **kwargs: Any) -> Any:
         with self._timer.inside():
-            return self._draft.logits(*args, **kwargs)
+            return self._steps.first(*args, **kwargs)
 
 
 def cycle_step(adapter: Any, draft: Any, key: StepKey, prompt: torch.Tensor,
@@ -139,7 +139,7 @@ def cycle_step(adapter: Any, draft: Any, key: StepKey, prompt: torch.Tensor,
 
     timer = ForwardTimer(adapter.device)
     drafter = DreamDrafter(draft, draft.config.spec)
-    drafter.draft = TimedDraft(drafter.draft, timer)  # type: ignore[assignment]
+    drafter.steps = TimedSteps(drafter.steps, timer)  # type: ignore[assignment]
     target = TimedTarget(adapter, timer)
     sampling = SamplingConfig()
     draft_len = tree.draft_len if tree is not None else key.k - 1  # drafts it whole

@@ -6,7 +6,8 @@ its memory size, e.g. ``nvidia-h100-80gb-hbm3``) with ``-mig-<profile>`` for a M
 ``-<N>w`` for a power cap below the default (``nvidia-a100-sxm4-40gb-300w``), or the CPU model
 and the number of threads the timings use (``cpu-amd-epyc-2t``: the same CPU timed with 8
 threads is another machine). Clocks, temperature and throttle reasons are recorded but not part
-of the id.
+of the id. A profile of compiled steps (`--compile on`) is another machine too:
+``cpu-amd-epyc-1t-compiled``, ``nvidia-h200-compiled``.
 
 CUDA and NVML number GPUs differently (``CUDA_VISIBLE_DEVICES=1,0``, SLURM, MIG), so the CUDA
 device is found in NVML by its UUID, else its PCI bus id; where neither works nothing is read
@@ -18,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,9 @@ class HardwareInfo:
     # how the CUDA device was found in NVML: "uuid" | "pci_bus_id" | "unknown" (nothing read
     # from NVML) | "no_nvml"; None for the CPU
     nvml_mapping: str | None = None
+    # how the timed steps ran (`TargetAdapter.use_steps`): "dynamic" (eager) or "compiled",
+    # whose hardware id ends in "-compiled": the same device running other code
+    steps: str = "dynamic"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -119,9 +123,17 @@ class CpuFreqProbe:
 
 # --- the identity -------------------------------------------------------------------------
 def detect_hardware(device: str = "auto", dtype: str = "float32",
-                    threads: int | None = None) -> HardwareInfo:
+                    threads: int | None = None, steps: str = "dynamic") -> HardwareInfo:
     """Identity of `device` (resolved first). For the CPU, `threads` is the fixed thread count
-    the timings use (default: the physical core count)."""
+    the timings use (default: the physical core count). `steps` "compiled" (the decoding steps
+    compiled, `--compile on`) names another machine: the id gains ``-compiled``."""
+    info = _detect(device, dtype, threads)
+    if steps == "dynamic":
+        return info
+    return replace(info, hardware_id=f"{info.hardware_id}-{steps}", steps=steps)
+
+
+def _detect(device: str, dtype: str, threads: int | None) -> HardwareInfo:
     resolved = resolve_device(device)
     versions = library_versions()
     common = {"torch": versions.get("torch", "unknown"),

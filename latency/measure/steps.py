@@ -7,11 +7,10 @@
   draft's `logits` (the target's LM head, only its rows of the draft's vocabulary when
   `draft_vocab` < 1: `DreamDraft.logits`), argmax. The memory's keys/values are computed once
   per request at prefill, so they are built before timing, as the draft's cache is. Timed
-  back to back. (With `chain_drafts` each repeat is instead prepared, untimed, by what
-  precedes a cycle's later step in the loop: the target's verify and the first draft step on
-  the same draft cache. `benchmarks/bench_draft_chain.py` times both beside the loop's own
-  steps: back to back the step costs what the loop's later steps cost, chained a little more,
-  and a chained profile takes longer: BENCHMARKS.md, 'Latency predictor accuracy'.)
+  back to back (with `chain_drafts`, prepared by the target's verify and the first draft step:
+  a little dearer, `benchmarks/bench_draft_chain.py`). The draft steps are the loop's own
+  (`DraftSteps`): compiled when the adapter's steps are (`use_steps`), over caches of one
+  capacity (`positions`), the first step padded to draft_len + 1 as the loop pads it.
 * ``draft_first``: the cycle's first draft step, over the previous cycle's accepted tokens
   (`first_positions`), with a `prepare` (run untimed before every repeat by `measure`) that
   runs the target's verify over the cycle's max_draft_len + 1 positions at the same context length
@@ -140,8 +139,11 @@ class ModelSteps:
 
     def __init__(self, adapter: Any, supernet: nn.Module, visual_tokens: int, seed: int = 0,
                  precede: SubnetSpec | None = None, trees: Sequence[Sequence[int]] = (),
-                 chain_drafts: bool = False) -> None:
+                 chain_drafts: bool = False, positions: int = 0) -> None:
         self.adapter, self.supernet = adapter, supernet.eval()
+        # static steps (`adapter.use_steps`): the positions every cache is made for, whatever
+        # the context (one capacity, so each step's shape compiles once)
+        self.positions = positions
         self.device, self.dtype = adapter.device, adapter.dtype
         self.visual_tokens = int(visual_tokens)
         self.vocab = int(adapter.vocab_size)
@@ -200,7 +202,8 @@ class ModelSteps:
 
     def _prefill(self, context_len: int) -> Any:
         return self.adapter.prefill({"input_ids": self._ids(context_len)},
-                                    layers=tuple(self.supernet.config.inject_layers))
+                                    layers=tuple(self.supernet.config.inject_layers),
+                                    reserve=max(0, self.positions - context_len))
 
     def _target_step(self, key: StepKey) -> Callable[[], object]:
         adapter, k = self.adapter, key.k
@@ -312,10 +315,15 @@ class ModelSteps:
         """`_draft_step`'s step, and (only when `first_width` is given) a first draft step over
         that many positions on the same draft cache and memory (both crop the cache back to the
         prompt)."""
-        from dreams_nas.supernet.draft.state import DraftCache
+        from dreams_nas.supernet.decoding.draft_steps import DraftSteps
+        from dreams_nas.supernet.target.static import capacity_for
 
         assert key.spec is not None
         draft = self._extracted(key.spec)
+        steps = DraftSteps.of(draft)  # the loop's steps: eager, or compiled as the target's
+        static = getattr(self.adapter, "static", None)
+        steps.configure(getattr(self.adapter, "step_mode", "dynamic") if static else "dynamic",
+                        static.backend if static else None)
         n_vis, ctx = self.visual_tokens, key.context_len
         dev = self.device
         # The prompt: BOS, the image's visual tokens, then text.
@@ -327,11 +335,13 @@ class ModelSteps:
         memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
         expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
         assert memory is None or abs(memory.length - expected) <= 1
+        memory = steps.padded(memory) if memory is not None else None
         # The draft's own cache over the prompt positions its sequence holds (the text, and
         # the kept visual tokens in a draft that keeps them there).
         own = draft.draft_positions(visual_mask, scores)[0]
         text = int(own.sum())
-        cache = DraftCache()
+        cache = (steps.fresh_cache(self.adapter, key.spec) if steps.mode == "dynamic" else
+                 steps.static_cache(capacity_for(max(self.positions, ctx + width)), key.spec))
         positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
         prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)
         out = draft(self._ids(text), prev, positions, memory, cache=cache)
@@ -343,43 +353,46 @@ class ModelSteps:
                 dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
         first = None if first_width is None else self._first_on(
-            draft, memory, cache, text, ctx, first_width)
+            steps, draft, memory, cache, text, ctx, first_width, key.spec.draft_len + 1)
         if level:
             position = torch.full((1, width), ctx, device=dev)
             mask = torch.eye(width, dtype=torch.bool, device=dev)
 
             @torch.inference_mode()
             def level_step() -> torch.Tensor:
-                step_out = draft(token, feature, position, memory, cache=cache, tree_mask=mask)
-                logits = draft.logits(step_out.feature[0]).float()  # (width, vocab)
+                _, logits = steps.run(draft, token, feature, position, memory, cache,
+                                      tree_mask=mask)  # (1, width, vocab)
                 cache.crop(text)
-                return logits.sort(dim=-1, descending=True, stable=True).indices[:, :4]
+                return logits[0].sort(dim=-1, descending=True, stable=True).indices[:, :4]
 
             return level_step, first
 
-        return draft_forward(draft, token, feature, position, memory, cache, text), first
+        return draft_forward(steps, draft, (token, feature, position), memory, cache, text), first
 
-    def _first_on(self, draft: nn.Module, memory: Any, cache: Any, text: int, ctx: int,
-                  width: int) -> Callable[[], object]:
-        """A first draft step over `width` positions on `draft`'s given cache and memory,
+    def _first_on(self, steps: Any, draft: nn.Module, memory: Any, cache: Any, text: int,
+                  ctx: int, width: int, pad_to: int) -> Callable[[], object]:
+        """A first draft step over `width` positions (static steps: padded to `pad_to`, the
+        cycle's draft_len + 1, as the loop runs it) on `draft`'s given cache and memory,
         cropped back to the `text` prompt positions after each call."""
         dev = self.device
         token = self._ids(width)
         feature = torch.randn(1, width, self.hidden, generator=self.generator).to(dev, self.dtype)
         position = torch.arange(ctx, ctx + width, device=dev)[None]
-        return draft_forward(draft, token, feature, position, memory, cache, text)
+        return draft_forward(steps, draft, (token, feature, position), memory, cache, text, pad_to)
 
 
-def draft_forward(draft: nn.Module, token: torch.Tensor, feature: torch.Tensor,
-                  position: torch.Tensor, memory: Any, cache: Any, text: int
-                  ) -> Callable[[], torch.Tensor]:
-    """One draft forward over `token`'s positions on `cache` and `memory`, the last position's
-    logits and their argmax, the cache cropped back to the `text` prompt positions after."""
+def draft_forward(steps: Any, draft: nn.Module, inputs: tuple[torch.Tensor, ...], memory: Any,
+                  cache: Any, text: int, pad_to: int | None = None) -> Callable[[], torch.Tensor]:
+    """The loop's draft step (`steps`, its `DraftSteps`; with `pad_to`, a cycle's first) over
+    `inputs` (token, feature, position): argmax of the last logits, the cache cropped to `text`."""
+    token, feature, position = inputs
 
     @torch.inference_mode()
     def step() -> torch.Tensor:
-        out = draft(token, feature, position, memory, cache=cache)
-        logits = draft.logits(out.feature[:, -1])  # (1, vocab)
+        if pad_to is None:
+            _, logits = steps.run(draft, token, feature, position, memory, cache, last=True)
+        else:
+            _, logits = steps.first(draft, token, feature, position, memory, cache, text, pad_to)
         cache.crop(text)
         return logits.argmax(-1)
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_dtype, add_threads, whole
+from dreams_nas.nas.commands.options import (
+    add_compile,
+    add_device,
+    add_dtype,
+    add_threads,
+    whole,
+)
 from dreams_nas.nas.commands.train import shares
 from dreams_nas.supernet.core.targets import BUILTIN, NAMED_TARGETS
 
@@ -21,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "stage options)")
     add_device(parser, "to train, profile, score and verify on")
     add_dtype(parser)
+    add_compile(parser, "profile, search and verify the steps compiled")
     add_threads(parser, "while profiling", default="physical cores")
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
@@ -71,6 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                          draft_vocab=args.draft_vocab)
     options = DemoOptions(
         device=args.device, dtype=args.dtype, seed=args.seed, target=args.target, train=train,
+        compile=args.compile,
         profile_budget=args.profile_budget,
         profile_repeats=args.repeats, profile_warmup=args.warmup,
         context_lengths=tuple(args.context_lengths) if args.context_lengths else None,

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dreams_nas.nas.commands.options import add_device, add_dtype, real, whole
+from dreams_nas.nas.commands.options import add_compile, add_device, add_dtype, real, whole
 from dreams_nas.supernet.core.errors import InputError
 
 HELP = ("generate an answer about an image with a target VLM and a drafter "
@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=whole(1), default=64, metavar="N")
     add_device(parser, "to decode on")
     add_dtype(parser, default="a spec folder's dtype, else auto")
+    add_compile(parser)
 
 
 def _check_args(args: argparse.Namespace) -> Any:
@@ -102,13 +103,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from dreams_nas.supernet.target.adapter import TargetAdapter
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    from dreams_nas.supernet.core.device import resolve_device, torch_dtype
+    from dreams_nas.supernet.core.device import resolve_compile, resolve_device, torch_dtype
 
     device = resolve_device(args.device)
+    steps = resolve_compile(args.compile, device)
     from dreams_nas.supernet.builtin.resolve import resolve_target
 
     target = TargetAdapter.load(resolve_target(args.target), target_id=args.target,
                                 device=device, dtype=torch_dtype(_dtype_of(args, device)))
+    target.use_steps(steps)
     inputs = target.build_inputs(image, args.prompt)
     check_positions(int(inputs["input_ids"].shape[-1]), args.max_new_tokens,
                     getattr(target.text_config, "max_position_embeddings", None))
@@ -131,7 +134,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "new_tokens": stats.new_tokens, "drafter": args.drafter, "draft_len": draft_len,
         "tree": tree.label if tree is not None and not tree.is_chain else "",
         "accept_rates": stats.accept_rates(draft_len) if drafter is not None else [],
-        "target": target.describe(), "device": str(target.device),
+        "target": target.describe(), "device": str(target.device), "steps": steps,
+        "compile_s": {k: round(v, 2) for k, v in (target.static.warmup_s
+                                                   if target.static else {}).items()},
         "dtype": str(target.dtype).removeprefix("torch."),
     }
 

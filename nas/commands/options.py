@@ -26,6 +26,19 @@ def add_dtype(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
                              "capability 8.0+), else float16)")
 
 
+def add_compile(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                what: str = "") -> None:
+    """``--compile auto|on|off``: the decoding steps compiled over static caches; `what` says
+    what else it does in this command."""
+    parser.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
+                        help="run the target's and the draft's steps over static KV caches, "
+                             "each shape compiled once (torch.compile: CUDA graphs on a GPU, "
+                             "inductor on the CPU; the first call of a shape compiles it, "
+                             f"seconds){'; ' + what if what else ''}. auto (default) = on for "
+                             "CUDA, off for the CPU, where compiling takes longer than it "
+                             "saves a request")
+
+
 def add_threads(parser: argparse.ArgumentParser | argparse._ArgumentGroup, what: str,
                 default: str = "torch's own") -> None:
     """``--threads N``: torch CPU threads while `what` ("while scoring")."""

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from dreams_nas.nas.commands.options import (
+    add_compile,
     add_data,
     add_device,
     add_dtype,
@@ -25,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "run's target, else builtin)")
     add_device(parser, "to time on")
     add_dtype(parser)
+    add_compile(parser, "time the steps compiled (a hardware id of its own, <id>-compiled)")
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid); with --transfer-from, "
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         threads=args.threads,
         clock=args.clock, passes=args.passes, chunk=args.chunk, holdout=args.holdout,
         stat=f"{args.stat}_ms", fit_only=args.fit_only,
-        transfer_from=tuple(args.transfer_from),
+        transfer_from=tuple(args.transfer_from), compile=args.compile,
         seed=args.seed,
         show_progress=False if args.quiet else None,
     )

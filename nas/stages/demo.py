@@ -38,6 +38,7 @@ class DemoOptions:
 
     device: str = "auto"
     dtype: str | None = None  # None/auto: the run's dtype, else auto (RunFolder.dtype)
+    compile: str = "auto"  # --compile: the steps profiled, searched and verified compiled
     seed: int = 0
     target: str = "builtin"  # builtin (the built-in target) or a proxy name (proxy-llava)
     train: TrainOptions = field(default_factory=TrainOptions)
@@ -208,7 +209,7 @@ def _profile_options(options: DemoOptions, device: str) -> Any:
         warmup=options.profile_warmup,
         passes=options.profile_passes,
         threads=options.threads, seed=options.seed, show_progress=options.show_progress,
-        budget_option=PROFILE_BUDGET)
+        budget_option=PROFILE_BUDGET, compile=options.compile)
 
 
 def _profile(run: RunFolder, options: DemoOptions, device: str) -> tuple[dict[str, Any], bool]:

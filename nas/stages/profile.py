@@ -21,12 +21,14 @@ from dreams_nas.latency.measure.profiler import TimingSettings, run_profile
 from dreams_nas.latency.model.predictor import LatencyPredictor
 from dreams_nas.nas.stages.contexts import measure_data_contexts
 from dreams_nas.nas.stages.profile_checks import (
+    check_options,
     check_same_hardware,
     check_same_target,
     profile_fingerprint,
+    static_positions,
 )
 from dreams_nas.nas.stages.profile_transfer import recorded_transfer
-from dreams_nas.supernet.core.device import resolve_device
+from dreams_nas.supernet.core.device import resolve_compile, resolve_device
 from dreams_nas.supernet.core.errors import InputError, MissingArtefactError
 from dreams_nas.supernet.core.io import atomic_write_json, read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
@@ -63,6 +65,7 @@ class ProfileOptions:
     # source device folders (<run>/latency/<hardware-id>) to transfer the prices from: time
     # `budget` steps here, not the grid (`profile_transfer`)
     transfer_from: tuple[str, ...] = ()
+    compile: str = "auto"  # --compile: the steps timed compiled ("on"), eager ("off") or auto
 
 
 def timing_passes(repeats: int, passes: int) -> int:
@@ -161,9 +164,10 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     started = time.perf_counter()
     check_run_folder(run)
     device = resolve_device(options.device)
-    _check_options(options, device)
+    check_options(options, device)
     dtype_name = run.dtype(options.dtype, device)
-    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads,
+                         steps=resolve_compile(options.compile, device))
     store = ProfileStore(run.profile_csv(hw.hardware_id))
     with stage_lock(run.root, [f"latency-{hw.hardware_id}"], "dreams-nas profile"):
         if options.fit_only:
@@ -187,26 +191,6 @@ class _Timed(NamedTuple):
     visual_tokens: int
     architecture: str | None
     sources: list[Any] | None = None  # `profile_transfer.Source`s
-
-
-def _check_options(options: ProfileOptions, device: str) -> None:
-    from dreams_nas.latency.measure.plan import parse_budget
-
-    parse_budget(options.budget, options.budget_option)  # before the target's slow load
-    if options.repeats < 1:
-        raise InputError(f"--repeats {options.repeats} must be at least 1")
-    if options.warmup < 0:
-        raise InputError(f"--warmup {options.warmup} must be 0 or more")
-    if options.passes < 1:
-        raise InputError(f"--passes {options.passes} must be at least 1")
-    if options.chunk < 0:
-        raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
-    if options.clock not in ("wall", "cpu"):
-        raise InputError(f"--clock {options.clock!r} must be wall or cpu")
-    if options.clock == "cpu" and (device != "cpu" or options.threads != 1):
-        raise InputError(
-            "--clock cpu (thread CPU time) is for the CPU with one thread; add --device cpu "
-            "--threads 1, or use --clock wall")
 
 
 def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str,
@@ -272,6 +256,7 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
                        context_lengths=options.context_lengths)
     adapter = TargetAdapter.load(where, target_id=target_id, device=hw.device,
                                  dtype=torch_dtype(hw.dtype))
+    adapter.use_steps(hw.steps)  # the steps the deployment runs: eager or compiled
     entry = adapter.describe()
     space, supernet = _space_and_supernet(run, adapter.model, options.seed)
     if sources is None:
@@ -306,7 +291,8 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
                               clock=options.clock, passes=passes, chunk=options.chunk)
     # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
     steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
-                       precede=space.largest(), trees=space.trees)
+                       precede=space.largest(), trees=space.trees,
+                       positions=static_positions(contexts, keys, options.max_new_tokens))
     log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
     result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
     return _Timed(folder, hw, visual_tokens, entry["architecture_hash"], sources), result

@@ -4,6 +4,7 @@ refused rather than merged."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict
     from dreams_nas.latency.measure.steps import STEP_REVISION
 
     info = hw.to_dict()
-    return {"hardware_id": hw.hardware_id, "dtype": hw.dtype,
+    return {"hardware_id": hw.hardware_id, "dtype": hw.dtype, "steps": hw.steps,
             **{key: info.get(key) for key in FINGERPRINT},
             "architecture_hash": architecture_hash, "step_revision": STEP_REVISION}
 
@@ -76,3 +77,32 @@ def check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
                 f"this run asks for --clock {clock}; pass --clock {recorded_clock} or use "
                 "another --run folder"
             )
+
+
+def check_options(options: Any, device: str) -> None:
+    """Refuse, before anything loads, the `ProfileOptions` that cannot be timed."""
+    from dreams_nas.latency.measure.plan import parse_budget
+
+    parse_budget(options.budget, options.budget_option)  # before the target's slow load
+    if options.repeats < 1:
+        raise InputError(f"--repeats {options.repeats} must be at least 1")
+    if options.warmup < 0:
+        raise InputError(f"--warmup {options.warmup} must be 0 or more")
+    if options.passes < 1:
+        raise InputError(f"--passes {options.passes} must be at least 1")
+    if options.chunk < 0:
+        raise InputError(f"--chunk {options.chunk} must be >= 0 (0: the whole grid)")
+    if options.clock not in ("wall", "cpu"):
+        raise InputError(f"--clock {options.clock!r} must be wall or cpu")
+    if options.clock == "cpu" and (device != "cpu" or options.threads != 1):
+        raise InputError(
+            "--clock cpu (thread CPU time) is for the CPU with one thread; add --device cpu "
+            "--threads 1, or use --clock wall")
+
+
+def static_positions(contexts: Sequence[int], keys: Sequence[Any], max_new_tokens: int) -> int:
+    """The positions every static cache of a profile is made for (compiled steps): the longest
+    context, an answer of `max_new_tokens` and the widest verify, as a request at that context
+    reserves them; one capacity for every context, so each step's shape compiles once."""
+    widest = max((int(key.k) for key in keys), default=1)
+    return max(contexts, default=0) + max_new_tokens + widest

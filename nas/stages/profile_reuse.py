@@ -11,7 +11,7 @@ from dreams_nas.latency.kinds import KINDS
 from dreams_nas.latency.measure.hardware import detect_hardware
 from dreams_nas.latency.measure.profile_store import ProfileStore
 from dreams_nas.nas.stages.profile import ProfileOptions, timing_passes
-from dreams_nas.supernet.core.device import resolve_device
+from dreams_nas.supernet.core.device import resolve_compile, resolve_device
 from dreams_nas.supernet.core.io import read_json
 from dreams_nas.supernet.core.runfolder import RunFolder
 
@@ -26,7 +26,8 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     Loads no model: the demo and `search` use it to skip a profile that is already done."""
     device = resolve_device(options.device)
     dtype_name = run.dtype(options.dtype, device)
-    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads)
+    hw = detect_hardware(device, dtype=dtype_name, threads=options.threads,
+                         steps=resolve_compile(options.compile, device))
     store = ProfileStore(run.profile_csv(hw.hardware_id))
     plan_path = run.plan_json(hw.hardware_id)
     predictor_path = run.predictor_json(hw.hardware_id)

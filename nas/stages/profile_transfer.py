@@ -46,7 +46,7 @@ DEFAULT_BUDGET = 10  # steps measured here when --budget is not given
 # its own terms, as the full fit did: O(N^2) fits); beyond it, the full fit's terms are kept.
 NESTED_LOO_MAX = 30
 # What a source's rows must share with this device's: the program that was timed.
-MATCH_KEYS = ("dtype", "architecture_hash", "step_revision", "compile")
+MATCH_KEYS = ("dtype", "architecture_hash", "step_revision", "steps")
 _FIX = "transfer from a profile of this run's target, space and dtype, or profile in full"
 
 
@@ -84,6 +84,8 @@ def load_sources(paths: Sequence[str | Path], here: Path, fingerprint: Mapping[s
                              "predicted); transfer from a device profiled in full")
         for key in MATCH_KEYS:
             have, want = predictor.fingerprint.get(key), fingerprint.get(key)
+            if key == "steps" and have is None:  # a profile from before compiled steps
+                have = "dynamic"
             if key in ("dtype", "architecture_hash") and have is None:
                 raise InputError(f"{where} does not record the {key} it was timed with; {_FIX}")
             if str(have) != str(want) and not (have is None and want is None):

@@ -117,8 +117,10 @@ def build_retimer(run: Any, models: Any, candidate: Candidate, context_len: int,
     plan = read_json(plan_path)
     after = plan.get("verify_after")
     precede = SubnetSpec.from_id(after) if after else space.largest()
+    static = getattr(models.target, "static", None)  # compiled steps: the decoding's capacity
     steps = ModelSteps(models.target, models.draft, int(plan.get("visual_tokens", 0)),
-                       seed=int(plan.get("seed", 0)), precede=precede)
+                       seed=int(plan.get("seed", 0)), precede=precede,
+                       positions=static.floor if static is not None else 0)
     device = models.device
     threads = hardware.get("threads") if device.split(":")[0] == "cpu" else None
     return Retimer(steps, candidate, int(context_len), max(space.draft_len), device=device,

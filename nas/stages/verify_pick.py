@@ -40,6 +40,8 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding, %d "
              "repeat(s)", len(chosen), len(prompts), options.verify_repeats)
     threads = hardware.get("threads") if here == "cpu" else None
+    deploy_steps(models.target, hardware, prompts, [c.spec for c in chosen],
+                 options.max_new_tokens)  # before the retimer: it times the same steps
     retimer = None
     if retime is not None and options.retime:
         from dreams_nas.nas.stages.retime import build_retimer
@@ -92,7 +94,20 @@ def this_machine(device: str, profiled: dict[str, Any]) -> str:
 
     threads = profiled.get("threads") if device.startswith("cpu") else None
     return detect_hardware(device, dtype=str(profiled.get("dtype") or "float32"),
-                           threads=int(threads) if threads else None).hardware_id
+                           threads=int(threads) if threads else None,
+                           steps=str(profiled.get("steps") or "dynamic")).hardware_id
+
+
+def deploy_steps(target: Any, hardware: dict[str, Any], prompts: Any, specs: Any,
+                 max_new_tokens: int) -> None:
+    """Decode as the profile timed: its steps (hardware.json's ``steps``), and for static
+    steps one cache capacity for every prompt (the longest prompt, the answer and the widest
+    verify), so no shape is compiled again mid-measurement."""
+    target.use_steps(str(hardware.get("steps") or "dynamic"))
+    if target.static is not None:
+        longest = max(int(p["input_ids"].shape[-1]) for p in prompts)
+        widest = max(s.shape.nodes + 1 for s in specs)
+        target.static.floor = longest + max_new_tokens + widest
 
 
 def _verified(cand: Any, m: Any) -> dict[str, Any]:

@@ -103,3 +103,22 @@ def torch_dtype(name: str) -> Any:
     if name not in DTYPES:
         raise InputError(f"dtype {name!r} is not one of {list(DTYPES)}")
     return getattr(torch, name)
+
+
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def resolve_compile(choice: str | None, device: str) -> str:
+    """``--compile auto|on|off`` -> how the target's decoding steps run
+    (`TargetAdapter.use_steps`): ``compiled`` (a static cache, each step compiled once per
+    shape) or ``dynamic`` (HF's growing cache, eager). ``auto`` is what measured faster for the
+    device's kind, compilation included: compiled on CUDA (CUDA graphs: seconds a shape, the
+    step a fraction of its launches), eager on the CPU, where inductor's compilation (5-20 s a
+    shape) outweighs what a request's steps save (BENCHMARKS.md, 'Compiled steps')."""
+    choice = "auto" if choice is None else choice
+    if choice not in COMPILE_CHOICES:
+        raise InputError(f"--compile {choice!r} is not one of {', '.join(COMPILE_CHOICES)}; "
+                         "give auto, on or off")
+    if choice == "auto":
+        choice = "on" if device.startswith("cuda") else "off"
+    return "dynamic" if choice == "off" else "compiled"

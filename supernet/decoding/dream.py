@@ -23,11 +23,17 @@ from __future__ import annotations
 import torch
 from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
+from dreams_nas.supernet.decoding.draft_steps import DraftSteps
 from dreams_nas.supernet.decoding.protocol import Proposal, TreeProposal
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, choose, logits_to_probs, sample
 from dreams_nas.supernet.decoding.tree_sampling import sample_without_replacement
 from dreams_nas.supernet.draft.model import DreamDraft
-from dreams_nas.supernet.draft.state import DraftCache, Memory, SharedTargetModules
+from dreams_nas.supernet.draft.state import (
+    DraftCache,
+    Memory,
+    SharedTargetModules,
+    StaticDraftCache,
+)
 from dreams_nas.supernet.target.adapter import PrefillOutput, TargetAdapter, VerifyOutput
 from dreams_nas.supernet.target.tree_attention import ancestor_mask
 from torch import Tensor
@@ -43,8 +49,9 @@ class DreamDrafter:
             pass
         self.required_layers: tuple[int, ...] = (self.spec.inject_layer,)
         self.default_draft_len: int = self.spec.draft_len
-        self._cache = DraftCache()
+        self._cache: DraftCache | StaticDraftCache = DraftCache()
         self._memory: Memory | None = None
+        self.steps = DraftSteps.of(self.draft)  # eager, or compiled when the target's steps are
         self.default_tree: TokenTree | None = self.spec.shape if self.spec.is_tree else None
         self._ancestors: dict[tuple[int, ...], Tensor] = {}
 
@@ -64,17 +71,17 @@ class DreamDrafter:
         visual[0, prefill.visual_positions.to(device)] = True
         scores[0, prefill.visual_positions.to(device)] = prefill.visual_scores.to(device).float()
         last = prefill.last_hidden.to(device, dtype)  # (1, prompt, hidden)
-        self._cache = DraftCache()
+        self._cache = self.steps.fresh_cache(target, self.spec)
         with self.draft.using(self.spec):
             layer = prefill.layer_hidden[self.spec.inject_layer].to(device, dtype)
-            self._memory = self.draft.memory(layer, visual, scores)
+            self._memory = self.steps.padded(self.draft.memory(layer, visual, scores))
             # the subnet's own sequence: the text and, in a draft that keeps visual tokens
             # there, the kept ones (the memory's)
             text = torch.nonzero(self.draft.draft_positions(visual, scores)[0],
                                  as_tuple=False).flatten()
             prev = torch.cat((torch.zeros_like(last[:, :1]), last[:, :-1]), dim=1)
             self.draft(ids[:, text], prev[:, text], text[None], self._memory, cache=self._cache)
-        self._committed = self._cache.length
+        self._committed = int(text.numel())  # the host's count of the cache's true positions
         self._pos = prompt  # target position of the next chunk's first token
         self._pending_ids = ids[:, :0]
         self._pending_prev = last[:, :0]
@@ -106,12 +113,12 @@ class DreamDrafter:
         levels: list[Tensor] = []
         probs: list[Tensor] = []
         with self.draft.using(self.spec):
-            feats = self.draft(ids, prev, positions, self._memory,
-                               cache=self._cache).feature[0, -1:]  # (1, hidden): the root's
-            self._committed = self._cache.length
+            feats, logits = self.steps.first(self.draft, ids, prev, positions, self._memory,
+                                             self._cache, self._committed, tree.draft_len + 1)
+            feats = feats[0]  # (1, hidden): the root's; logits (1, vocab)
+            self._committed += ids.shape[1]
             self._pos += ids.shape[1]
             for d, width in enumerate(tree.branching, start=1):
-                logits = self.draft.logits(feats).float()  # (nodes at level d-1, vocab)
                 if sampling.greedy:
                     # best first, ties toward the lower id (as argmax and the scorer's ranks)
                     children = logits.sort(dim=-1, descending=True,
@@ -126,10 +133,10 @@ class DreamDrafter:
                     break
                 level = tree.nodes_at(d)
                 pos = torch.full_like(tokens, self._pos - 1 + d)
-                feats = self.draft(tokens, feats.repeat_interleave(width, 0)[None], pos,
-                                   self._memory, cache=self._cache,
-                                   tree_mask=ancestors[level.start:level.stop, 1:level.stop]
-                                   ).feature[0]
+                feats, logits = self.steps.run(
+                    self.draft, tokens, feats.repeat_interleave(width, 0)[None], pos, self._memory,
+                    self._cache, tree_mask=ancestors[level.start:level.stop, 1:level.stop])
+                feats, logits = feats[0], logits[0]  # (nodes at level d, hidden / vocab)
         draft_probs = torch.cat(probs)[None] if probs else None
         return TreeProposal(tree, torch.cat(levels, dim=1), draft_probs)
 
@@ -143,12 +150,12 @@ class DreamDrafter:
         tokens: list[Tensor] = []
         probs: list[Tensor] = []
         with self.draft.using(self.spec):
-            feature = self.draft(ids, prev, positions[:, :n], self._memory,
-                                 cache=self._cache).feature[:, -1:]
-            self._committed = self._cache.length
+            feature, logits = self.steps.first(
+                self.draft, ids, prev, positions[:, :n], self._memory, self._cache,
+                self._committed, draft_len + 1)  # (1, 1, hidden), (1, vocab)
+            self._committed += n
             self._pos += n
             for i in range(draft_len):
-                logits = self.draft.logits(feature)[:, -1].float()  # (1, vocab)
                 if sampling.greedy:
                     token = choose(logits, sampling, None)
                 else:
@@ -157,8 +164,9 @@ class DreamDrafter:
                     probs.append(p)
                 tokens.append(token)
                 if i + 1 < draft_len:
-                    feature = self.draft(token, feature, positions[:, n + i:n + i + 1],
-                                         self._memory, cache=self._cache).feature
+                    feature, logits = self.steps.run(self.draft, token, feature,
+                                                     positions[:, n + i:n + i + 1],
+                                                     self._memory, self._cache, last=True)
         out = torch.cat(tokens, dim=1) if tokens else ids[:, :0]
         draft_probs = torch.stack(probs, dim=1) if probs else None  # (1, k, vocab)
         return Proposal(out, draft_probs)

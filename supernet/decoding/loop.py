@@ -263,7 +263,8 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
             tree = None
     _check(draft_len, max_new_tokens)
     clock = _Clock(target.device, timed)
-    pre = target.prefill(inputs, layers=drafter.required_layers)
+    width = tree.nodes + 1 if tree is not None else draft_len + 1  # the widest verify
+    pre = target.prefill(inputs, layers=drafter.required_layers, reserve=max_new_tokens + width)
     last = choose(pre.logits, sampling, generator)
     clock.lap("prefill")
     drafter.start(target, pre)
@@ -271,10 +272,15 @@ def generate(target: TargetAdapter, inputs: dict[str, Tensor], drafter: Drafter 
     tokens, done = _truncate_at_eos([int(last)], target.eos_token_ids)
     lengths: list[int] = []
     proposed: list[int] = []
+    # static steps draft the whole shape to the end (a shorter one would be another shape to
+    # compile) and keep what fits the budget; dynamic ones never draft past the budget
+    whole = getattr(target, "static", None) is not None
     while not done and len(tokens) < max_new_tokens:
-        this_len = min(draft_len, max_new_tokens - len(tokens) - 1)  # never past the budget
+        left = max_new_tokens - len(tokens)
+        this_len = draft_len if whole else min(draft_len, left - 1)
         accepted, k, new, done = cycle(target, drafter, last, this_len, tree, sampling, generator,
                                        clock)
+        new = new[:left]
         tokens.extend(new)
         lengths.append(len(new))  # accepted + 1, less anything after an EOS
         proposed.append(k)
@@ -291,7 +297,7 @@ def plain_generate(target: TargetAdapter, inputs: dict[str, Tensor], *, max_new_
     """The target alone with its KV cache, one token per forward (`timed` as in `generate`)."""
     _check(1, max_new_tokens)
     clock = _Clock(target.device, timed)
-    pre = target.prefill(inputs)
+    pre = target.prefill(inputs, reserve=max_new_tokens)
     last = choose(pre.logits, sampling, generator)
     tokens = [int(last)]
     clock.lap("prefill")

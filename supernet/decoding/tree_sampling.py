@@ -17,6 +17,8 @@ Names follow the tensors: ``target_probs`` from the target, ``draft_probs`` from
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.tree import TokenTree
@@ -149,25 +151,28 @@ def tree_accept_batched(tree: TokenTree, node_tokens: Tensor, target_probs: Tens
 
 
 def tree_accept(tree: TokenTree, node_tokens: Tensor, target_probs: Tensor,
-                draft_probs: Tensor | None, generator: torch.Generator | None
-                ) -> tuple[list[int], int]:
+                draft_probs: Tensor | None, generator: torch.Generator | None,
+                with_ids: bool = False) -> tuple[list[int], Any]:
     """Walk `tree` from the root with `sibling_accept` at every node.
 
     node_tokens (nodes+1,) long (the root's is ignored); target_probs (nodes+1, vocab): the
     target's processed distribution after each node; draft_probs None (deterministic children)
     or (nodes+1, vocab): at node i, what its children were drawn from (leaves' rows unread).
-    Returns (accepted node numbers, root first; the next token). One host sync."""
+    Returns (accepted node numbers, root first; the next token), or with `with_ids` (the
+    path, the tokens kept: the path's drafts then the next token). One host sync."""
     last, token = tree_accept_batched(tree, node_tokens[None], target_probs[None],
                                       None if draft_probs is None else draft_probs[None],
                                       generator)
-    last_node, next_token = torch.cat((last, token)).tolist()
-    return tree.path(last_node), next_token
+    last_node, next_token, *tokens = torch.cat((last, token, node_tokens.long())).tolist()
+    path = tree.path(last_node)
+    return path, ([tokens[i] for i in path[1:]] + [next_token] if with_ids else next_token)
 
 
-def tree_accept_greedy(tree: TokenTree, node_tokens: Tensor, target_tokens: Tensor
-                       ) -> tuple[list[int], int]:
+def tree_accept_greedy(tree: TokenTree, node_tokens: Tensor, target_tokens: Tensor,
+                       with_ids: bool = False) -> tuple[list[int], Any]:
     """node_tokens, target_tokens (nodes+1,) long (the target's argmax after each node) ->
-    (the path that follows the target's argmax from the root, the target's token after it).
+    (the path that follows the target's argmax from the root, the target's token after it;
+    with `with_ids`, the tokens kept instead: the path's drafts then that token). One host copy.
 
     At each node the first child in rank order whose token is the target's argmax is taken."""
     _check_tree_inputs(tree, node_tokens, target_tokens[:, None])
@@ -177,5 +182,5 @@ def tree_accept_greedy(tree: TokenTree, node_tokens: Tensor, target_tokens: Tens
         want = targets[path[-1]]
         nxt = next((c for c in tree.children(path[-1]) if tokens[c] == want), None)
         if nxt is None:
-            return path, want
+            return path, ([tokens[c] for c in path[1:]] + [want] if with_ids else want)
         path.append(nxt)

@@ -39,7 +39,11 @@ def rotary_cos_sin(position_ids: Tensor, head_dim: int, theta: float) -> tuple[T
     ``apply_rotary`` rotates with one roll instead of rotate_half's two slices, negation and
     concatenation (the same numbers: a product's sign does not change its magnitude).
     """
-    inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)
+    if torch.compiler.is_compiling():  # in a compiled step's graph: folded into a constant
+        inv_freq = 1.0 / (float(theta) ** (torch.arange(0, head_dim, 2, device=position_ids.device,
+                                                        dtype=torch.float32) / head_dim))
+    else:
+        inv_freq = _inv_freq(head_dim, float(theta), position_ids.device)
     freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (batch, seq, head_dim/2)
     cos, sin = freqs.cos(), freqs.sin()
     return torch.cat((cos, cos), dim=-1)[:, None], torch.cat((-sin, sin), dim=-1)[:, None]

@@ -21,7 +21,7 @@ from dreams_nas.supernet.draft.elastic import (
     merge_heads,
     split_heads,
 )
-from dreams_nas.supernet.draft.state import DraftCache, Memory
+from dreams_nas.supernet.draft.state import DraftCache, Memory, StaticDraftCache
 from dreams_nas.supernet.ops.linear import linear
 from torch import Tensor, nn
 
@@ -70,7 +70,7 @@ class CrossWeights(NamedTuple):
 
 
 def decoder_step(h: Tensor, w: DecoderWeights, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                 cache: DraftCache | None, index: int) -> Tensor:
+                 cache: DraftCache | StaticDraftCache | None, index: int) -> Tensor:
     """A pre-norm Llama-style layer. h: (batch, seq, hidden); cos/sin from `rotary_cos_sin`;
     mask: bool (batch, 1, seq, keys), None where every key is visible; cache: the draft's KV
     cache (slot `index` gets the new keys/values)."""
@@ -160,7 +160,8 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, h: Tensor, heads: int, cos: Tensor, sin: Tensor, mask: Tensor | None,
-                cache: DraftCache | None, index: int, channels: int | None = None) -> Tensor:
+                cache: DraftCache | StaticDraftCache | None, index: int,
+                channels: int | None = None) -> Tensor:
         """h: (batch, seq, hidden); mask: bool (batch, 1, seq, keys), None where every key is
         visible; channels: the MLP's (None: all). `decoder_step` with `weights`."""
         return decoder_step(h, self.weights(heads, channels), cos, sin, mask, cache, index)

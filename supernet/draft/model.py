@@ -59,6 +59,8 @@ from dreams_nas.supernet.draft.state import (
     DraftOutput,
     Memory,
     SharedTargetModules,
+    StaticDraftCache,
+    causal_mask,
     gather_rows,
     select_memory_positions,
 )
@@ -138,8 +140,9 @@ class DreamDraft(nn.Module):
         mlp), so a draft step does not slice its weights again; views follow in-place changes
         of the parameters (an optimizer step, a channel permutation), a parameter replaced in
         any way has them sliced again (`supernet.draft.kept`), a copy keeps none. With
-        gradients they are sliced for each forward, so each graph has its own views."""
-        if torch.is_grad_enabled():
+        gradients they are sliced for each forward, so each graph has its own views; so they
+        are in a compiled step, whose graph slices for free."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             return self._slice_weights()
         spec = self._active
         key = (spec.heads, spec.depth, spec.mlp)
@@ -174,7 +177,8 @@ class DreamDraft(nn.Module):
 
     def __getstate__(self) -> dict[str, Any]:
         """A copy (`copy.deepcopy`, pickle) keeps no cache: views of the original's tensors."""
-        return {**super().__getstate__(), "_weights": {}, "_head_rows": HeadRows()}
+        return {**super().__getstate__(), "_weights": {}, "_head_rows": HeadRows(),
+                "_steps": None}  # its compiled steps (`DraftSteps`) are its own
 
     @contextlib.contextmanager
     def using(self, spec: SubnetSpec) -> Iterator[DreamDraft]:
@@ -303,8 +307,8 @@ class DreamDraft(nn.Module):
 
     def forward(self, input_ids: Tensor, prev_hidden: Tensor, position_ids: Tensor,
                 memory: Memory | None, *, attention_mask: Tensor | None = None,
-                cache: DraftCache | None = None, tree_mask: Tensor | None = None
-                ) -> DraftOutput:
+                cache: DraftCache | StaticDraftCache | None = None,
+                tree_mask: Tensor | None = None) -> DraftOutput:
         """Run the active subnet over new text positions.
 
         input_ids:      (batch, seq) tokens x_p
@@ -327,8 +331,11 @@ class DreamDraft(nn.Module):
         if cos.dtype != h.dtype:  # once for every layer (`apply_rotary` would per call)
             cos, sin = cos.to(h.dtype), sin.to(h.dtype)
         mask: Tensor | None = None  # one new position sees every cached one and itself
-        if input_ids.shape[1] > 1 or attention_mask is not None or tree_mask is not None:
-            mask = self._self_mask(input_ids.shape[1], cache, attention_mask, h.device)
+        if cache is not None and cache.static:  # a fixed-capacity cache: a mask over all of it
+            mask = cache.mask(input_ids.shape[1], h.device, tree_mask)
+        elif input_ids.shape[1] > 1 or attention_mask is not None or tree_mask is not None:
+            mask = causal_mask(input_ids.shape[1], 0 if cache is None else cache.length,
+                               attention_mask, h.device)
             if tree_mask is not None:
                 mask = mask.clone()
                 mask[..., mask.shape[-1] - tree_mask.shape[-1]:] = tree_mask.to(h.device)
@@ -342,22 +349,10 @@ class DreamDraft(nn.Module):
             cross_out = h
         for i, layer in enumerate(w.after, start=len(w.before)):
             h = decoder_step(h, layer, cos, sin, mask, cache, i)
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
         return DraftOutput(feature=F.rms_norm(h, (h.shape[-1],), w.norm, w.norm_eps),
                            cross_out=cross_out)
-
-    @staticmethod
-    def _self_mask(seq: int, cache: DraftCache | None, attention_mask: Tensor | None,
-                   device: torch.device) -> Tensor:
-        past = 0 if cache is None else cache.length
-        q_pos = torch.arange(seq, device=device)[:, None] + past
-        k_pos = torch.arange(past + seq, device=device)[None]
-        mask = (k_pos <= q_pos)[None, None]  # (1, 1, seq, past+seq)
-        if attention_mask is not None:
-            if past:
-                raise ValueError("attention_mask is for training without a cache")
-            own = torch.eye(seq, dtype=torch.bool, device=device)
-            mask = (mask & attention_mask[:, None, None, :]) | own
-        return mask
 
     @classmethod
     def initialised(cls, config: DraftConfig, shared: SharedTargetModules | None, seed: int

@@ -46,6 +46,8 @@ class DraftCache:
     copy, not one per step); `crop` moves the length and copies nothing. (A cache that grew by
     concatenation copied every position at every step: O(sequence) a step.)"""
 
+    static = False  # `StaticDraftCache` is the fixed-capacity one
+
     keys: list[Tensor | None] = field(default_factory=list)  # per layer: the key buffer
     values: list[Tensor | None] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)  # per layer: positions held
@@ -99,11 +101,102 @@ class DraftCache:
             new_v[:, :, :held].copy_(old_v[:, :, :held])
         self.keys[layer], self.values[layer] = new_k, new_v
 
+    def advance(self, n: int) -> None:
+        """After a forward (each `update` already counted its positions)."""
+
     def crop(self, length: int) -> None:
         """Keep the first `length` positions (drop drafted positions after a verify)."""
         if length < 0 or length > self.length:
             raise ValueError(f"cannot crop a draft cache of {self.length} positions to {length}")
         self.lengths = [min(held, length) for held in self.lengths]
+
+
+def _static(t: Tensor) -> Tensor:
+    """`t`, marked as a fixed address for compiled steps (CUDA graphs write it in place)."""
+    if not torch.compiler.is_compiling():
+        torch._dynamo.mark_static_address(t)
+    return t
+
+
+class StaticDraftCache:
+    """The draft's KV cache at a fixed capacity, for compiled steps: every layer's buffer is
+    (batch, heads, capacity, head_dim) from the first write, the positions held are a 0-d
+    tensor on the device (`position`), a step writes at it and attends over the whole buffer
+    through a mask made from it (`mask`), so a step's shapes never change with the sequence.
+    `crop` moves the position; the host keeps its own count of what it committed (reading the
+    position would wait for the device)."""
+
+    static = True
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"a static draft cache of capacity {capacity}: give one of at "
+                             "least the positions a request holds (the target's capacity)")
+        self.capacity = capacity
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.position: Tensor | None = None
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write the new positions' keys and values at the position; returns the buffers."""
+        if layer == len(self.keys):  # first write of this layer (eager, at `start`): allocate
+            self.keys.append(_static(k.new_zeros((*k.shape[:2], self.capacity, k.shape[3]))))
+            self.values.append(_static(v.new_zeros((*v.shape[:2], self.capacity, v.shape[3]))))
+        self._position(k.device)
+        index = self.position + torch.arange(k.shape[2], device=k.device)
+        self.keys[layer].index_copy_(2, index, k)
+        self.values[layer].index_copy_(2, index, v)
+        return self.keys[layer], self.values[layer]
+
+    def mask(self, seq: int, device: torch.device, tree_mask: Tensor | None = None) -> Tensor:
+        """bool (1, 1, seq, capacity): query i (at cache index position + i) sees every index
+        up to its own; with `tree_mask` (seq, t) the last t indices up to the newest query's
+        (a token tree's nodes so far and the new ones) are as it says."""
+        position = self._position(device)
+        query = position + torch.arange(seq, device=device)
+        cols = torch.arange(self.capacity, device=device)
+        mask = cols[None] <= query[:, None]  # (seq, capacity)
+        if tree_mask is not None:
+            t = tree_mask.shape[-1]
+            rel = cols - (position + seq - t)  # the column's index into tree_mask
+            inside = (rel >= 0) & (rel < t)
+            chosen = tree_mask.to(device).gather(1, rel.clamp(0, t - 1)[None].expand(seq, -1))
+            mask = torch.where(inside[None], chosen, mask)
+        return mask[None, None]
+
+    def _position(self, device: torch.device) -> Tensor:
+        if self.position is None:
+            self.position = _static(torch.zeros((), dtype=torch.long, device=device))
+        return self.position
+
+    def advance(self, n: int) -> None:
+        """After a forward's every layer wrote its n positions."""
+        if self.position is not None:
+            self.position.add_(n)
+
+    @torch.inference_mode()  # the position was made in a forward: an inference tensor
+    def crop(self, length: int) -> None:
+        """Keep the first `length` positions (the host's count: nothing is read back)."""
+        if length < 0 or length > self.capacity:
+            raise ValueError(f"cannot crop a draft cache of capacity {self.capacity} to {length}")
+        if self.position is not None:
+            self.position.fill_(length)
+
+
+def causal_mask(seq: int, past: int, attention_mask: Tensor | None,
+                device: torch.device) -> Tensor:
+    """bool (1, 1, seq, past + seq): seq new positions after `past` cached ones, causally;
+    `attention_mask` (batch, seq), training's keys that exist, only without a cache (a
+    position always sees itself)."""
+    q_pos = torch.arange(seq, device=device)[:, None] + past
+    k_pos = torch.arange(past + seq, device=device)[None]
+    mask = (k_pos <= q_pos)[None, None]
+    if attention_mask is not None:
+        if past:
+            raise ValueError("attention_mask is for training without a cache")
+        own = torch.eye(seq, dtype=torch.bool, device=device)
+        mask = (mask & attention_mask[:, None, None, :]) | own
+    return mask
 
 
 @dataclass

@@ -36,7 +36,9 @@ from dreams_nas.supernet.target.families import (
     structural_token_ids,
     text_decoder,
 )
+from dreams_nas.supernet.target.hooks import layer_hooks
 from dreams_nas.supernet.target.images import open_image
+from dreams_nas.supernet.target.static import STEP_MODES, StaticSteps
 from dreams_nas.supernet.target.tree_attention import (
     LayoutCache,
     check_parents,
@@ -45,7 +47,7 @@ from dreams_nas.supernet.target.tree_attention import (
     sliding_window,
     tree_support,
 )
-from dreams_nas.supernet.target.visual_scores import received_attention
+from dreams_nas.supernet.target.visual_scores import score_hook
 from torch import Tensor, nn
 
 
@@ -95,8 +97,11 @@ class TargetAdapter:
         self.hidden_size: int = int(self.text_config.hidden_size)
         self.vocab_size: int = int(self.lm_head.weight.shape[0])
         self.eos_token_ids: set[int] = self._eos_ids()
-        self._structural = structural_token_ids(self.tokenizer)
+        # the token ids that are not text queries when visual tokens are scored
+        self._text_ids_excluded = (self.info.image_token_id,
+                                   *structural_token_ids(self.tokenizer))
         self.cache = None
+        self.static: StaticSteps | None = None  # `use_steps`: steps over a static cache
         self._layouts = LayoutCache()
         self._tree: tuple[int, tuple[int, ...]] | None = None  # (cache_len before, parents)
 
@@ -142,6 +147,26 @@ class TargetAdapter:
             ids.add(int(self.tokenizer.eos_token_id))
         return ids
 
+    def use_steps(self, mode: str, backend: str | None = None) -> None:
+        """How decoding steps run from the next prefill on: ``dynamic`` (HF's growing cache,
+        eager), ``static`` (a static cache, eager) or ``compiled`` (a static cache, each step
+        compiled once per shape; `backend`: torch.compile's, None = inductor). The outputs
+        are the same (`supernet.target.static`)."""
+        if mode not in STEP_MODES:
+            raise ValueError(f"step mode {mode!r}; pick one of {', '.join(STEP_MODES)}")
+        if self.static is not None:
+            self.static.close()
+        self.static = None if mode == "dynamic" else StaticSteps(
+            self.model, self.decoder, self.lm_head, compiled=mode == "compiled",
+            mrope=self.info.uses_mrope, backend=backend)
+        self.cache = None
+
+    @property
+    def step_mode(self) -> str:
+        if self.static is None:
+            return "dynamic"
+        return "compiled" if self.static.compiled else "static"
+
     # ----------------------------------------------------------------- properties
     @property
     def device(self) -> torch.device:
@@ -153,6 +178,8 @@ class TargetAdapter:
 
     @property
     def cache_len(self) -> int:
+        if self.static is not None and self.cache is not None:
+            return self.static.length  # the host's count: no wait for the device
         return 0 if self.cache is None else int(self.cache.get_seq_length())
 
     @property
@@ -221,8 +248,9 @@ class TargetAdapter:
     # ----------------------------------------------------------------- forwards
     @torch.inference_mode()
     def prefill(self, inputs: dict[str, Tensor], layers: Sequence[int] = (),
-                all_logits: bool = False) -> PrefillOutput:
-        """Run the prompt, start a fresh KV cache, and return what a draft needs."""
+                all_logits: bool = False, reserve: int = 0) -> PrefillOutput:
+        """Run the prompt, start a fresh KV cache, and return what a draft needs. `reserve`:
+        the positions a static cache keeps free after the prompt (`use_steps`)."""
         inputs = self._to_device(inputs)
         input_ids = inputs["input_ids"]  # (1, seq)
         if input_ids.shape[0] != 1:
@@ -230,11 +258,16 @@ class TargetAdapter:
                              "the adapter decodes one sequence")
         visual_positions = (input_ids[0] == self.info.image_token_id).nonzero().flatten()
         scores: list[Tensor] = []
-        extra = ([self._score_hook(input_ids[0], visual_positions, scores)]
+        extra = ([score_hook(self.decoder.layers[-1].self_attn, input_ids[0], visual_positions,
+                              self._text_ids_excluded, scores)]
                  if len(visual_positions) else [])
         if self.info.uses_mrope:
             self.model.model.rope_deltas = None  # recomputed from this prompt (stale otherwise)
-        hidden, layer_hidden = self._forward(inputs, layers, extra_hooks=extra, fresh=True)
+        hidden, layer_hidden = self._forward(inputs, layers, extra_hooks=extra,
+                                             fresh=input_ids.shape[1] + reserve)
+        if self.static is not None:
+            self.static.started(input_ids.shape[1], getattr(self.model.model, "rope_deltas",
+                                                            None) if self.info.uses_mrope else None)
         logits = self.lm_head(hidden if all_logits else hidden[:, -1])
         if not scores:
             scores.append(torch.zeros(len(visual_positions), device=self.device))
@@ -247,6 +280,9 @@ class TargetAdapter:
         """Append k tokens (1, k) to the cache in one forward; logits for each of them."""
         if self.cache is None:
             raise RuntimeError("verify() before prefill(): call prefill(inputs) first")
+        if self.static is not None:
+            self._tree = None
+            return VerifyOutput(*self.static.chain(tokens.to(self.device), layers))
         hidden, layer_hidden = self._forward({"input_ids": tokens.to(self.device)}, layers)
         return VerifyOutput(self.lm_head(hidden).float(), hidden, layer_hidden)
 
@@ -266,6 +302,10 @@ class TargetAdapter:
             raise RuntimeError(f"a tree of {n} nodes after {start} cached tokens passes the "
                                f"sliding window ({window}); verify chains instead")
         layout = self._layouts.get(parents, self.device, self.dtype)
+        if self.static is not None:
+            out = VerifyOutput(*self.static.tree(tokens, layout.levels, layout.bias, layers))
+            self._tree = (start, parents)
+            return out
         deltas = getattr(self.model.model, "rope_deltas", None) if self.info.uses_mrope else None
         inputs = {"input_ids": tokens, "attention_mask": layout.mask(start),
                   "position_ids": layout.positions(start, deltas, self.info.uses_mrope)}
@@ -274,9 +314,10 @@ class TargetAdapter:
         return VerifyOutput(self.lm_head(hidden).float(), hidden, layer_hidden)
 
     @torch.inference_mode()
-    def keep_path(self, path: Sequence[int], n: int) -> None:
+    def keep_path(self, path: Sequence[int], n: int, index: Tensor | None = None) -> None:
         """After a `verify_tree` of n nodes, keep the cache entries of the nodes in `path` (a
-        root-to-node path, root first), packed right after the old cache, and drop the rest."""
+        root-to-node path, root first), packed right after the old cache, and drop the rest.
+        `index`: `path` already on the device (no copy of it here)."""
         if self._tree is None or self.cache_len != self._tree[0] + len(self._tree[1]):
             raise ValueError("keep_path() must follow verify_tree() directly")
         start, parents = self._tree
@@ -285,22 +326,30 @@ class TargetAdapter:
                              f"{len(parents)} nodes")
         path = check_path(path, parents)
         self._tree = None
-        keep = torch.tensor(path, device=self.device) + start  # one index, no host loop
-        compact_cache(self.cache, start, keep)
+        keep = (torch.tensor(path, device=self.device) if index is None else index) + start
+        if self.static is not None:
+            self.static.compact(start, keep)
+        else:
+            compact_cache(self.cache, start, keep)
 
     def rollback(self, n: int) -> None:
         """Drop the last n cache positions (no-op for n == 0)."""
         if n < 0 or n > self.cache_len:
             raise ValueError(f"rollback({n}) needs 0 <= n <= cache_len ({self.cache_len})")
         self._tree = None
-        if n > 0:
+        if n > 0 and self.static is not None:
+            self.static.rollback(n)
+        elif n > 0:
             self.cache.crop(-n)
 
-    def _fresh_cache(self) -> Any:
-        """The cache a prefill starts: the model's own (None), except under sliding-window
-        attention, whose cache layers drop what passes the window and then cannot roll back a
-        rejected draft; there every layer keeps every position and the model's sliding mask
-        keeps attention within the window, as it does for a cache of the full context."""
+    def _fresh_cache(self, positions: int) -> Any:
+        """The cache a prefill of up to `positions` positions starts: a static one
+        (`use_steps`), else the model's own (None), except under sliding-window attention,
+        whose cache layers drop what passes the window and then cannot roll back a rejected
+        draft; there every layer keeps every position and the model's sliding mask keeps
+        attention within the window, as it does for a cache of the full context."""
+        if self.static is not None:
+            return self.static.fresh(positions)
         if sliding_window(self.decoder.config) is None:
             return None
         from transformers import DynamicCache
@@ -308,17 +357,19 @@ class TargetAdapter:
         return DynamicCache()
 
     def _forward(self, inputs: dict[str, Any], layers: Sequence[int], *, extra_hooks=(),
-                 fresh: bool = False) -> tuple[Tensor, dict[int, Tensor]]:
+                 fresh: int = 0) -> tuple[Tensor, dict[int, Tensor]]:
+        """One forward of the decoder; `fresh` (the positions to hold) starts a new cache."""
         layer_hidden: dict[int, Tensor] = {}
-        handles = self._layer_hooks(layers, layer_hidden) + [h() for h in extra_hooks]
+        handles = layer_hooks(self.decoder.layers, layers, layer_hidden)
+        handles += [h() for h in extra_hooks]
         kwargs = dict(inputs)
         self._tree = None
         if not fresh and self.info.uses_mrope and "position_ids" not in kwargs:
             # M-RoPE positions come from cache length + rope_deltas
             kwargs.pop("attention_mask", None)
         try:
-            out = self.model.model(**kwargs, cache=self._fresh_cache() if fresh else self.cache,
-                                   use_cache=True)
+            cache = self._fresh_cache(fresh) if fresh else self.cache
+            out = self.model.model(**kwargs, cache=cache, use_cache=True)
         finally:
             for handle in handles:
                 handle.remove()
@@ -329,41 +380,6 @@ class TargetAdapter:
             if i == self.num_layers:
                 layer_hidden[i] = hidden
         return hidden, layer_hidden
-
-    def _layer_hooks(self, layers: Sequence[int], store: dict[int, Tensor]) -> list:
-        handles = []
-        for i in dict.fromkeys(layers):
-            if not 0 <= i <= self.num_layers:
-                raise ValueError(f"layer {i} is outside 0..{self.num_layers} "
-                                 "(HF hidden_states indexing)")
-            if i == 0:
-                def pre(_mod, args, kwargs, _i=i):
-                    store[_i] = args[0] if args else kwargs["hidden_states"]
-                handles.append(
-                    self.decoder.layers[0].register_forward_pre_hook(pre, with_kwargs=True))
-            elif i < self.num_layers:
-                def post(_mod, _args, output, _i=i):
-                    store[_i] = output[0] if isinstance(output, tuple) else output
-                handles.append(self.decoder.layers[i - 1].register_forward_hook(post))
-        return handles
-
-    def _score_hook(self, input_ids: Tensor, visual_positions: Tensor, out: list[Tensor]):
-        """A hook factory on the last layer's attention that scores the visual tokens."""
-        attn = self.decoder.layers[-1].self_attn
-        after = torch.arange(len(input_ids), device=input_ids.device) > visual_positions.max()
-        is_text = after & (input_ids != self.info.image_token_id)
-        for tid in self._structural:
-            is_text &= input_ids != tid
-        text_positions = is_text.nonzero().flatten()
-
-        def hook(module, args, kwargs):
-            # (1, seq, hidden), after input norm
-            hidden = args[0] if args else kwargs["hidden_states"]
-            cos, sin = kwargs["position_embeddings"]  # (1, seq, head_dim)
-            out.append(received_attention(module, hidden, cos, sin, text_positions,
-                                           visual_positions))
-
-        return lambda: attn.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _checkpoint(target: str | Path) -> str | Path:

@@ -8,6 +8,9 @@ text queries. A draft keeps the top `visual_keep` share of visual tokens by this
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import rotate_half
@@ -34,3 +37,23 @@ def received_attention(attn: nn.Module, hidden: Tensor, cos: Tensor, sin: Tensor
     causal = torch.arange(seq, device=hidden.device)[None, :] > text_positions[:, None]
     probs = scores.masked_fill(causal, float("-inf")).softmax(-1)
     return probs[..., visual_positions].mean(dim=(0, 1, 2))  # (n_visual,)
+
+
+def score_hook(attn: nn.Module, input_ids: Tensor, visual_positions: Tensor,
+               excluded: Iterable[int], out: list[Tensor]) -> Callable[[], Any]:
+    """A factory of the pre-hook on the last layer's attention `attn` that appends the visual
+    tokens' scores to `out`: the queries are the positions after the image whose ids are not
+    in `excluded` (the image token and the structural image tokens)."""
+    after = torch.arange(len(input_ids), device=input_ids.device) > visual_positions.max()
+    is_text = after.clone()
+    for tid in excluded:
+        is_text &= input_ids != tid
+    text_positions = is_text.nonzero().flatten()
+
+    def hook(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]  # (1, seq, hidden) after norm
+        cos, sin = kwargs["position_embeddings"]  # (1, seq, head_dim)
+        out.append(received_attention(module, hidden, cos, sin, text_positions,
+                                      visual_positions))
+
+    return lambda: attn.register_forward_pre_hook(hook, with_kwargs=True)

@@ -131,8 +131,8 @@ def _space(file, doc):
 @pytest.mark.parametrize("case, edit, message", [
     ("dtype", _fingerprint("dtype", "bfloat16"), "timed with dtype bfloat16"),
     ("target", _fingerprint("architecture_hash", "0" * 16), "timed with architecture_hash"),
-    ("compile", _fingerprint("compile", "on"), "timed with compile on"),
-    ("steps", _fingerprint("step_revision", 1), "timed with step_revision 1"),
+    ("compiled", _fingerprint("steps", "compiled"), "timed with steps compiled"),
+    ("revision", _fingerprint("step_revision", 1), "timed with step_revision 1"),
     ("space", _space, "another draft space"),
 ])
 def test_a_transfer_between_other_programs_is_refused(profiled, tmp_path, capsys, case, edit,

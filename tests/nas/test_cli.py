@@ -131,6 +131,7 @@ def test_help_does_not_import_torch() -> None:
     (["search", "--verify", "-1"], "argument --verify: -1 is out of range: give a number >= 0"),
     (["search", "--max-draft-ms", "0"], "argument --max-draft-ms: 0 is out of range"),
     (["generate", "--top-p", "1.5"], "argument --top-p: 1.5 is out of range"),
+    (["generate", "--compile", "always"], "argument --compile: invalid choice: 'always'"),
     (["demo", "--context-lengths", "64", "-3"], "argument --context-lengths: -3 is out of range"),
 ])
 def test_numbers_out_of_range_are_refused_before_anything_loads(capsys, argv, message) -> None:

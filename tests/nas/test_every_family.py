@@ -168,3 +168,4 @@ def test_generate_with_an_extracted_spec_folder(family, dtype, trained, data) ->
     assert drafted["tokens"] == plain["tokens"] and len(drafted["tokens"]) >= 1  # lossless
     assert drafted["draft_len"] == SPEC.draft_len and drafted["target"]["family"] == family
     assert drafted["dtype"] == plain["dtype"] == dtype  # the spec's dtype, without --dtype
+    assert drafted["steps"] == "dynamic" and drafted["compile_s"] == {}  # auto on the CPU

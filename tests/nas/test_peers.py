@@ -14,7 +14,8 @@ from peers import REFERENCE, Decoded, Method, markdown_table, measure_methods
 HW = this_cpu()  # the search measures only on the profiled machine
 SPACE = SearchSpace(heads=(1, 2), visual_keep=(0.5, 1.0), inject_layer=(1, 2), draft_len=(1, 2),
                     trees=((2, 1), (2, 2)))
-METHODS = (REFERENCE, "HF prompt lookup", "HF assisted (small VLM)", "ours: plain decoding",
+METHODS = (REFERENCE, "HF prompt lookup", "HF static cache + compile", "HF assisted (small VLM)",
+           "ours: plain decoding",
            "ours: prompt lookup",
            "ours: EAGLE-like draft", "ours: full supernet", "ours: NAS-chosen subnet")
 
@@ -75,7 +76,8 @@ def test_bench_peers_on_a_tiny_searched_run(tmp_path, monkeypatch, capsys, one_t
     out_file = tmp_path / "peers.json"
     assert bench_peers.main(["--run", str(run.root), "--prompts", "2", "--max-new-tokens", "8",
                              "--repeats", "2", "--assistant", str(folder), "--threads", "1",
-                             "--json", "--out", str(out_file)]) == 0
+                             "--hf-compile-backend", "eager", "--json", "--out",
+                             str(out_file)]) == 0
     stdout, stderr = capsys.readouterr()
     assert stdout.count("\n") == 1  # --json: one line on stdout, the table on stderr
     result = json.loads(stdout)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 from dreams_nas.supernet.core import device
-from dreams_nas.supernet.core.device import resolve_device, resolve_dtype, torch_dtype
+from dreams_nas.supernet.core.device import (
+    resolve_compile,
+    resolve_device,
+    resolve_dtype,
+    torch_dtype,
+)
 from dreams_nas.supernet.core.errors import InputError
 
 
@@ -48,3 +53,10 @@ def test_explicit_and_cpu_dtypes() -> None:
     assert str(torch_dtype("bfloat16")) == "torch.bfloat16"
     with pytest.raises(InputError, match=r"--dtype 'half' is not supported; use auto or one of"):
         resolve_dtype("half", "cpu")
+
+
+def test_compile_auto_is_on_for_cuda_and_off_for_the_cpu() -> None:
+    assert resolve_compile("auto", "cuda:0") == resolve_compile("on", "cpu") == "compiled"
+    assert resolve_compile(None, "cpu") == resolve_compile("off", "cuda:1") == "dynamic"
+    with pytest.raises(InputError, match="--compile 'yes' is not one of auto, on, off"):
+        resolve_compile("yes", "cpu")

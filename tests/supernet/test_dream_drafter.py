@@ -135,11 +135,13 @@ def test_spec_folder_drafter_matches_the_supernet(trained, tmp_path):
         assert a.stats.cycle_lengths == b.stats.cycle_lengths
 
 
-@pytest.mark.parametrize("tree", [None, TokenTree((3,)), TokenTree((2, 2))],
-                         ids=["chain", "tree-3", "tree-2x2"])
-def test_sampling_keeps_the_targets_distribution(trained, tree):
+@pytest.mark.parametrize(("tree", "steps"), [(None, "dynamic"), (TokenTree((3,)), "dynamic"),
+                                             (TokenTree((2, 2)), "dynamic"), (None, "compiled")],
+                         ids=["chain", "tree-3", "tree-2x2", "chain-compiled"])
+def test_sampling_keeps_the_targets_distribution(trained, tree, steps):
     """Second token (the first one a draft proposes) over many seeded runs vs its exact law;
-    with a tree, siblings sampled without replacement and tried by recursive rejection."""
+    with a tree, siblings sampled without replacement and tried by recursive rejection;
+    compiled: the target's and the draft's steps compiled (dynamo's `eager` backend)."""
     from scipy.stats import chisquare
 
     adapter, draft, prompts = trained
@@ -154,6 +156,9 @@ def test_sampling_keeps_the_targets_distribution(trained, tree):
         expected += p1[t1] * logits_to_probs(step.logits[0, -1], sampling)
     drafter = DreamDrafter(draft, SPECS[0])
     gen = torch.Generator().manual_seed(0)
+    if steps != "dynamic":
+        adapter = TargetAdapter.from_model(adapter.model)
+        adapter.use_steps(steps, backend="eager")
     runs = 200
     counts = torch.zeros_like(expected)
     accepted = 0
@@ -167,3 +172,44 @@ def test_sampling_keeps_the_targets_distribution(trained, tree):
     _, p = chisquare(counts[support].numpy(), expected[support].numpy() * runs)
     assert p > 1e-3, (counts[support], expected[support] * runs)
     assert accepted > runs * 0.1  # the draft's proposals, not only resamples, produce tokens
+    if steps != "dynamic":
+        adapter.use_steps("dynamic")
+
+
+def test_static_and_compiled_draft_steps_draft_what_eager_ones_draft(trained):
+    """Over a static cache, eager and compiled (dynamo's capture, its `eager` backend), the
+    draft proposes what it proposes over a growing cache: the same tokens, the same tau, for a
+    tree (a chain's steps compiled: the sampling test's `chain-compiled`); a second pass over
+    the prompts compiles nothing."""
+    from torch._dynamo.utils import counters
+
+    adapter, draft, prompts = trained
+    specs = [SPECS[1].replace(tree=(2, 2, 1))]
+    runs: dict[str, list] = {}
+    graphs = []
+    for mode in ("dynamic", "static", "compiled", "compiled"):
+        target = TargetAdapter.from_model(adapter.model)
+        target.use_steps(mode, backend="eager")
+        before = counters["stats"]["unique_graphs"]
+        out = [generate(target, prompt, DreamDrafter(draft, spec), shape=spec.shape,
+                        max_new_tokens=12) for spec in specs for prompt in prompts[:3]]
+        runs.setdefault(mode, []).append([(o.tokens.tolist(), o.stats.tau) for o in out])
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        target.use_steps("dynamic")
+    assert runs["static"][0] == runs["dynamic"][0]
+    assert runs["compiled"][0] == runs["compiled"][1] == runs["dynamic"][0]
+    assert graphs[0] == graphs[1] == 0 and graphs[2] > 0
+    assert graphs[3] == 0  # the same shapes again: no compilation
+
+
+def test_a_drafts_steps_are_its_own_and_a_copy_has_none(trained):
+    import copy
+
+    from dreams_nas.supernet.decoding.draft_steps import DraftSteps
+
+    _, draft, _ = trained
+    steps = DraftSteps.of(draft)
+    assert DraftSteps.of(draft) is steps and DreamDrafter(draft, SPECS[1]).steps is steps
+    twin = copy.deepcopy(draft)
+    assert DraftSteps.of(twin) is not steps and DraftSteps.of(twin).draft is twin
+    assert "_steps" not in dict(draft.named_children())  # not a submodule: nothing saved

@@ -54,7 +54,7 @@ def test_visual_scores_match_eager_attention(family, tiny_vlm, tiny_target) -> N
     vis = pre.visual_positions
     assert torch.equal(vis, (ids == adapter.info.image_token_id).nonzero().flatten())
     text = torch.arange(len(ids)) > vis.max()
-    for tid in adapter._structural:
+    for tid in adapter._text_ids_excluded:
         text &= ids != tid
     expected = attn[:, text][..., vis].mean(dim=(0, 1))
     torch.testing.assert_close(pre.visual_scores, expected.float(), rtol=1e-4, atol=1e-6)
@@ -88,7 +88,7 @@ def test_pixtral_family_detected_and_break_tokens_are_not_text(tiny_target) -> N
     adapter = tiny_target("pixtral")
     assert adapter.family == "pixtral"
     vocab = adapter.tokenizer.get_vocab()
-    assert {vocab["[IMG_BREAK]"], vocab["[IMG_END]"]} <= adapter._structural
+    assert {vocab["[IMG_BREAK]"], vocab["[IMG_END]"]} <= set(adapter._text_ids_excluded)
 
 
 @pytest.mark.parametrize(("family", "n_visual"),

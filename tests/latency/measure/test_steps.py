@@ -223,7 +223,7 @@ def test_a_draft_step_at_a_quarter_vocabulary_computes_only_its_head_rows(
     assert not hasattr(steps._compact[1], "vocab_order")  # re-extracted, whole vocabulary
     calls.clear()
     whole.run()
-    assert calls == [(1, LARGE_VOCAB)]  # the whole head, once, on the last position
+    assert calls == [(1, 1, LARGE_VOCAB)]  # the whole head, once, on the last position
 
 
 def test_a_cycle_drafts_with_the_subnets_vocabulary(large_vocab_llava) -> None:
@@ -347,3 +347,41 @@ def test_kept_caches_fit_their_budget_least_recently_used_first(tiny_llava) -> N
     # 20, 21 kept; 22 pushes out the least recently used (21); 21 back pushes out 20
     assert lengths == [20, 20, 21, 22, 21, 20]
     assert len(steps.prefills) == 2
+
+
+def test_static_steps_time_the_loops_compiled_steps_at_one_capacity(tiny_llava) -> None:
+    """With the adapter's steps compiled (dynamo's capture, its `eager` backend), every kind of
+    step runs on caches of one capacity whatever its context, the draft's over a static cache
+    too, each step leaves the caches as it found them, and a second round of the same keys
+    compiles nothing."""
+    from dreams_nas.supernet.decoding.draft_steps import DraftSteps
+    from dreams_nas.supernet.draft.state import StaticDraftCache
+    from dreams_nas.supernet.target.static import CAPACITY_STEP
+    from torch._dynamo.utils import counters
+
+    steps = _steps(tiny_llava, precede=True)
+    steps.positions = 300  # two capacity steps
+    spec = steps.supernet.active.replace(heads=1, visual_keep=0.5, draft_len=3)
+    # a draft step first: its cache is made before the target's (from `positions`)
+    keys = [StepKey("draft", 20, 1, spec), StepKey("decode", 20, 1), StepKey("verify", 40, 4),
+            StepKey("draft_first", 40, 1, spec), StepKey("cycle_tree", 40, 4)]
+    graphs = []
+    for mode in ("compiled", "compiled"):
+        if steps.adapter.step_mode != mode:
+            steps.adapter.use_steps(mode, backend="eager")
+        before = counters["stats"]["unique_graphs"]
+        for key in keys:
+            step = steps.build(key)
+            if step.prepare is not None:
+                step.prepare()
+            step.run()
+            assert steps.adapter.static.capacity in (0, 2 * CAPACITY_STEP), key
+            if key.kind == "draft":  # the extracted subnet's caches, before the next extraction
+                caches = list(DraftSteps.of(steps._compact[1])._caches.values())
+            if key.kind in ("decode", "verify"):
+                assert steps.adapter.cache_len == key.context_len  # rolled back
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert caches and all(isinstance(c, StaticDraftCache) and c.capacity == 2 * CAPACITY_STEP
+                          for c in caches)
+    assert graphs[0] > 0 and graphs[1] == 0
+    steps.adapter.use_steps("dynamic")

@@ -1,0 +1,251 @@
+"""The target's decoding steps over a static KV cache, compiled once per shape.
+
+    steps = StaticSteps(model, decoder, lm_head, compiled=True, mrope=False)
+    cache = steps.fresh(prompt_len + reserve)     # before the prefill: reused, reset, or grown
+    logits, hidden, layers = steps.chain(tokens, layers=(4,))    # k tokens after the cache
+    logits, hidden, layers = steps.tree(tokens, layout, layers=(4,))  # a token tree's nodes
+
+The cache is Hugging Face's `StaticCache` built with a full `StaticLayer` for every decoder
+layer, sliding-window ones included (as the dynamic path keeps every position: a rejected draft
+must roll back, which a rolling window cannot). Its buffers are written in place at the cache's
+own length, a 0-d tensor on the device; a rollback moves that length and copies nothing; a
+tree's accepted path is compacted in place (`compact_static`). Every step is a function of
+fixed-shape tensors only: positions, the causal or tree mask and the requested layers' hidden
+states are made inside the step from the cache's length, so the same compiled graph serves every
+cycle of every request of that width, and a step of a new width compiles once. Compiling uses
+`torch.compile` (mode ``reduce-overhead`` on CUDA, which captures CUDA graphs; inductor on the
+CPU); uncompiled, the same functions run eagerly (`--compile off` on a static cache).
+
+The hidden states of the requested layers come from forward hooks on every decoder layer,
+registered at the first step and kept (a hook added or removed later would change what every
+compiled graph guards on); a compiled graph returns the ones its step asks for, no copies.
+`warmup_s` records the seconds each shape's first call took: its compilation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from dreams_nas.supernet.target.hooks import layer_hooks
+from torch import Tensor, nn
+
+# How the target's decoding steps run (`TargetAdapter.use_steps`).
+STEP_MODES = ("dynamic", "static", "compiled")
+
+# Compiled graphs one step function may hold (dynamo keeps them per code object, and every
+# model, width and subnet of one process shares `StaticSteps._make`'s or the draft's static
+# step): far above dynamo's default of 8.
+RECOMPILE_LIMIT = 256
+
+# A cache's capacity is rounded up to a multiple of this: the mask's width is a shape of the
+# compiled steps, so capacities that differ by a few positions must not each compile.
+CAPACITY_STEP = 256
+
+
+def capacity_for(positions: int) -> int:
+    """The capacity a request of `positions` positions gets: the next multiple of
+    CAPACITY_STEP (at least one step)."""
+    return max(1, -(-positions // CAPACITY_STEP)) * CAPACITY_STEP
+
+
+def static_cache(config: Any, capacity: int) -> Any:
+    """A `StaticCache` of `capacity` positions whose every layer keeps every position."""
+    from transformers import StaticCache
+    from transformers.cache_utils import Cache, StaticLayer
+
+    layers = int(config.get_text_config(decoder=True).num_hidden_layers)
+    cache = StaticCache.__new__(StaticCache)  # StaticCache's own init makes sliding layers
+    Cache.__init__(cache, layers=[StaticLayer(max_cache_len=capacity) for _ in range(layers)])
+    return cache
+
+
+def cache_length(cache: Any) -> Tensor:
+    """The positions a static cache holds, as its first layer's 0-d length tensor."""
+    return cache.layers[0].cumulative_length
+
+
+def compact_static(cache: Any, start: int, keep: Tensor) -> None:
+    """`tree_attention.compact_cache` for a static cache: the entries at `keep` (absolute,
+    ascending) written in place at ``start``, and every layer's length set to the end."""
+    end = start + len(keep)
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        index = keep.to(layer.keys.device)
+        target = torch.arange(start, end, device=index.device)
+        for states in (layer.keys, layer.values):
+            states.index_copy_(2, target, states.index_select(2, index))
+        layer.cumulative_length.fill_(end)
+
+
+def compile_mode(device: torch.device) -> str | None:
+    """`torch.compile`'s mode for `device`: CUDA graphs on CUDA, plain inductor elsewhere."""
+    return "reduce-overhead" if device.type == "cuda" else None
+
+
+class StaticSteps:
+    """The target's decode, verify and tree-verify steps over one reused static cache."""
+
+    def __init__(self, model: nn.Module, decoder: nn.Module, lm_head: nn.Module, *,
+                 compiled: bool, mrope: bool, backend: str | None = None) -> None:
+        self.model, self.decoder, self.lm_head = model, decoder, lm_head
+        self.compiled, self.mrope, self.backend = compiled, mrope, backend
+        self.cache: Any = None
+        self.length = 0  # positions the cache holds, on the host (the device has its own)
+        self.rope_deltas: Tensor | None = None
+        self.floor = 0  # positions a fresh cache holds at least (one capacity for a batch)
+        self.warmup_s: dict[str, float] = {}  # the first call of each shape: its compilation
+        self._steps: dict[tuple, Callable[..., tuple]] = {}
+        self._store: dict[int, Tensor] = {}
+        self._hooked: dict[int, Any] = {}  # layer -> its hook's handle (every layer's)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.cache is None else int(self.cache.layers[0].max_cache_len)
+
+    def fresh(self, positions: int) -> Any:
+        """The cache for a request of up to `positions` positions, emptied: the one in use when
+        it is large enough, else a new one (whose larger mask compiles each width once more).
+        At least `floor` positions."""
+        positions = max(positions, self.floor)
+        if self.cache is not None and self.capacity >= positions:
+            self.cache.reset()
+        else:
+            self.cache = static_cache(self.model.config, capacity_for(positions))
+        self.length = 0
+        return self.cache
+
+    def started(self, length: int, rope_deltas: Tensor | None) -> None:
+        """After the prefill: what the cache holds and (M-RoPE) the prompt's position deltas."""
+        self.length = length
+        self.rope_deltas = None if rope_deltas is None else rope_deltas.view(-1)[:1].clone()
+
+    def _room(self, n: int) -> None:
+        if self.length + n > self.capacity:
+            raise RuntimeError(
+                f"a step of {n} positions after {self.length} cached passes the static cache's "
+                f"{self.capacity}; reserve at least max_new_tokens + the widest verify at prefill")
+
+    # ----------------------------------------------------------------- steps
+    def chain(self, tokens: Tensor, layers: Sequence[int]) -> tuple[Tensor, Tensor, dict]:
+        """k tokens (1, k) after the cache, causally: (float logits, hidden, layer hidden)."""
+        k = tokens.shape[1]
+        self._room(k)
+        fn = self._step(("chain", k, tuple(layers)), tuple(layers), tree=False)
+        out = fn(tokens, self._deltas(tokens), None, None)
+        self.length += k
+        return out[0], out[1], dict(zip(layers, out[2], strict=True))
+
+    def tree(self, tokens: Tensor, levels: Tensor, bias: Tensor,
+             layers: Sequence[int]) -> tuple[Tensor, Tensor, dict]:
+        """A tree's n nodes (1, n) after the cache: node i at position length + levels[i],
+        seeing the cache and the nodes where bias (n, n) is 0."""
+        n = tokens.shape[1]
+        self._room(n)
+        fn = self._step(("tree", n, tuple(layers)), tuple(layers), tree=True)
+        out = fn(tokens, self._deltas(tokens), levels, bias)
+        self.length += n
+        return out[0], out[1], dict(zip(layers, out[2], strict=True))
+
+    @torch.inference_mode()  # the cache was made in a prefill: its tensors are inference's
+    def rollback(self, n: int) -> None:
+        self.cache.crop(-n)
+        self.length -= n
+
+    @torch.inference_mode()
+    def compact(self, start: int, keep: Tensor) -> None:
+        compact_static(self.cache, start, keep)
+        self.length = start + len(keep)
+
+    def _deltas(self, tokens: Tensor) -> Tensor:
+        """The M-RoPE deltas as a step's input (zeros where there are none)."""
+        if self.rope_deltas is None:
+            return torch.zeros(1, dtype=torch.long, device=tokens.device)
+        return self.rope_deltas.to(tokens.device)
+
+    def _step(self, key: tuple, layers: tuple[int, ...], tree: bool) -> Callable[..., tuple]:
+        fn = self._steps.get(key)
+        if fn is not None:
+            return fn
+        self._hook(layers)
+        raw = self._make(layers, tree)
+        if self.compiled:
+            device = self.lm_head.weight.device
+            limit = torch._dynamo.config
+            limit.recompile_limit = max(limit.recompile_limit, RECOMPILE_LIMIT)
+            raw = torch.compile(raw, backend=self.backend or "inductor", dynamic=False,
+                                fullgraph=True,
+                                mode=None if self.backend else compile_mode(device))
+        label = f"{key[0]}{key[1]}"
+
+        def first(*args: Tensor) -> tuple:
+            start = time.perf_counter()
+            out = raw(*args)
+            if self.compiled:
+                self.warmup_s[label] = time.perf_counter() - start
+            self._steps[key] = raw
+            return out
+
+        return first
+
+    def _make(self, layers: tuple[int, ...], tree: bool) -> Callable[..., tuple]:
+        model, lm_head, store, mrope = self.model, self.lm_head, self._store, self.mrope
+        last = len(self.decoder.layers)
+
+        def step(tokens: Tensor, deltas: Tensor, levels: Tensor | None,
+                 bias: Tensor | None) -> tuple:
+            cache = self.cache
+            start = cache_length(cache)
+            k = tokens.shape[1]
+            mask = None
+            if tree:
+                assert levels is not None and bias is not None
+                positions = (levels + start)[None]
+                mask = tree_mask(bias, start, cache.layers[0].max_cache_len)
+            else:
+                positions = (torch.arange(k, device=tokens.device) + start)[None]
+            if mrope:
+                positions = (positions + deltas.view(1, 1))[None].expand(3, 1, k)
+            out = model.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
+                              cache=cache, use_cache=True)
+            hidden = out.last_hidden_state
+            picked = tuple(hidden if i == last else store[i] for i in layers)
+            return lm_head(hidden).float(), hidden, picked
+
+        return step
+
+    def _hook(self, layers: tuple[int, ...]) -> None:
+        """Hooks keeping every decoder layer's hidden state, registered at the first step and
+        never removed: a hook added later (another drafter's layer) would change what every
+        compiled graph guards on, and each would compile again. The store holds every layer's
+        key from the start for the same reason (an empty one would fill after the first
+        graph and fail its guard)."""
+        if not self._hooked:
+            wanted = range(len(self.decoder.layers))
+            self._store.update({i: self.lm_head.weight.new_empty(0) for i in wanted})
+            self._hooked = dict(zip(wanted, layer_hooks(self.decoder.layers, wanted,
+                                                        self._store), strict=True))
+
+    def close(self) -> None:
+        """Remove the hooks (the model decodes as before) and drop the cache and the steps."""
+        for handle in self._hooked.values():
+            handle.remove()
+        self._hooked.clear()
+        self._steps.clear()
+        self.cache = None
+
+
+def tree_mask(bias: Tensor, start: Tensor, capacity: int) -> Tensor:
+    """(1, 1, n, capacity) additive: every node sees the cache's first `start` positions, the
+    nodes where `bias` (n, n) is 0 (placed at start..start+n) and nothing after."""
+    n = bias.shape[0]
+    cols = torch.arange(capacity, device=bias.device)
+    rel = cols - start  # (capacity,) the column's node, where 0 <= rel < n
+    inside = (rel >= 0) & (rel < n)
+    nodes = bias.gather(1, rel.clamp(0, n - 1)[None].expand(n, -1))  # (n, capacity)
+    blocked = torch.finfo(bias.dtype).min
+    before = torch.where(rel < 0, 0.0, blocked).to(bias.dtype)[None].expand(n, -1)
+    return torch.where(inside[None], nodes, before)[None, None]
