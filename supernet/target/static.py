@@ -132,23 +132,22 @@ class StaticSteps:
     # ----------------------------------------------------------------- steps
     def chain(self, tokens: Tensor, layers: Sequence[int]) -> tuple[Tensor, Tensor, dict]:
         """k tokens (1, k) after the cache, causally: (float logits, hidden, layer hidden)."""
-        k = tokens.shape[1]
-        self._room(k)
-        fn = self._step(("chain", k, tuple(layers)), tuple(layers), tree=False)
-        out = fn(tokens, self._deltas(tokens), None, None)
-        self.length += k
-        return out[0], out[1], dict(zip(layers, out[2], strict=True))
+        return self._run("chain", tokens, layers, None, None)
 
     def tree(self, tokens: Tensor, levels: Tensor, bias: Tensor,
              layers: Sequence[int]) -> tuple[Tensor, Tensor, dict]:
         """A tree's n nodes (1, n) after the cache: node i at position length + levels[i],
         seeing the cache and the nodes where bias (n, n) is 0."""
+        return self._run("tree", tokens, layers, levels, bias)
+
+    def _run(self, kind: str, tokens: Tensor, layers: Sequence[int], levels: Tensor | None,
+             bias: Tensor | None) -> tuple[Tensor, Tensor, dict]:
         n = tokens.shape[1]
         self._room(n)
-        fn = self._step(("tree", n, tuple(layers)), tuple(layers), tree=True)
-        out = fn(tokens, self._deltas(tokens), levels, bias)
+        fn = self._step((kind, n, tuple(layers)), tuple(layers), tree=kind == "tree")
+        logits, hidden, picked = fn(tokens, self._deltas(tokens), levels, bias)
         self.length += n
-        return out[0], out[1], dict(zip(layers, out[2], strict=True))
+        return logits, hidden, dict(zip(layers, picked, strict=True))
 
     @torch.inference_mode()  # the cache was made in a prefill: its tensors are inference's
     def rollback(self, n: int) -> None:

@@ -15,9 +15,13 @@ import torch.multiprocessing as mp
 
 
 def _rank(rank: int, init: str, folder: str, synchronize: bool) -> None:
+    import torch.distributed
     from dreams_nas.supernet.core import dist
 
     dist.join("gloo", init_method=f"file://{init}", rank=rank, size=2, timeout_s=60)
+    # both ranks connected before either works: a rank that left while its peer's gloo was
+    # still connecting failed that peer's join ("Connection closed by peer", ~1 in 8 runs)
+    torch.distributed.barrier()
     if rank == 0:
         time.sleep(1.0)  # rank 0 ends its work late
         Path(folder, "zero-done").touch()
