@@ -95,7 +95,7 @@ class StaticSteps:
         self.compiled, self.mrope, self.backend = compiled, mrope, backend
         self.cache: Any = None
         self.length = 0  # positions the cache holds, on the host (the device has its own)
-        self.rope_deltas: Tensor | None = None
+        self.rope_deltas: Tensor | None = None  # set by `started`, before any step
         self.floor = 0  # positions a fresh cache holds at least (one capacity for a batch)
         self.warmup_s: dict[str, float] = {}  # the first call of each shape: its compilation
         self._steps: dict[tuple, Callable[..., tuple]] = {}
@@ -121,7 +121,10 @@ class StaticSteps:
     def started(self, length: int, rope_deltas: Tensor | None) -> None:
         """After the prefill: what the cache holds and (M-RoPE) the prompt's position deltas."""
         self.length = length
-        self.rope_deltas = None if rope_deltas is None else rope_deltas.view(-1)[:1].clone()
+        # a step's input, made once a request (zeros where the model has none), not per step
+        self.rope_deltas = (self.lm_head.weight.new_zeros(1, dtype=torch.long)
+                            if rope_deltas is None
+                            else rope_deltas.view(-1)[:1].to(self.lm_head.weight.device).clone())
 
     def _room(self, n: int) -> None:
         if self.length + n > self.capacity:
@@ -145,7 +148,7 @@ class StaticSteps:
         n = tokens.shape[1]
         self._room(n)
         fn = self._step((kind, n, tuple(layers)), tuple(layers), tree=kind == "tree")
-        logits, hidden, picked = fn(tokens, self._deltas(tokens), levels, bias)
+        logits, hidden, picked = fn(tokens, self.rope_deltas, levels, bias)
         self.length += n
         return logits, hidden, dict(zip(layers, picked, strict=True))
 
@@ -158,12 +161,6 @@ class StaticSteps:
     def compact(self, start: int, keep: Tensor) -> None:
         compact_static(self.cache, start, keep)
         self.length = start + len(keep)
-
-    def _deltas(self, tokens: Tensor) -> Tensor:
-        """The M-RoPE deltas as a step's input (zeros where there are none)."""
-        if self.rope_deltas is None:
-            return torch.zeros(1, dtype=torch.long, device=tokens.device)
-        return self.rope_deltas.to(tokens.device)
 
     def _step(self, key: tuple, layers: tuple[int, ...], tree: bool) -> Callable[..., tuple]:
         fn = self._steps.get(key)
