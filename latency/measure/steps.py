@@ -47,10 +47,10 @@ from torch import nn
 
 # How this program runs the steps it times, as a number raised whenever a change makes a timed
 # step cost differently: 1, every profile before it was recorded; 2, the draft's weights kept
-# per subnet (a cheaper draft step on the CPU). A profile records it in its
-# fingerprint (predictor.json), and a search on a profile of another revision warns that its
-# prices are another program's (`nas.stages.search.stale_profile_note`).
-STEP_REVISION = 2
+# per subnet (a cheaper draft step on the CPU); 3, compiled steps skip dynamo's guards once
+# warm (`static.warm_call`). A profile records it in its fingerprint (predictor.json), and a
+# search on a profile of another revision warns that its prices are another program's.
+STEP_REVISION = 3
 
 
 def first_positions(draft_len: int) -> int:

@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_dtype(parser)
     add_compile(parser, "profile, search and verify the steps compiled")
     add_threads(parser, "while profiling", default="physical cores")
+    parser.add_argument("--no-report", action="store_true",
+                        help="skip the report stage (`dreams-nas report` writes it later)")
     small = parser.add_argument_group(
         "smaller stages (for tests and quick looks; the defaults are the real pipeline; "
         "DREAMS_NAS_DEMO_VARIANT=tiny selects the test-size built-in target, whose demo "
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         context_lengths=tuple(args.context_lengths) if args.context_lengths else None,
         threads=args.threads, limit=args.limit, max_new_tokens=args.max_new_tokens,
         verify_prompts=args.verify_prompts, verify_repeats=args.verify_repeats,
-        show_progress=False if args.json or args.quiet else None)
+        report=not args.no_report, show_progress=False if args.json or args.quiet else None)
     summary = run_demo(args.run, options)
     if not args.json:
         print(format_summary(summary), flush=True)
@@ -105,7 +107,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"({x(summary.get('measured_speedup_end_to_end'))} over whole calls, prefill included) "
         "vs plain greedy decoding",
         f"tau          predicted {summary['predicted_tau']}, measured {summary['measured_tau']}",
-        f"report       {summary['report']}",
+        f"report       {summary['report'] or 'not written (--no-report)'}",
         f"took         {summary['seconds']:.0f} s"
         + (f" (reused: {', '.join(reused)})" if reused else ""),
     ])

@@ -57,6 +57,7 @@ class DemoOptions:
     verify_prompts: int | None = None  # None: every scored evaluation prompt
     # passes over them (the median speedup); one keeps the demo's time (`search`: 3)
     verify_repeats: int = 1
+    report: bool = True  # --no-report: the report stage is skipped (`dreams-nas report` later)
     show_progress: bool | None = None
 
 
@@ -77,6 +78,7 @@ class _Stages:
         self.bar = progress(total=len(STAGES), desc="demo", unit="stage",
                             disable=None if show_progress is None else not show_progress)
         self.outcomes: list[StageOutcome] = []
+        self.skipped: list[str] = []
 
     def run(self, name: str, step: Callable[[], tuple[dict[str, Any], bool]]) -> dict[str, Any]:
         index = STAGES.index(name) + 1
@@ -90,6 +92,13 @@ class _Stages:
                  "reused" if reused else "done", seconds)
         self.bar.update(1)
         return summary
+
+    def skip(self, name: str) -> dict[str, Any]:
+        """A stage the options leave out: neither done nor reused."""
+        log.info("stage %d/%d: %s skipped", STAGES.index(name) + 1, len(STAGES), name)
+        self.skipped.append(name)
+        self.bar.update(1)
+        return {}
 
     def close(self) -> None:
         self.bar.close()
@@ -130,11 +139,14 @@ def run_demo(run_dir: str | Path, options: DemoOptions) -> dict[str, Any]:
         hardware_id = profiled["hardware_id"]
         stages.run("score", lambda: _score(run, options, device))
         searched = stages.run("search", lambda: _search(run, options, device, hardware_id))
-        report = stages.run("report", lambda: _report(run, hardware_id))
+        report = (stages.run("report", lambda: _report(run, hardware_id)) if options.report
+                  else stages.skip("report"))
     finally:
         stages.close()
-    return _summary(run, variant, device, hardware_id, searched, report, stages.outcomes,
-                    time.perf_counter() - started)
+    summary = _summary(run, variant, device, hardware_id, searched, report, stages.outcomes,
+                       time.perf_counter() - started)
+    summary["stages"].update(dict.fromkeys(stages.skipped, "skipped"))
+    return summary
 
 
 def sized(options: DemoOptions) -> DemoOptions:

@@ -99,8 +99,9 @@ def test_demo_redoes_the_search_when_its_data_change(tiny_demo, cmd, tmp_path) -
     --max-new-tokens (or --limit) whose rows were cached, the demo answered with the search of
     the previous settings."""
     run = RunFolder(tiny_demo.copy(tmp_path / "run"))  # the demo("2", "5") below, done
+    # no report: this test is about the search's reuse (each redone search would redraw it)
     base = ["demo", "--run", str(run.root), "--device", "cpu", "--profile-budget", "4",
-            *TRAIN, *PROFILE, "--verify-prompts", "1"]
+            *TRAIN, *PROFILE, "--verify-prompts", "1", "--no-report"]
 
     def demo(limit: str, tokens: str) -> tuple[dict, str]:
         code, summary, err = cmd(*base, "--limit", limit, "--max-new-tokens", tokens,
@@ -133,6 +134,7 @@ def test_demo_redoes_the_search_when_its_data_change(tiny_demo, cmd, tmp_path) -
     _, err = demo("2", "5")
     assert "search: redone (" in err and "limit 3 -> 2" in err
     repeat, err = demo("2", "5")
+    assert repeat["stages"].pop("report") == "skipped" and repeat["report"] is None
     assert set(repeat["stages"].values()) == {"reused"} and "redone" not in err
 
 
@@ -142,7 +144,7 @@ def test_demo_in_bfloat16_keeps_one_dtype_end_to_end(cmd, tmp_path) -> None:
 
     run = RunFolder(tmp_path / "run")
     argv = ["demo", "--run", str(run.root), "--device", "cpu", "--dtype", "bfloat16",
-            "--profile-budget", "4", *TRAIN, *PROFILE, *EVAL]
+            "--profile-budget", "4", *TRAIN, *PROFILE, *EVAL, "--no-report"]
     code, summary, err = cmd(*argv)
     assert code == 0, err
     hw = summary["hardware_id"]
@@ -167,7 +169,8 @@ def test_demo_in_bfloat16_keeps_one_dtype_end_to_end(cmd, tmp_path) -> None:
     # without --dtype every stage takes the run's dtype and reuses its work
     code, again, err = cmd(*[a for a in argv if a not in ("--dtype", "bfloat16")])
     assert code == 0, err
-    assert set(again["stages"].values()) == {"reused"} and again["dtype"] == "bfloat16"
+    assert set(again["stages"].values()) == {"reused", "skipped"}
+    assert again["dtype"] == "bfloat16"
 
 
 def test_demo_on_the_tiny_proxy_target_in_bfloat16(cmd, tmp_path) -> None:
@@ -176,7 +179,7 @@ def test_demo_on_the_tiny_proxy_target_in_bfloat16(cmd, tmp_path) -> None:
     run = RunFolder(tmp_path / "run")
     argv = ["demo", "--run", str(run.root), "--target", "proxy-llava-tiny", "--device", "cpu",
             "--dtype", "bfloat16", "--profile-budget", "4", *TRAIN, "--repeats", "2",
-            "--context-lengths", "80", "120", "--threads", "1", *EVAL]
+            "--context-lengths", "80", "120", "--threads", "1", *EVAL, "--no-report"]
     code, summary, err = cmd(*argv)
     assert code == 0, err
     assert summary["target_variant"] == "proxy-llava-tiny" and summary["dtype"] == "bfloat16"
@@ -186,7 +189,7 @@ def test_demo_on_the_tiny_proxy_target_in_bfloat16(cmd, tmp_path) -> None:
     assert best["measured"]["prompts"] == 1 and best["dtype"] == "bfloat16"
     code, again, err = cmd(*argv)
     assert code == 0, err
-    assert set(again["stages"].values()) == {"reused"}
+    assert set(again["stages"].values()) == {"reused", "skipped"}
     # the built-in target's run folder is not the proxy's
     code, _, err = cmd("demo", "--run", str(run.root), "--device", "cpu", *TRAIN, *EVAL)
     assert code == 2 and "holds a supernet of target" in err

@@ -128,7 +128,7 @@ def test_eight_cli_workers_on_postgres_score_each_triple_once(postgres_url, tmp_
     capsys.readouterr()
     code = cli.main(["search", "--run", str(single), "--data", str(data), "--limit", "4",
                      "--max-new-tokens", "12", "--device", "cpu", "--threads", "1",
-                     "--verify", "0", "-q", "--json"])
+                     "--verify", "0", "--no-report", "-q", "--json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     want = json.loads(out)["front"]

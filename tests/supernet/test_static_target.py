@@ -106,6 +106,30 @@ def test_compiled_steps_compile_once_per_shape(tiny_vlm, fresh_target) -> None:
     assert counters["stats"]["unique_graphs"] - before == graphs + 1
 
 
+def test_warm_steps_skip_the_guards_only_on_a_cache_they_met(tiny_vlm, fresh_target,
+                                                            monkeypatch) -> None:
+    """A compiled step's later calls on the same cache skip dynamo's guards (`warm_call`); a
+    request that needs a larger cache checks every step's guards again (a new cache is a new
+    mask width: a graph of the old one would be wrong), and both caches decode as HF."""
+    from dreams_nas.supernet.target import static
+
+    model, _ = tiny_vlm("llava")
+    adapter = fresh_target("llava", "compiled", backend="eager")
+    (inputs, ref), = _cases(model, adapter, 1)
+    warm = []
+    real = static.warm_call
+    monkeypatch.setattr(static, "warm_call", lambda fn, *args: warm.append(1) or real(fn, *args))
+    assert all(tokens == ref for tokens in _outputs(adapter, inputs).values())
+    assert warm, "no step ran warm"
+    met = len(adapter.static._warm)
+    longer = plain_generate(adapter, inputs, max_new_tokens=CAPACITY_STEP)  # a 2-step cache
+    assert adapter.static.capacity == 2 * CAPACITY_STEP and adapter.static._warm
+    assert longer.tokens.tolist()[:MAX_NEW] == ref
+    got = _outputs(adapter, inputs)  # on the larger cache, each step met once then warm
+    assert all(tokens == ref for tokens in got.values()), got
+    assert len(adapter.static._warm) == met
+
+
 def test_compiled_sampling_follows_the_same_draws(tiny_target, tiny_vlm, fresh_target) -> None:
     """At temperature > 0 with one seed, the compiled steps keep what the dynamic ones keep:
     the same logits, the same acceptance draws."""
