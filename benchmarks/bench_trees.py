@@ -1,8 +1,8 @@
 """Token trees vs chains, measured: the best chain and the best tree of one search, side by side.
 
     dreams-nas train && dreams-nas profile --threads 1 && dreams-nas search --threads 1
-    python benchmarks/bench_trees.py --run dreams-run [--hardware HW] [--prompts 32]
-        [--repeats 5] [--threads 1] [--max-new-tokens 64] [--json] [--out FILE.json]
+    python benchmarks/bench_trees.py --run dreams-run [--hardware HW] [--device cpu]
+        [--prompts 32] [--repeats 5] [--threads 1] [--max-new-tokens 64] [--json] [--out F]
 
 From the search's trials.csv: the chain subnet and the token-tree subnet with the highest
 predicted speedup, and the search's own choice (best.json). Both decode the built-in evaluation
@@ -11,7 +11,9 @@ search's verification: each prompt decoded plainly, then with each draft, every 
 against plain greedy), the order of the two alternating per repeat. Reported: tau, and the
 decode-phase speedup over plain decoding (what the expected-speedup formula predicts), median
 and range over the repeats; the ratio tree / chain per repeat, median; and whether the search's
-choice between chain and tree is the one measured faster. Logs and a bar on stderr.
+choice between chain and tree is the one measured faster. Both decode as the hardware id was
+profiled (hardware.json's ``steps``: a ``<id>-compiled`` search's in compiled steps), on
+`--device`. Logs and a bar on stderr.
 """
 
 from __future__ import annotations
@@ -47,10 +49,16 @@ def best_of_each_shape(trials_csv: Path) -> dict[str, dict[str, Any]]:
 
 def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 32,
           max_new_tokens: int = 64, repeats: int = 5, threads: int | None = 1,
-          show_progress: bool | None = None) -> dict[str, Any]:
+          device: str = "cpu", show_progress: bool | None = None) -> dict[str, Any]:
     import torch
-    from dreams_nas.nas.stages.inputs import RunModels, load_eval_examples, resolve_hardware
+    from dreams_nas.nas.stages.inputs import (
+        RunModels,
+        hardware_identity,
+        load_eval_examples,
+        resolve_hardware,
+    )
     from dreams_nas.nas.stages.verify import measure_end_to_end
+    from dreams_nas.nas.stages.verify_pick import deploy_steps
     from dreams_nas.supernet.core.device import torch_threads
     from dreams_nas.supernet.core.io import read_json
     from dreams_nas.supernet.core.runfolder import RunFolder
@@ -62,12 +70,14 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 32
     chosen = str(read_json(run.best_json(hw))["spec_id"])
     specs = {shape: SubnetSpec.from_id(b["spec_id"]) for shape, b in best.items()}
     dtype = run.read_run().get("dtype") or "float32"
-    models = RunModels(run, "cpu", dtype)
+    models = RunModels(run, device, dtype)
     per_repeat: dict[str, list[Any]] = {"chain": [], "tree": []}
     with torch_threads(threads):
         target, supernet = models.target, models.draft
         examples = load_eval_examples("builtin", prompts, 0)  # the prompts the search scored
         inputs = [target.build_inputs(ex.image_path, ex.prompt) for ex in examples]
+        steps = hardware_identity(run, hw)
+        deploy_steps(target, steps, inputs, list(specs.values()), max_new_tokens)
         for r in range(repeats):
             order = ["chain", "tree"] if r % 2 == 0 else ["tree", "chain"]
             print(f"repeat {r + 1}/{repeats}: {', '.join(specs[s].id for s in order)}",
@@ -93,6 +103,7 @@ def bench(run_dir: str | Path, *, hardware: str | None = None, prompts: int = 32
     measured_winner = "tree" if statistics.median(ratios) > 1 else "chain"
     chosen_shape = "tree" if SubnetSpec.from_id(chosen).tree else "chain"
     return {"run": str(run.root), "hardware_id": hw, "prompts": len(inputs),
+            "device": device, "steps": steps.get("steps") or "dynamic",
             "max_new_tokens": max_new_tokens, "repeats": repeats, "threads": n_threads,
             "dtype": dtype, "torch": torch.__version__, "python": platform.python_version(),
             "rows": rows, "tree_over_chain": statistics.median(ratios),
@@ -119,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default="dreams-run")
     parser.add_argument("--hardware", default=None,
                         help="hardware id of the search (default: the only one)")
+    parser.add_argument("--device", default="cpu", help="where to decode (the profile's)")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
@@ -128,11 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = bench(args.run, hardware=args.hardware, prompts=args.prompts,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                   threads=args.threads)
+                   threads=args.threads, device=args.device)
     out = sys.stderr if args.json else sys.stdout
     print(f"hardware {result['hardware_id']}; {result['prompts']} prompts, max "
           f"{result['max_new_tokens']} new tokens, median of {result['repeats']} interleaved "
-          f"repeats, {result['threads']} thread(s), {result['dtype']}\n", file=out)
+          f"repeats, {result['threads']} thread(s), {result['dtype']}, {result['device']}, "
+          f"{result['steps']} steps\n", file=out)
     print(result["table"], file=out)
     lo, hi = result["tree_over_chain_range"]
     print(f"\ntree / chain measured: {result['tree_over_chain']:.3f}x ({lo:.3f}-{hi:.3f}); "

@@ -3,6 +3,8 @@
 #
 #   benchmarks/gpu_check.sh                 # cuda:0, the default built-in target
 #   benchmarks/gpu_check.sh --device cpu    # the dry run: the tiny built-in target on the CPU
+#   (--no-tests skips step 1; tests/test_gpu_check.py runs the dry run so, with
+#   DREAMS_NAS_COMPILE_BACKEND=eager: dynamo's capture without inductor's code generation)
 #
 # 1. the cuda-marked tests (skipped where torch sees no GPU);
 # 2. on the device: build the built-in target (cached), train a supernet briefly in the 16-bit
@@ -12,7 +14,9 @@
 #    float32 copy of the run folder (no second training), profiled, scored and searched again,
 #    where the speculative output must equal plain greedy decoding on every prompt;
 #    the 16-bit run is profiled and searched twice: its steps eager, then compiled (--compile on:
-#    CUDA graphs; its own hardware id, <id>-compiled), side by side;
+#    CUDA graphs; its own hardware id, <id>-compiled), side by side, and after each its best
+#    chain and its best token tree decode side by side (benchmarks/bench_trees.py: where a wide
+#    verify is nearly free, trees should win: the goal is the best tree >= 1.10x the chain);
 # 3. prints per run the hardware id, the identical-prompt rate, predicted vs measured speedup
 #    and the draft and target step times; then checks the one-line error for a device that is
 #    not there.
@@ -23,12 +27,15 @@ set -euo pipefail
 DEVICE=cuda:0
 VARIANT=""
 OUT=""
+TESTS=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE=$2; shift 2 ;;
         --variant) VARIANT=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
-        *) echo "gpu_check.sh: unknown argument $1 (--device D, --variant V, --out DIR)" >&2
+        --no-tests) TESTS=0; shift ;;
+        *) echo "gpu_check.sh: unknown argument $1 (--device D, --variant V, --out DIR," \
+                "--no-tests)" >&2
            exit 2 ;;
     esac
 done
@@ -40,14 +47,18 @@ OUT=${OUT:-$(mktemp -d)}
 CLI=("$PY" -m dreams_nas.nas.cli)
 export DREAMS_NAS_DEMO_VARIANT=$VARIANT
 if [ "$VARIANT" = tiny ]; then  # test-size settings: the plumbing, not the figures
-    STEPS=2; PROMPTS=4; LIMIT=2; TOKENS=8; CONTEXTS=(40 56); BUDGET=(32 8)
+    STEPS=2; PROMPTS=4; LIMIT=2; TOKENS=8; CONTEXTS=(40 56); BUDGET=(4 2); REPEATS=(2 1)
+    TREE_REPEATS=1
 else  # a GPU runs a model this small at its launch rate: ~0.7 s a training step, ~1 s a row
-    STEPS=100; PROMPTS=128; LIMIT=16; TOKENS=48; CONTEXTS=(); BUDGET=(24 8)
+    STEPS=100; PROMPTS=128; LIMIT=16; TOKENS=48; CONTEXTS=(); BUDGET=(24 8); REPEATS=(10 2)
+    TREE_REPEATS=3
 fi
 started=$(date +%s)
 
-echo "== cuda-marked tests"
-"$PY" -m pytest -q -m cuda tests
+if [ "$TESTS" = 1 ]; then
+    echo "== cuda-marked tests"
+    "$PY" -m pytest -q -m cuda tests
+fi
 
 case "$DEVICE" in cpu) HALF=bfloat16 ;; *) HALF=auto ;; esac
 
@@ -62,7 +73,8 @@ stage() {  # stage NAME COMMAND...: run one stage, then say how long it took
 pipeline() {  # pipeline RUN BUDGET LIMIT [COMPILE]: profile (its steps eager, or compiled with
     # COMPILE=on: a hardware id of its own), score, search into RUN; best.json's summary
     local run=$1 budget=$2 limit=$3 compile=${4:-off} hw
-    stage profile "${CLI[@]}" profile --run "$run" --device "$DEVICE" --repeats 10 --passes 2 \
+    stage profile "${CLI[@]}" profile --run "$run" --device "$DEVICE" --repeats "${REPEATS[0]}" \
+        --passes "${REPEATS[1]}" \
         --budget "$budget" ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} \
         --compile "$compile" --json -q > "$run.profile.json"
     hw=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["hardware_id"])' \
@@ -98,6 +110,11 @@ print(f"target step        predicted decode {predicted['decode_ms']:.3f} ms, ver
 if best["dtype"] == "float32" and measured.get("identical_prompts") != measured.get("prompts"):
     sys.exit("float32 decoding is not lossless: every prompt must be identical")
 PYEOF
+    if [ "$run" = "$HALF_RUN" ]; then  # the best chain against the best tree, side by side
+        stage trees "$PY" benchmarks/bench_trees.py --run "$run" --hardware "$hw" \
+            --device "$DEVICE" --prompts "$limit" --max-new-tokens "$TOKENS" \
+            --repeats "$TREE_REPEATS"
+    fi
 }
 
 "${CLI[@]}" target build-builtin --variant "$VARIANT" --json

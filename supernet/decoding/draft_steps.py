@@ -32,7 +32,7 @@ from dreams_nas.supernet.target.static import (
     RECOMPILE_LIMIT,
     capacity_for,
     compile_mode,
-    grad_state,
+    signature,
     warm_call,
 )
 from torch import Tensor
@@ -122,10 +122,9 @@ class DraftSteps:
             return fn(*args)
         key = (ids.shape[1], last, None if tree_mask is None else tuple(tree_mask.shape),
                self.draft.active)
-        # what else the guards see: the memory's shape, the cache and its shared modules
-        # (the target's), the grad mode; met before, they need not be checked again
-        warm = (key, tuple(memory.keys.shape), memory.keys.dtype, id(cache),
-                id(getattr(self.draft, "_shared", None)), grad_state())
+        # what the guards see besides: every input, the target's modules the draft shares;
+        # a call like one met before need not be checked again
+        warm = (key, id(getattr(self.draft, "_shared", None)), signature(*args))
         if warm in self._seen:
             return warm_call(fn, *args)
         self._seen.add(warm)

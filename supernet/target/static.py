@@ -23,14 +23,17 @@ compiled graph guards on); a compiled graph returns the ones its step asks for, 
 
 A compiled step's later calls skip dynamo's guards (`warm_call`): with the tiny models of the
 CPU and a GPU's launch-bound steps, checking a few thousand guards on every call (the model's
-modules, the cache's layers, the hooks) cost as much as the step itself. Only a call whose
-every input the guards could see differently was met before -- the same step, width, cache
-object and grad mode -- skips them; anything else (a new cache, a new width) is checked in full
-and compiles where it must.
+modules, the cache's layers, the hooks) cost as much as the step itself. Only a call like one
+met before -- the same step on the same cache object, every tensor input of the same shape,
+strides, dtype and device, the same grad mode (`signature`) -- skips them; anything else is
+checked in full and compiles where it must (and were a warm call's graph missing, dynamo
+raises rather than run another).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,8 +42,14 @@ import torch
 from dreams_nas.supernet.target.hooks import layer_hooks
 from torch import Tensor, nn
 
+log = logging.getLogger(__name__)
+
 # How the target's decoding steps run (`TargetAdapter.use_steps`).
 STEP_MODES = ("dynamic", "static", "compiled")
+
+# torch.compile's backend for compiled steps where the caller names none (default: inductor):
+# `eager` captures the same graphs without generating code, for tests and debugging.
+BACKEND_ENV = "DREAMS_NAS_COMPILE_BACKEND"
 
 # Compiled graphs one step function may hold (dynamo keeps them per code object, and every
 # model, width and subnet of one process shares `StaticSteps._make`'s or the draft's static
@@ -97,9 +106,30 @@ def warm_call(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
 
-def grad_state() -> tuple[bool, bool]:
-    """The global state a compiled graph is specialised on and a step's key must hold."""
-    return torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+def signature(*args: Any) -> tuple:
+    """What a compiled step's guards check of its arguments and the global state, as a key of
+    the calls met (`warm_call`): each tensor's shape, strides, dtype and device (a view's
+    strides are its base's: a tree level's mask has its tree's), any other object itself
+    (by identity), the grad and inference modes."""
+    return (torch.is_inference_mode_enabled(), torch.is_grad_enabled(),
+            *((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else id(a)
+              for a in args))
+
+
+def compile_backend(backend: str | None = None) -> str | None:
+    """`backend`, else $DREAMS_NAS_COMPILE_BACKEND (said once in the log: its timings are not
+    inductor's), else None: inductor."""
+    if backend:
+        return backend
+    chosen = os.environ.get(BACKEND_ENV) or None
+    if chosen and chosen not in _SAID:
+        _SAID.add(chosen)
+        log.warning("warning: compiled steps use torch.compile's %r backend (%s), not inductor",
+                    chosen, BACKEND_ENV)
+    return chosen
+
+
+_SAID: set[str] = set()
 
 
 def compile_mode(device: torch.device) -> str | None:
@@ -113,7 +143,8 @@ class StaticSteps:
     def __init__(self, model: nn.Module, decoder: nn.Module, lm_head: nn.Module, *,
                  compiled: bool, mrope: bool, backend: str | None = None) -> None:
         self.model, self.decoder, self.lm_head = model, decoder, lm_head
-        self.compiled, self.mrope, self.backend = compiled, mrope, backend
+        self.compiled, self.mrope = compiled, mrope
+        self.backend = compile_backend(backend) if compiled else backend
         self.cache: Any = None
         self.length = 0  # positions the cache holds, on the host (the device has its own)
         self.rope_deltas: Tensor | None = None  # set by `started`, before any step
@@ -173,7 +204,7 @@ class StaticSteps:
         key = (kind, n, tuple(layers))
         fn = self._step(key, tuple(layers), tree=kind == "tree")
         args = (tokens, self.rope_deltas, levels, bias)
-        warm = (key, grad_state())
+        warm = (key, id(self.cache), signature(*args))
         if self.compiled and warm in self._warm:
             logits, hidden, picked = warm_call(fn, *args)
         else:
