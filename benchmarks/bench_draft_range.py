@@ -3,7 +3,7 @@
     python benchmarks/bench_draft_range.py --geometry builtin       # the built-in target's draft
     python benchmarks/bench_draft_range.py --geometry proxy-llava   # LLaVA-1.5's image geometry
         [--depth 3] [--mlp 0.25,0.5,1] [--context 700] [--visual 576] [--dtype float32]
-        [--threads 1] [--repeats 200] [--rounds 3]
+        [--threads 1] [--repeats 200] [--rounds 3] [--compile on]
 
 What the elastic dimensions do to the cost of one draft step needs no trained draft: the step's
 work is set by the shapes. This builds the supernet draft of a target geometry (the built-in
@@ -15,8 +15,11 @@ quarter beside the whole for a vocabulary of 16,000 tokens or more), starts it o
 times the step the profile's ``draft`` kind prices: one forward over one new position with the
 drafter's cache and memory, the LM head, the argmax and the cache crop (`--repeats` samples
 after warm-ups, median). The subnets are timed in `--rounds` shuffled passes, each subnet's
-figure the median of its passes. Printed: each depth's fastest and slowest subnet, and the
-space's range (slowest / fastest), then one line of JSON.
+figure the median of its passes. With `--compile on` the step is the loop's compiled one (a
+static cache of the context's capacity, the memory padded to a multiple of 256 positions, each
+shape compiled by inductor in the warm-up, later calls past dynamo's guards), as a compiled
+profile times it. Printed: each depth's fastest and slowest subnet, and the space's range
+(slowest / fastest), then one line of JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import random
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -55,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", choices=["off", "on"], default="off",
+                        help="time the compiled static-shape step (inductor) instead of eager")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from dreams_nas.latency.measure.steps import draft_forward
@@ -66,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from dreams_nas.supernet.draft.model import DreamDraft
     from dreams_nas.supernet.draft.state import SharedTargetModules
     from dreams_nas.supernet.target.adapter import PrefillOutput
+    from dreams_nas.supernet.target.static import capacity_for, compile_backend
 
     hidden, heads, head_dim, inner, vocab, layers = GEOMETRIES[args.geometry]
     proxy = args.geometry != "builtin"
@@ -104,17 +111,23 @@ def main(argv: list[str] | None = None) -> int:
              for h, v, d, m, n in itertools.product(quarters, (0.25, 1.0), range(1, args.depth + 1),
                                                      mlp, shares)]
 
+    # what the drafter's `start` reads of a target: its step mode and static cache's capacity
+    steps_of = None if args.compile == "off" else SimpleNamespace(
+        step_mode="compiled", static=SimpleNamespace(capacity=capacity_for(context + 16),
+                                                     backend=compile_backend()))
+
     def time_step(spec: SubnetSpec) -> float:
         """The median step of `spec`, extracted and started afresh (one subnet in memory at a
         time: a proxy-sized supernet's deepest subnet holds ~0.5 GB in float32)."""
         drafter = DreamDrafter(extract(supernet, spec), spec)
         drafter.draft.attach(shared)
-        drafter.start(None, prefill)  # type: ignore[arg-type]
+        drafter.start(steps_of, prefill)  # type: ignore[arg-type]
         cache = drafter._cache
         # the step the profile's `draft` kind times (`latency.measure.steps.draft_forward`)
         step = draft_forward(drafter.steps, drafter.draft,
                              (torch.tensor([[1]]), prefill.last_hidden[:, -1:],
-                              torch.tensor([[context]])), drafter._memory, cache, cache.length)
+                              torch.tensor([[context]])), drafter._memory, cache,
+                             drafter._committed)
 
         for _ in range(10):
             step()
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ms = {sid: statistics.median(v) for sid, v in samples.items()}
     fastest, slowest = min(ms, key=ms.get), max(ms, key=ms.get)  # type: ignore[arg-type]
     print(f"{args.geometry}: hidden {hidden}, {heads} heads of {head_dim}, MLP {inner}, vocab "
-          f"{vocab}; context {context} ({visual} visual); {args.dtype}, {args.threads} thread(s); "
+          f"{vocab}; context {context} ({visual} visual); {args.dtype}, {args.threads} thread(s), "
+          f"{'compiled' if steps_of else 'eager'} steps; "
           f"{len(specs)} subnets, median of {args.rounds} rounds x {args.repeats} steps")
     for d in range(1, args.depth + 1):
         at = {s.id: ms[s.id] for s in specs if s.depth == d}
@@ -148,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"range: slowest {ms[slowest]:.3f} ms ({slowest}) / fastest {ms[fastest]:.3f} ms "
           f"({fastest}) = {ratio:.2f}x")
     print(json.dumps({"geometry": args.geometry, "dtype": args.dtype, "threads": args.threads,
+                      "compile": args.compile,
                       "context": context, "visual": visual, "range": round(ratio, 3),
                       "fastest": [fastest, round(ms[fastest], 4)],
                       "slowest": [slowest, round(ms[slowest], 4)],

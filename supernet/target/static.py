@@ -108,12 +108,13 @@ def warm_call(fn: Callable[..., Any], *args: Any) -> Any:
 
 def signature(*args: Any) -> tuple:
     """What a compiled step's guards check of its arguments and the global state, as a key of
-    the calls met (`warm_call`): each tensor's shape, strides, dtype and device (a view's
-    strides are its base's: a tree level's mask has its tree's), any other object itself
-    (by identity), the grad and inference modes."""
+    the calls met (`warm_call`): each tensor's shape, strides, dtype, device, whether it is an
+    inference tensor (its dispatch keys) and needs a gradient (a view's strides are its
+    base's: a tree level's mask has its tree's), any other object itself (by identity), the
+    grad and inference modes."""
     return (torch.is_inference_mode_enabled(), torch.is_grad_enabled(),
-            *((a.shape, a.stride(), a.dtype, a.device) if isinstance(a, Tensor) else id(a)
-              for a in args))
+            *((a.shape, a.stride(), a.dtype, a.device, a.is_inference(), a.requires_grad)
+              if isinstance(a, Tensor) else id(a) for a in args))
 
 
 def compile_backend(backend: str | None = None) -> str | None:

@@ -35,6 +35,18 @@ def test_draft_vocabularies_join_the_shapes(capsys):
     assert "h4-v1.00-l8-n0.25-g1" in out["ms"] and "h4-v1.00-l8-g1" in out["ms"]
 
 
+def test_compiled_steps_are_timed_over_a_static_cache(capsys, monkeypatch):
+    """--compile on: the loop's compiled step (dynamo's capture here, not inductor's code), one
+    graph per shape; visual_keep changes no shape at this size (the memory is padded)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("DREAMS_NAS_COMPILE_BACKEND", "eager")
+    before = counters["stats"]["unique_graphs"]
+    out = _run(capsys, "--depth", "1", "--mlp", "1", "--compile", "on")
+    assert out["compile"] == "on" and len(out["ms"]) == 4 * 2
+    assert counters["stats"]["unique_graphs"] - before <= 4  # one per head count at most
+
+
 def test_more_visual_tokens_than_positions_is_refused():
     with pytest.raises(SystemExit):
         bench_draft_range.main(["--context", "10", "--visual", "10"])

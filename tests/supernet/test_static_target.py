@@ -130,6 +130,26 @@ def test_warm_steps_skip_the_guards_only_on_a_cache_they_met(tiny_vlm, fresh_tar
     assert len(adapter.static._warm) == met
 
 
+def test_a_warm_calls_signature_holds_what_the_guards_check() -> None:
+    """Tensors alike in shape but not in strides, dtype, inference-ness or gradient are other
+    calls (a profile's token made outside inference mode failed a warm call's guard), and so
+    is another object or grad mode; equal tensors are the same call."""
+    from dreams_nas.supernet.target.static import signature
+
+    base = torch.zeros(4, 6)
+    with torch.inference_mode():
+        frozen = torch.zeros(4, 6)
+        same = signature(torch.ones(4, 6), None)
+        assert signature(frozen, None) == same
+        assert signature(base, None) != same  # not an inference tensor
+        assert signature(torch.zeros(6, 8)[:4, :6], None) != same  # a view's strides
+        assert signature(frozen.double(), None) != same
+        one, other = object(), object()
+        assert signature(frozen, one) != signature(frozen, other)
+    assert signature(frozen, None) != same  # outside inference mode
+    assert signature(base.requires_grad_(), None) != signature(torch.zeros(4, 6), None)
+
+
 def test_compiled_sampling_follows_the_same_draws(tiny_target, tiny_vlm, fresh_target) -> None:
     """At temperature > 0 with one seed, the compiled steps keep what the dynamic ones keep:
     the same logits, the same acceptance draws."""

@@ -364,7 +364,9 @@ def test_static_steps_time_the_loops_compiled_steps_at_one_capacity(tiny_llava) 
     spec = steps.supernet.active.replace(heads=1, visual_keep=0.5, draft_len=3)
     # a draft step first: its cache is made before the target's (from `positions`)
     keys = [StepKey("draft", 20, 1, spec), StepKey("decode", 20, 1), StepKey("verify", 40, 4),
-            StepKey("draft_first", 40, 1, spec), StepKey("cycle_tree", 40, 4)]
+            StepKey("draft_first", 40, 1, spec), StepKey("cycle_tree", 40, 4),
+            StepKey("verify_tree", 40, 5), StepKey("verify_tree", 40, 3),
+            StepKey("verify_tree", 20, 5)]
     graphs = []
     for mode in ("compiled", "compiled"):
         if steps.adapter.step_mode != mode:
