@@ -3,7 +3,8 @@
 #
 #   benchmarks/gpu_check.sh                 # cuda:0, the default built-in target
 #   benchmarks/gpu_check.sh --device cpu    # the dry run: the tiny built-in target on the CPU
-#   (--no-tests skips step 1; tests/test_gpu_check.py runs the dry run so, with
+#   (--no-tests skips step 1, --passes a subset of "eager compiled fp32"; the suite's dry run,
+#   tests/nas/test_gpu_check.py, runs the compiled and float32 passes with
 #   DREAMS_NAS_COMPILE_BACKEND=eager: dynamo's capture without inductor's code generation)
 #
 # 1. the cuda-marked tests (skipped where torch sees no GPU);
@@ -28,14 +29,16 @@ DEVICE=cuda:0
 VARIANT=""
 OUT=""
 TESTS=1
+PASSES="eager compiled fp32"
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE=$2; shift 2 ;;
         --variant) VARIANT=$2; shift 2 ;;
         --out) OUT=$2; shift 2 ;;
         --no-tests) TESTS=0; shift ;;
+        --passes) PASSES=$2; shift 2 ;;
         *) echo "gpu_check.sh: unknown argument $1 (--device D, --variant V, --out DIR," \
-                "--no-tests)" >&2
+                "--no-tests, --passes 'eager compiled fp32')" >&2
            exit 2 ;;
     esac
 done
@@ -47,11 +50,11 @@ OUT=${OUT:-$(mktemp -d)}
 CLI=("$PY" -m dreams_nas.nas.cli)
 export DREAMS_NAS_DEMO_VARIANT=$VARIANT
 if [ "$VARIANT" = tiny ]; then  # test-size settings: the plumbing, not the figures
-    STEPS=2; PROMPTS=4; LIMIT=2; TOKENS=8; CONTEXTS=(40 56); BUDGET=(4 2); REPEATS=(2 1)
-    TREE_REPEATS=1
+    STEPS=2; PROMPTS=4; LIMIT=2; TOKENS=8; CONTEXTS=(40 56); BUDGET=(4 4); REPEATS=(2 1 1)
+    TREE_REPEATS=1; VERIFY_REPEATS=1
 else  # a GPU runs a model this small at its launch rate: ~0.7 s a training step, ~1 s a row
-    STEPS=100; PROMPTS=128; LIMIT=16; TOKENS=48; CONTEXTS=(); BUDGET=(24 8); REPEATS=(10 2)
-    TREE_REPEATS=3
+    STEPS=100; PROMPTS=128; LIMIT=16; TOKENS=48; CONTEXTS=(); BUDGET=(24 8); REPEATS=(10 2 3)
+    TREE_REPEATS=3; VERIFY_REPEATS=3
 fi
 started=$(date +%s)
 
@@ -74,7 +77,7 @@ pipeline() {  # pipeline RUN BUDGET LIMIT [COMPILE]: profile (its steps eager, o
     # COMPILE=on: a hardware id of its own), score, search into RUN; best.json's summary
     local run=$1 budget=$2 limit=$3 compile=${4:-off} hw
     stage profile "${CLI[@]}" profile --run "$run" --device "$DEVICE" --repeats "${REPEATS[0]}" \
-        --passes "${REPEATS[1]}" \
+        --passes "${REPEATS[1]}" --warmup "${REPEATS[2]}" \
         --budget "$budget" ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} \
         --compile "$compile" --json -q > "$run.profile.json"
     hw=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["hardware_id"])' \
@@ -82,7 +85,8 @@ pipeline() {  # pipeline RUN BUDGET LIMIT [COMPILE]: profile (its steps eager, o
     stage score "${CLI[@]}" score --run "$run" --device "$DEVICE" --limit "$limit" \
         --max-new-tokens "$TOKENS" --json -q
     stage search "${CLI[@]}" search --run "$run" --device "$DEVICE" --objective speedup \
-        --hardware "$hw" --limit "$limit" --max-new-tokens "$TOKENS" --verify 1 --json -q \
+        --hardware "$hw" --limit "$limit" --max-new-tokens "$TOKENS" --verify 1 \
+        --verify-repeats "$VERIFY_REPEATS" --json -q \
         > "$run.search.json"
     "$PY" - "$run" "$run.search.json" <<'PYEOF'
 import json
@@ -124,9 +128,15 @@ echo "== on $DEVICE (built-in target variant $VARIANT, --dtype $HALF) into $HALF
 stage train "${CLI[@]}" train --run "$HALF_RUN" --device "$DEVICE" --dtype "$HALF" \
     --n-train "$PROMPTS" --warmup-steps "$STEPS" --multires-steps "$STEPS" \
     --max-new-tokens "$TOKENS" --json -q
-pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT"
-echo "== on $DEVICE, the same supernet and dtype, the steps compiled (--compile on)"
-pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT" on
+runs() { case " $PASSES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if runs eager; then
+    pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT"
+fi
+if runs compiled; then
+    echo "== on $DEVICE, the same supernet and dtype, the steps compiled (--compile on)"
+    pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT" on
+fi
+if runs fp32; then
 echo "== on $DEVICE, the same supernet in float32, into $FP32_RUN"
 "$PY" - "$HALF_RUN" "$FP32_RUN" <<'PYEOF'
 import json
@@ -142,6 +152,7 @@ run["dtype"] = "float32"
 (fp32 / "run.json").write_text(json.dumps(run, indent=2))
 PYEOF
 pipeline "$FP32_RUN" "${BUDGET[1]}" "$(( (LIMIT + 1) / 2 ))"
+fi
 echo "took               $(( $(date +%s) - started )) s"
 
 echo "== a device that is not there"

@@ -44,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="study name in the storage (default: derived from the run)")
     parser.add_argument("--hardware", default=None, metavar="ID",
                         help="hardware id whose latency profile to use (default: the only one)")
+    parser.add_argument("--compile", default=None, choices=("on", "off"),
+                        help="the profile of compiled steps (on: the id ending in -compiled, "
+                             "as `profile --compile on` names it) or of eager ones (off), when "
+                             "the run holds both; the search prices and verifies in those steps")
     parser.add_argument("--max-draft-ms", type=real(0.0, low_open=True), default=None, metavar="X",
                         help="constraint: a draft step must take at most X ms")
     add_data(parser, "evaluation prompts whose acceptance is scored (as `score`)")
@@ -107,10 +111,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = SearchOptions(
         objective=args.objective, front=args.front, method=args.method, trials=args.trials,
         storage=storage_of(args),
-        study_name=args.study_name, hardware=args.hardware, max_draft_ms=args.max_draft_ms,
+        study_name=args.study_name, hardware=hardware_of(args.run, args.hardware, args.compile),
+        max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
         verify_prompts=args.verify_prompts, verify_repeats=args.verify_repeats,
         retime=not args.no_retime, device=args.device, dtype=args.dtype,
         threads=args.threads,
         seed=args.seed, show_progress=show, write_report=not args.no_report, train=train)
     return search_run(RunFolder(args.run), options)
+
+
+def hardware_of(run: str, hardware: str | None, compile: str | None) -> str | None:
+    """--hardware, or with --compile on|off the one profiled id of compiled (eager) steps."""
+    if compile is None:
+        return hardware
+    from dreams_nas.nas.stages.inputs import profiled_hardware
+    from dreams_nas.supernet.core.errors import InputError
+    from dreams_nas.supernet.core.runfolder import RunFolder
+
+    want = compile == "on"
+    kind = "compiled" if want else "eager"
+    if hardware is not None:
+        if hardware.endswith(COMPILED) != want:
+            raise InputError(f"--hardware {hardware} is not a profile of {kind} steps "
+                             f"(--compile {compile}); give one of the two")
+        return hardware
+    ids = [h for h in profiled_hardware(RunFolder(run)) if h.endswith(COMPILED) == want]
+    if len(ids) != 1:
+        raise InputError(f"--compile {compile}: {len(ids)} profiles of {kind} steps in {run} "
+                         f"({', '.join(ids) or 'none'}); pick one with --hardware, or profile "
+                         f"with `dreams-nas profile --compile {compile}`")
+    return ids[0]
+
+
+COMPILED = "-compiled"  # a profile of compiled steps: `latency.measure.hardware.detect_hardware`

@@ -40,10 +40,18 @@ _HALF = (torch.bfloat16, torch.float16)
 WIDE_ROWS = 32
 
 
-@functools.cache
-def _native_bf16() -> bool:
+def _has_native_bf16() -> bool:
     check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
     return bool(check()) if check is not None else False
+
+
+# asked once, at import: a compiled step reads the answer as a constant (dynamo cannot trace
+# torch's C query inside a graph; a 16-bit compiled step on the CPU failed on it)
+_NATIVE_BF16 = _has_native_bf16()
+
+
+def _native_bf16() -> bool:
+    return _NATIVE_BF16
 
 
 def _compute_dtype(x: Tensor, w: Tensor) -> torch.dtype:

@@ -374,3 +374,23 @@ def test_a_profile_with_cycle_rows_prices_the_cycle_overhead(tiny_run, cmd) -> N
     assert (trials["cycle_overhead_ms"] == 0.5 + 0.1 * (trials["draft_len"] + 1)).all()
     assert best["predicted"]["cycle_overhead_ms"] == pytest.approx(
         0.5 + 0.1 * (best["spec"]["draft_len"] + 1))
+
+
+def test_compile_picks_the_profile_of_compiled_or_eager_steps(tmp_path) -> None:
+    from dreams_nas.nas.commands.search import hardware_of
+    from dreams_nas.supernet.core.errors import InputError
+
+    run = RunFolder(tmp_path / "run")
+    for hw in ("cpu-x-1t", "cpu-x-1t-compiled"):
+        run.predictor_json(hw).parent.mkdir(parents=True)
+        run.predictor_json(hw).write_text("{}")
+        run.profile_csv(hw).write_text("")
+    root = str(run.root)
+    assert hardware_of(root, None, "on") == "cpu-x-1t-compiled"
+    assert hardware_of(root, None, "off") == "cpu-x-1t"
+    assert hardware_of(root, "cpu-x-1t", None) == "cpu-x-1t"
+    with pytest.raises(InputError, match="not a profile of compiled steps"):
+        hardware_of(root, "cpu-x-1t", "on")
+    run.predictor_json("cpu-x-1t-compiled").unlink()
+    with pytest.raises(InputError, match="0 profiles of compiled steps .* --compile on"):
+        hardware_of(root, None, "on")

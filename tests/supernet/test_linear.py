@@ -138,3 +138,11 @@ def test_use_fast_linears_routes_a_16_bit_models_linears_and_keeps_their_hooks(m
     assert use_fast_linears(nn.Sequential(nn.Linear(4, 4))) == 0  # float32: left alone
     monkeypatch.setattr(module, "_native_bf16", lambda: True)
     assert use_fast_linears(nn.Sequential(nn.Linear(4, 4)).bfloat16()) == 0  # native: left alone
+
+
+def test_a_16_bit_product_compiles_in_one_graph():
+    """A compiled step (fullgraph) of 16-bit products on the CPU: the native-bfloat16 query is
+    answered at import, not traced (dynamo cannot trace torch's C query)."""
+    x, w = torch.randn(3, 8).bfloat16(), torch.randn(4, 8).bfloat16()
+    step = torch.compile(lambda a, b: linear(a, b), backend="eager", fullgraph=True)
+    assert torch.equal(step(x, w), linear(x, w))
