@@ -24,6 +24,8 @@ from dreams_nas.nas.stages.profile_checks import (
     check_options,
     check_same_hardware,
     check_same_target,
+    compile_seconds,
+    log_compile,
     profile_fingerprint,
     static_positions,
 )
@@ -191,6 +193,7 @@ class _Timed(NamedTuple):
     visual_tokens: int
     architecture: str | None
     sources: list[Any] | None = None  # `profile_transfer.Source`s
+    compile_s: dict[str, float] = {}  # compiled steps: each shape's compilation (warm-up)
 
 
 def _recorded(run: RunFolder, hw: HardwareInfo, store: ProfileStore, device: str,
@@ -295,7 +298,10 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
                        positions=static_positions(contexts, keys, options.max_new_tokens))
     log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
     result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
-    return _Timed(folder, hw, visual_tokens, entry["architecture_hash"], sources), result
+    compiled = compile_seconds(adapter)
+    log_compile(compiled)
+    return _Timed(folder, hw, visual_tokens, entry["architecture_hash"], sources,
+                  compiled), result
 
 
 def _contexts(adapter: Any, options: ProfileOptions, examples: list[Any]
@@ -351,6 +357,7 @@ def _fit(run: RunFolder, options: ProfileOptions, timed: _Timed, store: ProfileS
         "n_train": report["n_train"], "n_holdout": report["n_holdout"],
         **({"transferred_from": [s["hardware_id"] for s in predictor.transfer["sources"]],
             "measured_steps": predictor.transfer["measured"]} if predictor.transfer else {}),
+        **({"compile_s": timed.compile_s} if timed.compile_s else {}),
     }
 
 

@@ -4,6 +4,7 @@ refused rather than merged."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from dreams_nas.latency.measure.hardware import HardwareInfo
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import read_json
+
+log = logging.getLogger("dreams_nas")
 
 # What a profile's timings depend on besides the hardware id: rows timed under another value of
 # any of these are another machine's, refused rather than merged.
@@ -82,12 +85,16 @@ def check_same_hardware(folder: Path, hw: HardwareInfo, clock: str) -> None:
 def check_options(options: Any, device: str) -> None:
     """Refuse, before anything loads, the `ProfileOptions` that cannot be timed."""
     from dreams_nas.latency.measure.plan import parse_budget
+    from dreams_nas.supernet.core.device import resolve_compile
 
     parse_budget(options.budget, options.budget_option)  # before the target's slow load
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
     if options.warmup < 0:
         raise InputError(f"--warmup {options.warmup} must be 0 or more")
+    if options.warmup == 0 and resolve_compile(options.compile, device) == "compiled":
+        raise InputError("--warmup 0 with compiled steps: a step's first call compiles it, and "
+                         "a timed sample would hold that; give --warmup 1 or more")
     if options.passes < 1:
         raise InputError(f"--passes {options.passes} must be at least 1")
     if options.chunk < 0:
@@ -106,3 +113,26 @@ def static_positions(contexts: Sequence[int], keys: Sequence[Any], max_new_token
     reserves them; one capacity for every context, so each step's shape compiles once."""
     widest = max((int(key.k) for key in keys), default=1)
     return max(contexts, default=0) + max_new_tokens + widest
+
+
+def compile_seconds(adapter: Any) -> dict[str, float]:
+    """Compiled steps: the seconds each shape's first call took in this process, in the
+    warm-up before its samples (its compilation): the target's (`StaticSteps.warmup_s`) and the
+    drafts' (`draft_steps.WARMUP_S`); {} for eager steps."""
+    from dreams_nas.supernet.decoding.draft_steps import WARMUP_S
+
+    static = getattr(adapter, "static", None)
+    if static is None or not static.compiled:
+        return {}
+    out = {f"target:{k}": v for k, v in static.warmup_s.items()}
+    out.update({f"draft:{k}": v for k, v in WARMUP_S.items()})
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def log_compile(seconds: dict[str, float]) -> None:
+    """One log line on the compilation a compiled profile paid in its warm-ups."""
+    if seconds:
+        values = sorted(seconds.values())
+        log.info("compiled %d shapes in the warm-ups: %.0f s in all, %.1f s a shape (median), "
+                 "%.1f s at most", len(values), sum(values), values[len(values) // 2],
+                 values[-1])

@@ -130,7 +130,9 @@ class DraftSteps:
         self._seen.add(warm)
         start = time.perf_counter()
         out = fn(*args)  # its first call compiles it (or finds it compiled)
-        self.warmup_s.setdefault(_label(key), time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.warmup_s.setdefault(_label(key), seconds)
+        WARMUP_S.setdefault(_label(key), seconds)
         return out
 
     def first(self, draft: Any, ids: Tensor, prev: Tensor, positions: Tensor,
@@ -171,6 +173,10 @@ class DraftSteps:
                 mode=None if self.backend else compile_mode(device))
         return fn
 
+
+# each draft shape's first call in this process, in seconds: its compilation, whichever draft
+# made it (a profile extracts each subnet anew; `nas.stages.profile_checks.compile_seconds`)
+WARMUP_S: dict[str, float] = {}
 
 # (backend, device type, last) -> the compiled static step (`DraftSteps._fn`)
 _COMPILED: dict[tuple[str | None, str, bool], Callable[..., tuple[Tensor, Tensor]]] = {}

@@ -335,3 +335,14 @@ def test_profile_spans_the_evaluation_prompts_by_default(small_run, tmp_path, ca
     assert plan["context_lengths"][0] == low and plan["context_lengths"][-1] == high
     assert plan["visual_tokens"] == data["visual_tokens"]["median"] > 0
     assert summary["context_range"] == [low, high]
+
+
+def test_compiled_steps_need_a_warmup(tmp_path, capsys) -> None:
+    """A compiled step's first call compiles it: with --warmup 0 a sample would hold that."""
+    from dreams_nas.nas import cli
+
+    code = cli.main(["profile", "--run", str(tmp_path / "run"), "--device", "cpu",
+                     "--compile", "on", "--warmup", "0", "--json"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "--warmup 0 with compiled steps" in err and "--warmup 1 or more" in err

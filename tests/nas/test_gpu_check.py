@@ -6,6 +6,7 @@ in bfloat16); leaving it out keeps the suite's time."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -37,3 +38,7 @@ def test_the_gpu_check_dry_run_prints_each_pass(tmp_path, builtin_cache) -> None
     assert "compiled steps" in out
     assert "--device cuda:99" in out or "cuda:99" in out  # the one-line error, printed
     assert "Traceback" not in out + proc.stderr
+    # the compiled profile reports each shape's compilation, paid in the warm-ups
+    compiled = json.loads((tmp_path / "run-16bit.profile.json").read_text())["compile_s"]
+    assert any(k.startswith("target:") for k in compiled), compiled
+    assert any(k.startswith("draft:") for k in compiled), compiled
