@@ -13,9 +13,9 @@ position) and a tree level (its width).
 With static steps the cross-attention memory is padded to a multiple of the target's
 `CAPACITY_STEP` (its length is a shape too, and differs with every prompt) and masked, and the
 draft cache has the target cache's capacity; compiled, the step is `torch.compile`d with the
-target's backend (CUDA graphs on CUDA, inductor on the CPU). `warmup_s` records each shape's
-first call: its compilation; the later calls of that shape on the same cache skip dynamo's
-guards (`static.warm_call`).
+target's backend (CUDA graphs on CUDA, inductor on the CPU). `WARMUP_S` records each shape's
+first call in the process: its compilation; the later calls of that shape on the same cache
+skip dynamo's guards (`static.warm_call`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ class DraftSteps:
         self.draft = draft
         self.mode = "dynamic"
         self.backend: str | None = None
-        self.warmup_s: dict[str, float] = {}  # each shape's first call: its compilation
         self._seen: set[tuple] = set()
         self._cache: StaticDraftCache | None = None  # the request's: one of `_caches`
         self._caches: dict[tuple[int, int, int, str], StaticDraftCache] = {}
@@ -130,9 +129,7 @@ class DraftSteps:
         self._seen.add(warm)
         start = time.perf_counter()
         out = fn(*args)  # its first call compiles it (or finds it compiled)
-        seconds = time.perf_counter() - start
-        self.warmup_s.setdefault(_label(key), seconds)
-        WARMUP_S.setdefault(_label(key), seconds)
+        WARMUP_S.setdefault(_label(key), time.perf_counter() - start)
         return out
 
     def first(self, draft: Any, ids: Tensor, prev: Tensor, positions: Tensor,

@@ -205,12 +205,12 @@ class StaticSteps:
         key = (kind, n, tuple(layers))
         fn = self._step(key, tuple(layers), tree=kind == "tree")
         args = (tokens, self.rope_deltas, levels, bias)
-        warm = (key, id(self.cache), signature(*args))
-        if self.compiled and warm in self._warm:
+        warm = (key, id(self.cache), signature(*args)) if self.compiled else None
+        if warm is not None and warm in self._warm:
             logits, hidden, picked = warm_call(fn, *args)
         else:
             logits, hidden, picked = fn(*args)
-            if self.compiled:
+            if warm is not None:
                 self._warm.add(warm)
         self.length += n
         return logits, hidden, dict(zip(layers, picked, strict=True))
