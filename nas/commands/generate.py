@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ HELP = ("generate an answer about an image with a target VLM and a drafter "
         "(lossless speculative decoding)")
 
 _NAMED_DRAFTERS = ("lookup", "oracle", "none")
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,11 +23,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hub id, checkpoint folder, builtin (the built-in target) or "
                              "proxy-llava (the real-shaped random-weight proxy) "
                              "(default: builtin)")
-    parser.add_argument("--image", required=True, metavar="FILE", help="PNG/JPEG image")
-    parser.add_argument("--prompt", required=True, metavar="TEXT",
+    parser.add_argument("--image", default=None, metavar="FILE", help="PNG/JPEG image")
+    parser.add_argument("--prompt", default=None, metavar="TEXT",
                         help="the question about the image")
-    parser.add_argument("--drafter", default="lookup", metavar="lookup|oracle|none|SPEC_DIR",
-                        help="prompt lookup (default), the oracle (target's greedy continuation), "
+    parser.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                        help="many requests instead of --image/--prompt: LLaVA-style JSONL "
+                             "(image paths relative to the file); one JSON line per request, "
+                             "in input order, to --out")
+    parser.add_argument("--batch-size", type=whole(1), default=1, metavar="B",
+                        help="with --prompts: requests decoded together (default 1)")
+    parser.add_argument("--out", default="-", metavar="FILE",
+                        help="with --prompts: where the request lines go (default: stdout)")
+    parser.add_argument("--drafter", default=None, metavar="lookup|oracle|none|SPEC_DIR",
+                        help="prompt lookup (default for one request; none with --prompts), "
+                             "the oracle (target's greedy continuation), "
                              "none (plain decoding), or a spec folder written by "
                              "`dreams-nas search`")
     parser.add_argument("--draft-len", type=whole(1, 64), default=None, metavar="N",
@@ -45,7 +56,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> Any:
-    """Everything that can be checked before the (slow) model load; returns the opened image."""
+    """Everything that can be checked before the (slow) model load; returns the opened image
+    (None with --prompts)."""
+    if args.drafter is None:
+        args.drafter = "none" if args.prompts is not None else "lookup"
+    if args.prompts is not None:
+        _check_batch_args(args)
+    elif args.image is None or args.prompt is None:
+        raise InputError("give --image FILE and --prompt TEXT, or --prompts FILE.jsonl for many "
+                         "requests")
+    elif args.out != "-":
+        raise InputError(f"--out {args.out} is for --prompts' request lines; one request's "
+                         "answer goes to stdout (--json for its summary)")
     if args.draft_len is not None and args.draft_len < 1:
         raise InputError(f"--draft-len {args.draft_len} must be >= 1; use --drafter none for "
                          "plain decoding")
@@ -61,9 +83,26 @@ def _check_args(args: argparse.Namespace) -> Any:
     if args.drafter not in _NAMED_DRAFTERS and not Path(args.drafter).expanduser().is_dir():
         raise InputError(f"unknown drafter {args.drafter!r}; pick lookup, oracle, none or the path "
                          "of a spec folder (specs/<spec_id>/ in the run folder)")
+    if args.prompts is not None:
+        return None
     from dreams_nas.supernet.target.images import open_image
 
     return open_image(args.image)
+
+
+def _check_batch_args(args: argparse.Namespace) -> None:
+    if args.image is not None or args.prompt is not None:
+        raise InputError("--prompts FILE.jsonl holds every request's image and question; drop "
+                         "--image/--prompt, or drop --prompts for one request")
+    if not Path(args.prompts).expanduser().is_file():
+        raise InputError(f"--prompts {args.prompts}: no such file; give a LLaVA-style .jsonl "
+                         "file (one request per line)")
+    if args.drafter in ("lookup", "oracle"):
+        raise InputError(f"--drafter {args.drafter} drafts one request at a time; with "
+                         "--prompts draft with a spec folder (specs/<spec_id>/) or none")
+    if args.tree is not None:
+        raise InputError(f"--tree {args.tree}: batched decoding drafts chains; give "
+                         "--draft-len instead")
 
 
 def check_positions(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
@@ -112,6 +151,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target = TargetAdapter.load(resolve_target(args.target), target_id=args.target,
                                 device=device, dtype=torch_dtype(_dtype_of(args, device)))
     target.use_steps(steps)
+    if args.prompts is not None:
+        return _run_file(args, target, sampling, steps)
     inputs = target.build_inputs(image, args.prompt)
     check_positions(int(inputs["input_ids"].shape[-1]), args.max_new_tokens,
                     getattr(target.text_config, "max_position_embeddings", None))
@@ -139,6 +180,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                    if target.static else {}).items()},
         "dtype": str(target.dtype).removeprefix("torch."),
     }
+
+
+def _run_file(args: argparse.Namespace, target: Any, sampling: Any, steps: str) -> dict[str, Any]:
+    """--prompts: every request, --batch-size at a time (`nas.stages.batch_generate`)."""
+    import torch
+    from dreams_nas.nas.stages.batch_generate import Decoding, generate_file
+    from dreams_nas.supernet.decoding.batch_dream import BatchDreamDrafter
+    from dreams_nas.supernet.decoding.registry import load_drafter
+
+    drafter = None
+    if args.drafter != "none":
+        one = load_drafter(args.drafter, target, max_new_tokens=args.max_new_tokens)
+        drafter = BatchDreamDrafter(one.draft, one.spec)
+        if one.default_tree is not None and args.draft_len is None:
+            log.warning("the spec drafts tree %s; batched decoding drafts the chain of its "
+                        "draft_len %d", one.default_tree.label, one.default_tree.draft_len)
+    draft_len = args.draft_len or getattr(drafter, "default_draft_len", None) or 5
+    generator = torch.Generator(device=target.device).manual_seed(args.seed)
+    out = sys.stdout if args.out == "-" else Path(args.out).expanduser().open(
+        "w", encoding="utf-8")
+    try:
+        how = Decoding(args.batch_size, draft_len, args.max_new_tokens, sampling, generator)
+        summary = generate_file(target, Path(args.prompts).expanduser(), drafter, how, out,
+                                check_positions)
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return {**summary, "drafter": args.drafter, "draft_len": draft_len if drafter else 0,
+            "out": args.out, "target": target.describe(), "device": str(target.device),
+            "steps": steps, "dtype": str(target.dtype).removeprefix("torch.")}
 
 
 def _tree_of(args: argparse.Namespace, drafter: Any) -> Any:

@@ -88,7 +88,35 @@ def _text_lines(path: Path) -> Iterator[tuple[int, str]]:
             offset += len(raw)
 
 
-def _parse_line(path: Path, lineno: int, line: str, check_images: bool) -> Example:
+def load_requests(path: str | Path) -> list[Example | InputError]:
+    """The requests of a LLaVA-style JSONL file for `generate`, in order: each line's example
+    (a gpt turn, if any, is ignored: its `answer` is ""), or the one-line error that line
+    raised (unreadable JSON, a missing key, a repeated id), so one bad line fails alone."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingArtefactError(f"prompts file {path} does not exist; pass a LLaVA-style "
+                                   ".jsonl file (one request per line)")
+    out: list[Example | InputError] = []
+    seen: set[str] = set()
+    for lineno, line in _text_lines(path):
+        if not line.strip():
+            continue
+        try:
+            example = _parse_line(path, lineno, line, False, need_answer=False)
+            if example.id in seen:
+                raise InputError(f"{path}:{lineno}: id {example.id!r} appears twice; ids must "
+                                 "be unique")
+            seen.add(example.id)
+            out.append(example)
+        except InputError as exc:
+            out.append(exc)
+    if not out:
+        raise InputError(f"{path} holds no requests; it needs one JSON object per line")
+    return out
+
+
+def _parse_line(path: Path, lineno: int, line: str, check_images: bool,
+                need_answer: bool = True) -> Example:
     where = f"{path}:{lineno}"
     try:
         record = json.loads(line)
@@ -109,11 +137,15 @@ def _parse_line(path: Path, lineno: int, line: str, check_images: bool) -> Examp
         raise InputError(f"{where}: conversations must be a list of "
                          '{"from": ..., "value": "..."} objects')
     human = next((i for i, t in enumerate(turns) if t["from"] == "human"), None)
-    if human is None or human + 1 >= len(turns) or turns[human + 1]["from"] != "gpt":
+    answered = (human is not None and human + 1 < len(turns)
+                and turns[human + 1]["from"] == "gpt")
+    if human is None or (need_answer and not answered):
         raise InputError(f"{where}: conversations need a human turn followed by a gpt turn")
     prompt = strip_image_marker(turns[human]["value"])
-    answer = turns[human + 1]["value"].strip()
-    if not prompt or not answer:
+    answer = turns[human + 1]["value"].strip() if answered and need_answer else ""
+    if not prompt:
+        raise InputError(f"{where}: the human question must not be empty")
+    if need_answer and not answer:
         raise InputError(f"{where}: the human question and the gpt answer must not be empty")
     image = Path(str(record["image"]))
     image_path = image if image.is_absolute() else path.parent / image

@@ -105,21 +105,34 @@ class DraftSteps:
         return Memory(grow(memory.keys), grow(memory.values), mask, padded=True)
 
     def run(self, draft: Any, ids: Tensor, prev: Tensor, positions: Tensor,
-            memory: Memory | None, cache: DraftCache | StaticDraftCache, *, last: bool = False,
+            memory: Memory | None, cache: Any, *, last: bool = False,
             tree_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The active subnet's forward over `ids` and its float logits: (feature of the last
         position (batch, 1, hidden), logits (batch, vocab)) with `last`, else every position's
         feature (batch, seq, hidden) and logits (batch, seq, vocab). `draft`: the drafter's
         draft, which dynamic steps call (a wrapper that times its calls sees them); static
         steps run this draft's own (compiled) step."""
+        return self._run(draft, (ids, prev, positions), memory, cache,
+                         "last" if last else "all", tree_mask, None)
+
+    def pick(self, draft: Any, ids: Tensor, prev: Tensor, positions: Tensor,
+             memory: Memory | None, cache: Any, at: Tensor) -> tuple[Tensor, Tensor]:
+        """`run` that returns row b's feature (batch, 1, hidden) and logits (batch, vocab) at
+        position at[b] ((batch,) long): a batch whose rows end at different positions."""
+        return self._run(draft, (ids, prev, positions), memory, cache, "pick", None, at)
+
+    def _run(self, draft: Any, inputs: tuple[Tensor, Tensor, Tensor], memory: Memory | None,
+             cache: Any, how: str, tree_mask: Tensor | None,
+             pick: Tensor | None) -> tuple[Tensor, Tensor]:
+        ids, prev, positions = inputs
         if self.mode == "dynamic" or memory is None:
-            return _step(draft, ids, prev, positions, memory, cache, last, tree_mask)
-        fn = self._fn(last)
+            return _step(draft, ids, prev, positions, memory, cache, how, tree_mask, pick)
+        fn = self._fn(how)
         args = (self.draft, _canonical(ids), _canonical(prev), _canonical(positions),
-                memory.keys, memory.values, memory.mask, tree_mask, cache)
+                memory.keys, memory.values, memory.mask, tree_mask, cache, pick)
         if self.mode != "compiled":
             return fn(*args)
-        key = (ids.shape[1], last, None if tree_mask is None else tuple(tree_mask.shape),
+        key = (ids.shape[1], how, None if tree_mask is None else tuple(tree_mask.shape),
                self.draft.active)
         # what the guards see besides: every input, the target's modules the draft shares;
         # a call like one met before need not be checked again
@@ -150,14 +163,14 @@ class DraftSteps:
         cache.crop(committed + n)
         return feature[:, n - 1:n], logits[:, n - 1]
 
-    def _fn(self, last: bool) -> Callable[..., tuple[Tensor, Tensor]]:
+    def _fn(self, how: str) -> Callable[..., tuple[Tensor, Tensor]]:
         """The static step, compiled in compiled mode: one function for every draft, which it
         takes as an argument, so drafts of the same shapes (every subnet with the same heads,
         depth and widths, extracted or not) share its graphs."""
         if self.mode != "compiled":
-            return _static_last if last else _static_all
+            return _STATIC[how]
         device = next(self.draft.parameters()).device
-        key = (self.backend, device.type, last)
+        key = (self.backend, device.type, how)
         fn = _COMPILED.get(key)
         if fn is None:
             config = torch._dynamo.config
@@ -165,7 +178,7 @@ class DraftSteps:
             config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
                                                      4 * RECOMPILE_LIMIT)
             fn = _COMPILED[key] = torch.compile(
-                _static_last if last else _static_all, backend=self.backend or "inductor",
+                _STATIC[how], backend=self.backend or "inductor",
                 dynamic=False, fullgraph=True,
                 mode=None if self.backend else compile_mode(device))
         return fn
@@ -175,8 +188,8 @@ class DraftSteps:
 # made it (a profile extracts each subnet anew; `nas.stages.profile_checks.compile_seconds`)
 WARMUP_S: dict[str, float] = {}
 
-# (backend, device type, last) -> the compiled static step (`DraftSteps._fn`)
-_COMPILED: dict[tuple[str | None, str, bool], Callable[..., tuple[Tensor, Tensor]]] = {}
+# (backend, device type, how) -> the compiled static step (`DraftSteps._fn`)
+_COMPILED: dict[tuple[str | None, str, str], Callable[..., tuple[Tensor, Tensor]]] = {}
 
 
 def _canonical(t: Tensor) -> Tensor:
@@ -194,29 +207,43 @@ def _canonical(t: Tensor) -> Tensor:
 
 
 def _label(key: tuple) -> str:
-    n, last, tree, spec = key
-    return f"{spec.id}:{'level' if tree else 'step' if last else 'first'}{n}"
+    n, how, tree, spec = key
+    name = "level" if tree else {"last": "step", "all": "first", "pick": "rows"}[how]
+    return f"{spec.id}:{name}{n}"
 
 
-def _static_last(draft: Any, ids: Tensor, prev: Tensor, positions: Tensor, keys: Tensor,
-                 values: Tensor, mask: Tensor, tree_mask: Tensor | None,
-                 cache: StaticDraftCache) -> tuple[Tensor, Tensor]:
+def _static(draft: Any, ids: Tensor, prev: Tensor, positions: Tensor, keys: Tensor,
+            values: Tensor, mask: Tensor, tree_mask: Tensor | None, cache: Any,
+            pick: Tensor | None, how: str) -> tuple[Tensor, Tensor]:
     return _step(draft, ids, prev, positions, Memory(keys, values, mask, padded=True), cache,
-                 True, tree_mask)
+                 how, tree_mask, pick)
 
 
-def _static_all(draft: Any, ids: Tensor, prev: Tensor, positions: Tensor, keys: Tensor,
-                values: Tensor, mask: Tensor, tree_mask: Tensor | None,
-                cache: StaticDraftCache) -> tuple[Tensor, Tensor]:
-    return _step(draft, ids, prev, positions, Memory(keys, values, mask, padded=True), cache,
-                 False, tree_mask)
+def _static_last(*args: Any) -> tuple[Tensor, Tensor]:
+    return _static(*args, "last")
+
+
+def _static_all(*args: Any) -> tuple[Tensor, Tensor]:
+    return _static(*args, "all")
+
+
+def _static_pick(*args: Any) -> tuple[Tensor, Tensor]:
+    return _static(*args, "pick")
+
+
+_STATIC = {"last": _static_last, "all": _static_all, "pick": _static_pick}
 
 
 def _step(draft: DreamDraft, ids: Tensor, prev: Tensor, positions: Tensor,
-          memory: Memory | None, cache: Any, last: bool,
-          tree_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+          memory: Memory | None, cache: Any, how: str, tree_mask: Tensor | None,
+          pick: Tensor | None = None) -> tuple[Tensor, Tensor]:
     feature = draft(ids, prev, positions, memory, cache=cache, tree_mask=tree_mask).feature
-    if last:
+    if how == "all":
+        return feature, draft.logits(feature).float()
+    if how == "pick":
+        assert pick is not None
+        index = pick.view(-1, 1, 1).expand(-1, 1, feature.shape[-1])
+        feature = feature.gather(1, index)
+    else:
         feature = feature[:, -1:]
-        return feature, draft.logits(feature)[:, -1].float()
-    return feature, draft.logits(feature).float()
+    return feature, draft.logits(feature)[:, -1].float()

@@ -20,6 +20,8 @@ spec's inject layer) is built once at `start`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
@@ -37,6 +39,17 @@ from dreams_nas.supernet.draft.state import (
 from dreams_nas.supernet.target.adapter import PrefillOutput, TargetAdapter, VerifyOutput
 from dreams_nas.supernet.target.tree_attention import ancestor_mask
 from torch import Tensor
+
+
+class DraftRow(NamedTuple):
+    """What `DreamDrafter.start` left for one request, for a batch to take (`batch_dream`)."""
+
+    memory: Memory | None  # (1, heads, mem, head_dim), padded or not
+    keys: list[Tensor]  # per layer (1, heads, >= committed, head_dim)
+    values: list[Tensor]
+    committed: int  # the cache's true positions
+    position: int  # the target position of the next true token
+    next_prev: Tensor  # (1, 1, hidden): the first new token's input feature
 
 
 class DreamDrafter:
@@ -86,6 +99,11 @@ class DreamDrafter:
         self._pending_ids = ids[:, :0]
         self._pending_prev = last[:, :0]
         self._next_prev = last[:, -1:]  # H_{prompt-1}: the input feature of the first new token
+
+    def row_state(self) -> DraftRow:
+        """This request's state after `start`: its memory, cache and next input."""
+        return DraftRow(self._memory, list(self._cache.keys), list(self._cache.values),
+                        self._committed, self._pos, self._next_prev)
 
     def _true_positions(self, last_token: Tensor, extra: int) -> tuple[Tensor, Tensor, Tensor]:
         """The pending true inputs (ids, prev features) with `last_token` and the positions of

@@ -72,3 +72,36 @@ def tiny_samples(n: int, seed: int = 0) -> list[Any]:
             last_hidden=torch.randn(seq, HIDDEN, generator=gen)))
     return samples
 
+
+
+def train_tiny_draft(adapter, prompts, layers: tuple[int, ...] = (1, 2, 4)) -> DreamDraft:
+    """A supernet over a bare tiny LLaVA (`models.build_tiny_llava`) trained for a few steps
+    on its own answers to `prompts` (a couple of seconds): drafts that are accepted."""
+    from dreams_nas.supernet.draft.config import DraftConfig
+    from dreams_nas.supernet.draft.state import SharedTargetModules
+    from dreams_nas.supernet.training.config import TrainConfig
+    from dreams_nas.supernet.training.selfdistill import collect_samples, regenerate_answers
+    from dreams_nas.supernet.training.tppt import TrainingSet, train_supernet
+
+    answers = regenerate_answers(adapter.model, prompts, max_new_tokens=12, show_progress=False)
+    samples = collect_samples(adapter, prompts, answers, layers, (2,), show_progress=False)
+    shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
+    draft = DreamDraft.initialised(DraftConfig.for_target(adapter.text_config, layers), shared, 0)
+    config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3, unroll=2,
+                         lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
+    train_supernet(draft, TrainingSet(samples, (2,)), config, show_progress=False)
+    return draft
+
+
+def second_token_law(adapter, prompt, sampling):
+    """The exact law of the second generated token after `prompt` under `sampling` (the first
+    token a draft proposes): sum over first tokens t1 of p(t1) p(. | t1), (vocab,)."""
+    import torch
+    from dreams_nas.supernet.decoding.sampling import logits_to_probs
+
+    p1 = logits_to_probs(adapter.prefill(prompt).logits[0], sampling)
+    law = torch.zeros_like(p1)
+    for t1 in torch.nonzero(p1).flatten():
+        adapter.prefill(prompt)
+        law += p1[t1] * logits_to_probs(adapter.verify(t1.view(1, 1)).logits[0, -1], sampling)
+    return law

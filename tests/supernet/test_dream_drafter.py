@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _support.drafts import second_token_law, train_tiny_draft
 from _support.models import build_tiny_llava, tiny_prompts
 from dreams_nas.supernet.core.io import atomic_write_json
 from dreams_nas.supernet.core.spec import SubnetSpec
@@ -12,7 +13,7 @@ from dreams_nas.supernet.decoding.dream import DreamDrafter
 from dreams_nas.supernet.decoding.loop import generate, plain_generate
 from dreams_nas.supernet.decoding.protocol import Drafter
 from dreams_nas.supernet.decoding.registry import load_drafter
-from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_probs
+from dreams_nas.supernet.decoding.sampling import SamplingConfig
 from dreams_nas.supernet.draft.config import DraftConfig
 from dreams_nas.supernet.draft.extract import extract
 from dreams_nas.supernet.draft.model import DreamDraft
@@ -33,14 +34,7 @@ def trained():
     model = build_tiny_llava(seed=1)
     adapter = TargetAdapter.from_model(model)
     prompts = tiny_prompts(16, seed=5)
-    answers = regenerate_answers(model, prompts, max_new_tokens=12, show_progress=False)
-    samples = collect_samples(adapter, prompts, answers, LAYERS, (2,), show_progress=False)
-    shared = SharedTargetModules(adapter.embed_tokens, adapter.lm_head)
-    draft = DreamDraft.initialised(DraftConfig.for_target(adapter.text_config, LAYERS), shared, 0)
-    config = TrainConfig(warmup_steps=60, multires_steps=20, batch_size=8, lr=3e-3, unroll=2,
-                         lr_warmup_steps=5, feature_noise=0.0, checkpoint_every=1000)
-    train_supernet(draft, TrainingSet(samples, (2,)), config, show_progress=False)
-    return adapter, draft, prompts
+    return adapter, train_tiny_draft(adapter, prompts, LAYERS), prompts
 
 
 SPECS = [SubnetSpec(4, 1.0, 2, 5), SubnetSpec(1, 0.25, 1, 3), SubnetSpec(2, 0.5, 4, 1)]
@@ -147,13 +141,7 @@ def test_sampling_keeps_the_targets_distribution(trained, tree, steps):
     adapter, draft, prompts = trained
     prompt = prompts[0]
     sampling = SamplingConfig(temperature=1.0, top_k=4)
-    pre = adapter.prefill(prompt)
-    p1 = logits_to_probs(pre.logits[0], sampling)
-    expected = torch.zeros_like(p1)
-    for t1 in torch.nonzero(p1).flatten():
-        adapter.prefill(prompt)
-        step = adapter.verify(t1.view(1, 1))
-        expected += p1[t1] * logits_to_probs(step.logits[0, -1], sampling)
+    expected = second_token_law(adapter, prompt, sampling)
     drafter = DreamDrafter(draft, SPECS[0])
     gen = torch.Generator().manual_seed(0)
     if steps != "dynamic":
