@@ -107,8 +107,8 @@ class TimedTarget:
 
 
 class TimedSteps:
-    """A drafter's `DraftSteps` with its steps (`run`, `first`: each a draft forward and its
-    logits, eager or compiled) timed; every other attribute is the steps'."""
+    """A drafter's `DraftSteps` with its steps (`run`, `first`, `pick`: each a draft forward
+    and its logits, eager or compiled) timed; every other attribute is the steps'."""
 
     def __init__(self, steps: Any, timer: ForwardTimer) -> None:
         self._steps, self._timer = steps, timer
@@ -123,6 +123,10 @@ class TimedSteps:
     def first(self, *args: Any, **kwargs: Any) -> Any:
         with self._timer.inside():
             return self._steps.first(*args, **kwargs)
+
+    def pick(self, *args: Any, **kwargs: Any) -> Any:
+        with self._timer.inside():
+            return self._steps.pick(*args, **kwargs)
 
 
 def cycle_step(adapter: Any, draft: Any, key: StepKey, prompt: torch.Tensor,

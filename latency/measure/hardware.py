@@ -7,7 +7,8 @@ its memory size, e.g. ``nvidia-h100-80gb-hbm3``) with ``-mig-<profile>`` for a M
 and the number of threads the timings use (``cpu-amd-epyc-2t``: the same CPU timed with 8
 threads is another machine). Clocks, temperature and throttle reasons are recorded but not part
 of the id. A profile of compiled steps (`--compile on`) is another machine too:
-``cpu-amd-epyc-1t-compiled``, ``nvidia-h200-compiled``.
+``cpu-amd-epyc-1t-compiled``, ``nvidia-h200-compiled``; so is a profile of B > 1 requests per
+step (`--batch-sizes`): ``nvidia-h200-compiled-b8``.
 
 CUDA and NVML number GPUs differently (``CUDA_VISIBLE_DEVICES=1,0``, SLURM, MIG), so the CUDA
 device is found in NVML by its UUID, else its PCI bus id; where neither works nothing is read
@@ -57,6 +58,9 @@ class HardwareInfo:
     # how the timed steps ran (`TargetAdapter.use_steps`): "dynamic" (eager) or "compiled",
     # whose hardware id ends in "-compiled": the same device running other code
     steps: str = "dynamic"
+    # the requests decoded together in every timed step (`profile --batch-sizes`): a batch of
+    # B > 1 is another machine too, whose id ends in "-b<B>"
+    batch: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,14 +127,18 @@ class CpuFreqProbe:
 
 # --- the identity -------------------------------------------------------------------------
 def detect_hardware(device: str = "auto", dtype: str = "float32",
-                    threads: int | None = None, steps: str = "dynamic") -> HardwareInfo:
+                    threads: int | None = None, steps: str = "dynamic",
+                    batch: int = 1) -> HardwareInfo:
     """Identity of `device` (resolved first). For the CPU, `threads` is the fixed thread count
     the timings use (default: the physical core count). `steps` "compiled" (the decoding steps
-    compiled, `--compile on`) names another machine: the id gains ``-compiled``."""
+    compiled, `--compile on`) names another machine: the id gains ``-compiled``; so does a
+    `batch` of B > 1 requests per step: ``-b<B>``."""
     info = _detect(device, dtype, threads)
-    if steps == "dynamic":
-        return info
-    return replace(info, hardware_id=f"{info.hardware_id}-{steps}", steps=steps)
+    if steps != "dynamic":
+        info = replace(info, hardware_id=f"{info.hardware_id}-{steps}", steps=steps)
+    if batch != 1:
+        info = replace(info, hardware_id=f"{info.hardware_id}-b{batch}", batch=batch)
+    return info
 
 
 def _detect(device: str, dtype: str, threads: int | None) -> HardwareInfo:

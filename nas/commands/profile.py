@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_device(parser, "to time on")
     add_dtype(parser)
     add_compile(parser, "time the steps compiled (a hardware id of its own, <id>-compiled)")
+    parser.add_argument("--batch-sizes", type=whole(1, 4096), nargs="+", default=None,
+                        metavar="B",
+                        help="requests decoded together in every timed step, one profile each "
+                             "(B > 1: a hardware id of its own, <id>-b<B>; chains only) "
+                             "(default: 1 on the CPU, 1 4 16 on a GPU)")
     parser.add_argument("--budget", default=None, metavar="N|FRACTION",
                         help="draft measurements: a count or a fraction of the grid, chosen "
                              "space-filling (default: the whole grid); with --transfer-from, "
@@ -78,7 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from dataclasses import replace
+
     from dreams_nas.nas.stages.profile import ProfileOptions, profile
+    from dreams_nas.supernet.core.device import resolve_device
     from dreams_nas.supernet.core.runfolder import RunFolder
 
     options = ProfileOptions(
@@ -92,4 +100,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         show_progress=False if args.quiet else None,
     )
-    return profile(RunFolder(args.run), options)
+    sizes = args.batch_sizes or batch_sizes_for(resolve_device(args.device))
+    sizes = list(dict.fromkeys(sizes))  # each once, in the order given
+    run_folder = RunFolder(args.run)
+    summaries = [profile(run_folder, replace(options, batch=b)) for b in sizes]
+    if len(summaries) == 1:
+        return summaries[0]
+    return {"batch_sizes": sizes, "hardware_ids": [s["hardware_id"] for s in summaries],
+            "profiles": summaries}
+
+
+# `--batch-sizes` when none is given: a CPU serves one request at a time; on a GPU a verify of
+# a few positions is nearly free at batch 1 and costs real work at 16, so the search's answer
+# moves between them (a profile per size: three times the work of one).
+DEFAULT_BATCH_SIZES = {"cpu": (1,), "cuda": (1, 4, 16)}
+
+
+def batch_sizes_for(device: str) -> list[int]:
+    return list(DEFAULT_BATCH_SIZES.get(device.split(":")[0], (1,)))

@@ -4,6 +4,7 @@ deployable specs, then the best subnets measured end to end."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from dreams_nas.nas.commands.options import (
@@ -48,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the profile of compiled steps (on: the id ending in -compiled, "
                              "as `profile --compile on` names it) or of eager ones (off), when "
                              "the run holds both; the search prices and verifies in those steps")
+    parser.add_argument("--batch-size", type=whole(1, 4096), default=None, metavar="B",
+                        help="search for B requests decoded together: the profile of batch B "
+                             "(`profile --batch-sizes`, the id ending in -b<B>); the objective "
+                             "is throughput at B over plain batched decoding at B, chains only "
+                             "(default: 1, or the batch --hardware was profiled at)")
     parser.add_argument("--max-draft-ms", type=real(0.0, low_open=True), default=None, metavar="X",
                         help="constraint: a draft step must take at most X ms")
     add_data(parser, "evaluation prompts whose acceptance is scored (as `score`)")
@@ -111,7 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = SearchOptions(
         objective=args.objective, front=args.front, method=args.method, trials=args.trials,
         storage=storage_of(args),
-        study_name=args.study_name, hardware=hardware_of(args.run, args.hardware, args.compile),
+        study_name=args.study_name,
+        hardware=hardware_of(args.run, args.hardware, args.compile, args.batch_size),
         max_draft_ms=args.max_draft_ms,
         data=args.data, limit=args.limit, max_new_tokens=args.max_new_tokens, verify=args.verify,
         verify_prompts=args.verify_prompts, verify_repeats=args.verify_repeats,
@@ -121,27 +128,48 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return search_run(RunFolder(args.run), options)
 
 
-def hardware_of(run: str, hardware: str | None, compile: str | None) -> str | None:
-    """--hardware, or with --compile on|off the one profiled id of compiled (eager) steps."""
-    if compile is None:
+def hardware_of(run: str, hardware: str | None, compile: str | None,
+                batch: int | None = None) -> str | None:
+    """--hardware, or the one profiled id of compiled (--compile on) or eager (off) steps and
+    of batch `batch` (--batch-size; an id of batch B > 1 ends in -b<B>)."""
+    if compile is None and batch is None:
         return hardware
     from dreams_nas.nas.stages.inputs import profiled_hardware
     from dreams_nas.supernet.core.errors import InputError
     from dreams_nas.supernet.core.runfolder import RunFolder
 
-    want = compile == "on"
-    kind = "compiled" if want else "eager"
+    want = None if compile is None else compile == "on"
+    kind = {None: "", True: "compiled ", False: "eager "}[want]
+    size = 1 if batch is None else batch
+
+    def fits(hw_id: str) -> bool:
+        base, b = split_batch(hw_id)
+        return b == size and (want is None or base.endswith(COMPILED) == want)
+
     if hardware is not None:
-        if hardware.endswith(COMPILED) != want:
-            raise InputError(f"--hardware {hardware} is not a profile of {kind} steps "
-                             f"(--compile {compile}); give one of the two")
+        if not fits(hardware):
+            asked = " ".join(x for x in (f"--compile {compile}" if compile else "",
+                                         f"--batch-size {batch}" if batch else "") if x)
+            raise InputError(f"--hardware {hardware} is not a profile of {kind}steps at batch "
+                             f"{size} ({asked}); give one of them")
         return hardware
-    ids = [h for h in profiled_hardware(RunFolder(run)) if h.endswith(COMPILED) == want]
+    ids = [h for h in profiled_hardware(RunFolder(run)) if fits(h)]
     if len(ids) != 1:
-        raise InputError(f"--compile {compile}: {len(ids)} profiles of {kind} steps in {run} "
-                         f"({', '.join(ids) or 'none'}); pick one with --hardware, or profile "
-                         f"with `dreams-nas profile --compile {compile}`")
+        how = " ".join(x for x in (f"--compile {compile}" if compile else "",
+                                   f"--batch-sizes {size}" if size != 1 else "") if x)
+        pick = "--hardware" + (" or --compile on|off" if want is None and ids else "")
+        raise InputError(f"{len(ids)} profiles of {kind}steps at batch {size} in {run} "
+                         f"({', '.join(ids) or 'none'}); pick one with {pick}, or profile "
+                         f"with `dreams-nas profile{' ' + how if how else ''}`")
     return ids[0]
+
+
+def split_batch(hardware_id: str) -> tuple[str, int]:
+    """(the id without its batch, the batch): ``cpu-x-1t-compiled-b8`` -> (``cpu-x-1t-compiled``,
+    8); an id without ``-b<B>`` is batch 1 (`latency.measure.hardware.detect_hardware`)."""
+    match = re.search(r"-b(\d+)$", hardware_id)
+    return (hardware_id, 1) if match is None else (hardware_id[:match.start()],
+                                                   int(match.group(1)))
 
 
 COMPILED = "-compiled"  # a profile of compiled steps: `latency.measure.hardware.detect_hardware`

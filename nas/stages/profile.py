@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,9 +25,11 @@ from dreams_nas.nas.stages.profile_checks import (
     check_same_hardware,
     check_same_target,
     compile_seconds,
+    log_accuracy,
     log_compile,
     profile_fingerprint,
     static_positions,
+    warn_partial_fit,
 )
 from dreams_nas.nas.stages.profile_transfer import recorded_transfer
 from dreams_nas.supernet.core.device import resolve_compile, resolve_device
@@ -68,6 +70,7 @@ class ProfileOptions:
     # `budget` steps here, not the grid (`profile_transfer`)
     transfer_from: tuple[str, ...] = ()
     compile: str = "auto"  # --compile: the steps timed compiled ("on"), eager ("off") or auto
+    batch: int = 1  # requests per timed step (a hardware id of its own past 1: <id>-b<B>)
 
 
 def timing_passes(repeats: int, passes: int) -> int:
@@ -169,7 +172,7 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
     check_options(options, device)
     dtype_name = run.dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads,
-                         steps=resolve_compile(options.compile, device))
+                         steps=resolve_compile(options.compile, device), batch=options.batch)
     store = ProfileStore(run.profile_csv(hw.hardware_id))
     with stage_lock(run.root, [f"latency-{hw.hardware_id}"], "dreams-nas profile"):
         if options.fit_only:
@@ -178,7 +181,8 @@ def profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]:
         else:
             timed, result = _time_steps(run, options, hw, store)
         summary = _fit(run, options, timed, store)
-    summary.update(device=device, seconds=round(time.perf_counter() - started, 1))
+    summary.update(device=device, batch=options.batch,
+                   seconds=round(time.perf_counter() - started, 1))
     if result is not None:
         summary.update(measured=result.measured, resumed=result.skipped, failed=result.failed)
     return summary
@@ -262,9 +266,10 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
     adapter.use_steps(hw.steps)  # the steps the deployment runs: eager or compiled
     entry = adapter.describe()
     space, supernet = _space_and_supernet(run, adapter.model, options.seed)
+    timed_space = space if options.batch == 1 else replace(space, trees=())  # batches: chains
     if sources is None:
         visual_tokens, contexts, data = _contexts(adapter, options, examples)
-        keys = build_plan(space, contexts, budget=options.budget, seed=options.seed,
+        keys = build_plan(timed_space, contexts, budget=options.budget, seed=options.seed,
                           budget_option=options.budget_option)
         planned = {"data_contexts": None if data is None else data.to_dict()}
     else:
@@ -286,16 +291,24 @@ def _time_steps(run: RunFolder, options: ProfileOptions, hw: HardwareInfo, store
         "seed": options.seed, "space": space.to_dict(), "n_keys": len(keys),
         "repeats": options.repeats, "warmup": options.warmup, "clock": options.clock,
         "threads": hw.threads, "passes": passes, "chunk": options.chunk,
-        "verify_after": space.largest().id, "target": entry.get("id"),
+        "verify_after": timed_space.largest().id, "target": entry.get("id"),
+        "batch": options.batch,
         "architecture_hash": entry["architecture_hash"], **planned,
     })
     settings = TimingSettings(warmup=options.warmup, repeats=options.repeats,
                               min_repeats=min(5, options.repeats), threads=hw.threads,
                               clock=options.clock, passes=passes, chunk=options.chunk)
     # Every verify is timed after the largest subnet's draft steps, as the loop runs it.
-    steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
-                       precede=space.largest(), trees=space.trees,
-                       positions=static_positions(contexts, keys, options.max_new_tokens))
+    positions = static_positions(contexts, keys, options.max_new_tokens)
+    if options.batch == 1:
+        steps = ModelSteps(adapter, supernet, visual_tokens, seed=options.seed,
+                           precede=space.largest(), trees=space.trees, positions=positions)
+    else:
+        from dreams_nas.latency.measure.batch_steps import BatchModelSteps
+
+        steps = BatchModelSteps(adapter, supernet, visual_tokens, options.batch,
+                                seed=options.seed, precede=timed_space.largest(),
+                                positions=positions)
     log.info("profiling %d steps on %s (%s) into %s", len(keys), hw.name, hw.hardware_id, folder)
     result = run_profile(steps, keys, store, hw, settings, show_progress=options.show_progress)
     compiled = compile_seconds(adapter)
@@ -359,34 +372,3 @@ def _fit(run: RunFolder, options: ProfileOptions, timed: _Timed, store: ProfileS
             "measured_steps": predictor.transfer["measured"]} if predictor.transfer else {}),
         **({"compile_s": timed.compile_s} if timed.compile_s else {}),
     }
-
-
-def log_accuracy(by_kind: dict[str, dict[str, float]], what: str = "predictor, held-out"
-                 ) -> None:
-    """One log line per kind of step: how well the predictor fitted without them predicted the
-    held-out rows (MAPE, share within +-10 %, Kendall's tau); `what` names the rows."""
-    for kind, m in by_kind.items():
-        tau = m.get("kendall_tau", float("nan"))
-        log.info(f"{what} %s rows (%d): MAPE %.1f%%, within 10%% %.0f%%, "
-                 "Kendall tau %s", kind, int(m.get("n", 0)), 100 * m.get("mape", float("nan")),
-                 100 * m.get("within_10pct", float("nan")),
-                 "n/a" if tau != tau else f"{tau:.3f}")
-
-
-def warn_partial_fit(store: ProfileStore, fitted: int, plan_path: Path) -> str | None:
-    """Warn (and return the warning) when the predictor was fitted on fewer rows than the plan
-    has steps: a torn last line is skipped on reading, and `--fit-only` times nothing, so
-    without this the fit would silently rest on part of the grid."""
-    plan = read_json(plan_path) if plan_path.is_file() else {}
-    planned = int(plan.get("n_keys", 0)) if isinstance(plan, dict) else 0
-    if fitted >= planned:
-        return None
-    recorded = len(store.done_keys())
-    if recorded < planned:
-        warning = (f"fitted {fitted} of {planned} planned steps; rerun `dreams-nas profile` "
-                   "without --fit-only to time the missing ones")
-    else:
-        warning = (f"fitted {fitted} of {planned} planned steps; the others could not be "
-                   f"timed (status oom or failed in {store.path})")
-    log.warning("warning: %s", warning)
-    return warning

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dreams_nas.latency.measure.hardware import HardwareInfo
+from dreams_nas.latency.measure.profile_store import ProfileStore
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.io import read_json
 
@@ -27,6 +28,7 @@ def profile_fingerprint(hw: HardwareInfo, architecture_hash: str | None) -> dict
 
     info = hw.to_dict()
     return {"hardware_id": hw.hardware_id, "dtype": hw.dtype, "steps": hw.steps,
+            "batch": hw.batch,
             **{key: info.get(key) for key in FINGERPRINT},
             "architecture_hash": architecture_hash, "step_revision": STEP_REVISION}
 
@@ -90,6 +92,12 @@ def check_options(options: Any, device: str) -> None:
     parse_budget(options.budget, options.budget_option)  # before the target's slow load
     if options.repeats < 1:
         raise InputError(f"--repeats {options.repeats} must be at least 1")
+    if options.batch < 1:
+        raise InputError(f"--batch-sizes {options.batch} must be 1 or more")
+    if options.batch > 1 and options.transfer_from:
+        raise InputError(f"--transfer-from prices batch 1 from another device's batch-1 "
+                         f"profile; profile batch {options.batch} here in full (drop "
+                         "--transfer-from), or give --batch-sizes 1")
     if options.warmup < 0:
         raise InputError(f"--warmup {options.warmup} must be 0 or more")
     if options.warmup == 0 and resolve_compile(options.compile, device) == "compiled":
@@ -136,3 +144,34 @@ def log_compile(seconds: dict[str, float]) -> None:
         log.info("compiled %d shapes in the warm-ups: %.0f s in all, %.1f s a shape (median), "
                  "%.1f s at most", len(values), sum(values), values[len(values) // 2],
                  values[-1])
+
+
+def log_accuracy(by_kind: dict[str, dict[str, float]], what: str = "predictor, held-out"
+                 ) -> None:
+    """One log line per kind of step: how well the predictor fitted without them predicted the
+    held-out rows (MAPE, share within +-10 %, Kendall's tau); `what` names the rows."""
+    for kind, m in by_kind.items():
+        tau = m.get("kendall_tau", float("nan"))
+        log.info(f"{what} %s rows (%d): MAPE %.1f%%, within 10%% %.0f%%, "
+                 "Kendall tau %s", kind, int(m.get("n", 0)), 100 * m.get("mape", float("nan")),
+                 100 * m.get("within_10pct", float("nan")),
+                 "n/a" if tau != tau else f"{tau:.3f}")
+
+
+def warn_partial_fit(store: ProfileStore, fitted: int, plan_path: Path) -> str | None:
+    """Warn (and return the warning) when the predictor was fitted on fewer rows than the plan
+    has steps: a torn last line is skipped on reading, and `--fit-only` times nothing, so
+    without this the fit would silently rest on part of the grid."""
+    plan = read_json(plan_path) if plan_path.is_file() else {}
+    planned = int(plan.get("n_keys", 0)) if isinstance(plan, dict) else 0
+    if fitted >= planned:
+        return None
+    recorded = len(store.done_keys())
+    if recorded < planned:
+        warning = (f"fitted {fitted} of {planned} planned steps; rerun `dreams-nas profile` "
+                   "without --fit-only to time the missing ones")
+    else:
+        warning = (f"fitted {fitted} of {planned} planned steps; the others could not be "
+                   f"timed (status oom or failed in {store.path})")
+    log.warning("warning: %s", warning)
+    return warning

@@ -27,7 +27,7 @@ def completed_profile(run: RunFolder, options: ProfileOptions) -> dict[str, Any]
     device = resolve_device(options.device)
     dtype_name = run.dtype(options.dtype, device)
     hw = detect_hardware(device, dtype=dtype_name, threads=options.threads,
-                         steps=resolve_compile(options.compile, device))
+                         steps=resolve_compile(options.compile, device), batch=options.batch)
     store = ProfileStore(run.profile_csv(hw.hardware_id))
     plan_path = run.plan_json(hw.hardware_id)
     predictor_path = run.predictor_json(hw.hardware_id)

@@ -231,7 +231,7 @@ def _setup(run: RunFolder, options: SearchOptions) -> _Setup:
                                      device=device, dtype=dtype, seed=options.seed,
                                      show_progress=options.show_progress))
     run.record_dtype(dtype)
-    digest, space = supernet_hash(run), run.space()
+    digest, space = supernet_hash(run), chains_at_batch(run.space(), hardware)
     data_id = dataset_id(options.data, options.limit, options.seed)
     table = AcceptanceTable(run.acceptance_csv(data_id), digest, data_id, 0.0, dtype=dtype,
                             max_new_tokens=options.max_new_tokens)
@@ -247,6 +247,18 @@ def _setup(run: RunFolder, options: SearchOptions) -> _Setup:
         storage = f"sqlite:///{db.resolve()}"
     return _Setup(hardware_id, dtype, digest, space, data_id, models, scorer,
                   CachedAcceptance(scorer, table), storage, hardware)
+
+
+def chains_at_batch(space: Any, hardware: dict[str, Any]) -> Any:
+    """The space a search prices on `hardware` (hardware.json): the run's, without its token
+    trees when the profile is of a batch of B > 1 requests (batched decoding drafts chains;
+    its profile times no tree)."""
+    batch = int(hardware.get("batch") or 1)
+    if batch == 1 or not space.trees:
+        return space
+    log.info("batch %d: the space's %d token tree(s) are left out (batched decoding drafts "
+             "chains)", batch, len(space.trees))
+    return replace(space, trees=())
 
 
 def _searched(run: RunFolder, options: SearchOptions, setup: _Setup

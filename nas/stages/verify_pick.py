@@ -21,7 +21,7 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     """Measure the best subnet and the top of the front end to end against plain decoding.
     `retime`: (the run, the search's context, the space) to time the best subnet's steps
     again among the prompts (`retime`: the formula with the machine as it is now)."""
-    from dreams_nas.nas.stages.verify import gap_line, gap_warning, measure_end_to_end, speedup_gap
+    from dreams_nas.nas.stages.verify import gap_line, gap_warning, speedup_gap
     from dreams_nas.supernet.core.device import torch_threads
 
     if options.verify == 0:
@@ -37,22 +37,21 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     chosen = [result.best] + [c for c in result.front if c.spec != result.best.spec]
     chosen = chosen[: options.verify]
     prompts = scorer.prompts[: options.verify_prompts]
+    batch = int(hardware.get("batch") or 1)
     log.info("verifying %d subnet(s) end to end on %d prompts against plain decoding, %d "
-             "repeat(s)", len(chosen), len(prompts), options.verify_repeats)
+             "repeat(s)%s", len(chosen), len(prompts), options.verify_repeats,
+             f", {batch} requests at a time" if batch > 1 else "")
     threads = hardware.get("threads") if here == "cpu" else None
     deploy_steps(models.target, hardware, prompts, [c.spec for c in chosen],
                  options.max_new_tokens)  # before the retimer: it times the same steps
     retimer = None
-    if retime is not None and options.retime:
+    if retime is not None and options.retime and batch == 1:  # retiming times batch-1 steps
         from dreams_nas.nas.stages.retime import build_retimer
 
         run, context_len, space = retime
         retimer = build_retimer(run, models, result.best, context_len, hardware, space)
     with torch_threads(int(threads) if threads else None):  # the profile's setting
-        results = measure_end_to_end(models.target, models.draft, [c.spec for c in chosen],
-                                     prompts, max_new_tokens=options.max_new_tokens,
-                                     repeats=options.verify_repeats,
-                                     show_progress=options.show_progress, between=retimer)
+        results = _measure(options, models, [c.spec for c in chosen], prompts, batch, retimer)
     verified, warnings = [], []
     for cand, m in zip(chosen, results, strict=True):
         verified.append(_verified(cand, m))
@@ -87,6 +86,23 @@ def verify_best(options: SearchOptions, result: Any, models: Any, scorer: Any,
     return measured, verified, warnings
 
 
+def _measure(options: SearchOptions, models: Any, specs: list[Any], prompts: Any, batch: int,
+             retimer: Any) -> list[Any]:
+    """`verify.measure_end_to_end`, or at batch B > 1 `verify_batch.measure_batched`."""
+    if batch > 1:
+        from dreams_nas.nas.stages.verify_batch import measure_batched
+
+        return measure_batched(models.target, models.draft, specs, prompts, batch=batch,
+                               max_new_tokens=options.max_new_tokens,
+                               repeats=options.verify_repeats)
+    from dreams_nas.nas.stages.verify import measure_end_to_end
+
+    return measure_end_to_end(models.target, models.draft, specs, prompts,
+                              max_new_tokens=options.max_new_tokens,
+                              repeats=options.verify_repeats,
+                              show_progress=options.show_progress, between=retimer)
+
+
 def this_machine(device: str, profiled: dict[str, Any]) -> str:
     """The hardware id of `device` here, identified as the profile was (its dtype, and on the
     CPU its thread count)."""
@@ -95,7 +111,8 @@ def this_machine(device: str, profiled: dict[str, Any]) -> str:
     threads = profiled.get("threads") if device.startswith("cpu") else None
     return detect_hardware(device, dtype=str(profiled.get("dtype") or "float32"),
                            threads=int(threads) if threads else None,
-                           steps=str(profiled.get("steps") or "dynamic")).hardware_id
+                           steps=str(profiled.get("steps") or "dynamic"),
+                           batch=int(profiled.get("batch") or 1)).hardware_id
 
 
 def deploy_steps(target: Any, hardware: dict[str, Any], prompts: Any, specs: Any,

@@ -175,31 +175,43 @@ def generate_batch(target: TargetAdapter, requests: list[dict[str, Tensor]],
     steps: list[int] = []
     last = _shrink(book, rows, drafter, last)
     while last is not None:
-        alive = book.alive(last.device)
-        if drafter is not None:
-            proposal = drafter.propose(last, draft_len, sampling, generator)
-            clock.lap("draft")
-            logits, hidden = rows.chain(torch.cat((last, proposal.tokens.to(last.device)), 1))
-            n, kept = _accept(proposal.tokens.to(last.device), proposal.draft_probs, logits,
-                              sampling, generator)
-        else:
-            logits, hidden = rows.chain(last)
-            kept = _choose(logits[:, 0], sampling, generator)
-            n = torch.zeros_like(kept[:, 0])
-        n = torch.where(alive, n, -1)
-        table = torch.cat((n[:, None], kept), dim=1).tolist()  # the cycle's one wait
-        counts = [row[0] for row in table]
-        rows.keep(n, width, counts)
-        clock.lap("verify")
-        steps.append(len(counts))
-        if drafter is not None:
-            drafter.update(kept, n, hidden)
-            clock.lap("draft")
-        book.take(counts, [row[1:] for row in table])
+        n, kept, table = batch_cycle(rows, drafter, last, draft_len, sampling, generator,
+                                     book.alive(last.device), clock)
+        steps.append(len(table))
+        book.take([row[0] for row in table], [row[1:] for row in table])
         last = kept.gather(1, n.clamp(min=0)[:, None])
         last = _shrink(book, rows, drafter, last)
         clock.lap("other")
     return _result(book, steps, clock, drafted=drafter is not None)
+
+
+def batch_cycle(rows: RowSteps, drafter: Any | None, last: Tensor, draft_len: int,
+                sampling: SamplingConfig, generator: torch.Generator | None, alive: Tensor,
+                clock: _Clock | None = None) -> tuple[Tensor, Tensor, list[list[int]]]:
+    """One cycle of every row: draft `draft_len` tokens after each row's `last` (B, 1) token
+    (plain decoding: none), verify them in one batched forward, keep each row's accepted
+    prefix (rows where `alive` is False keep nothing), update the drafter. Returns (n (B,),
+    kept (B, k + 1), on the host [n, kept...] per row: the cycle's one copy). The latency
+    profile times this very function at batch B (`latency.measure.batch_steps`)."""
+    lap = clock.lap if clock is not None else (lambda name: None)
+    if drafter is not None:
+        proposal = drafter.propose(last, draft_len, sampling, generator)
+        lap("draft")
+        drafts = proposal.tokens.to(last.device)
+        logits, hidden = rows.chain(torch.cat((last, drafts), dim=1))
+        n, kept = _accept(drafts, proposal.draft_probs, logits, sampling, generator)
+    else:
+        logits, hidden = rows.chain(last)
+        kept = _choose(logits[:, 0], sampling, generator)
+        n = torch.zeros_like(kept[:, 0])
+    n = torch.where(alive, n, -1)
+    table = torch.cat((n[:, None], kept), dim=1).tolist()  # the cycle's one wait
+    rows.keep(n, kept.shape[1], [row[0] for row in table])
+    lap("verify")
+    if drafter is not None:
+        drafter.update(kept, n, hidden)
+        lap("draft")
+    return n, kept, table
 
 
 def _shrink(book: _Rows, rows: RowSteps, drafter: Any | None, last: Tensor) -> Tensor | None:

@@ -96,14 +96,15 @@ def fake_params(spec: SubnetSpec) -> int:
 
 
 def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
-                          contexts: Sequence[int] = (16, 32, 64, 128), cycle: bool = False
-                          ) -> None:
+                          contexts: Sequence[int] = (16, 32, 64, 128), cycle: bool = False,
+                          batch: int = 1) -> None:
     """A latency predictor fitted on synthetic timings, saved as `dreams-nas profile` would, so a
     real run folder can be searched without timing anything (the plumbing is what is tested).
     `contexts`: the context lengths "profiled"; the default spans the tiny targets' prompts and
     answers (a search outside them is refused). A space with draft vocabularies gets draft rows
     for each (a smaller vocabulary a faster step). `cycle`: with the speculative cycle's own
-    work (kinds ``cycle``, ``cycle_tree``); without, the profile is one made before them."""
+    work (kinds ``cycle``, ``cycle_tree``); without, the profile is one made before them.
+    `batch`: the requests per step hardware.json records (`profile --batch-sizes`)."""
     import json
 
     import pandas as pd
@@ -138,7 +139,7 @@ def fit_synthetic_latency(run, space: SearchSpace, hardware_id: str,
     (run.latency_dir(hardware_id) / "profile.csv").write_text("hardware_id,kind\n")
     from dreams_nas.latency.measure.hardware import detect_hardware
 
-    here = detect_hardware("cpu", dtype="float32", threads=1).to_dict()  # every key
+    here = detect_hardware("cpu", dtype="float32", threads=1, batch=batch).to_dict()
     (run.latency_dir(hardware_id) / "hardware.json").write_text(json.dumps(
         {**here, "hardware_id": hardware_id, "name": "test box"}))
 

@@ -2,14 +2,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import replace
 
 import pytest
+from _support.kill import kill_after_rows
 from dreams_nas.latency.measure.hardware import detect_hardware
 from dreams_nas.latency.measure.plan import StepKey
 from dreams_nas.latency.measure.profile_store import ProfileStore, make_row
@@ -262,27 +259,16 @@ def test_a_duplicated_key_is_refused_by_fit_only(small_run, capsys) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 2])
 def test_killed_profile_resumes_without_duplicate_or_missing_rows(small_run, tiny_llava,
-                                                                  capsys) -> None:
+                                                                  capsys, batch) -> None:
+    """Batch 1, and a batched profile (`--batch-sizes 2`: its own hardware id)."""
     argv = [sys.executable, "-m", "dreams_nas.nas.cli", "profile", "--run", str(small_run.root),
             "--target", tiny_llava, "-q", "--device", "cpu", "--threads", "1", "--repeats", "10",
-            "--context-lengths", "12", "20", "36", "--holdout", "0.3", "--passes", "1"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    csv = None
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline and first.poll() is None:
-            hw_ids = small_run.hardware_ids()
-            if hw_ids:
-                csv = small_run.profile_csv(hw_ids[0])
-                if csv.read_text().count("\n") >= 6:  # header + 5 rows
-                    break
-            time.sleep(0.02)
-        first.send_signal(signal.SIGKILL)
-    finally:
-        first.wait()
-    assert first.returncode == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
+            "--context-lengths", "12", "20", "36", "--holdout", "0.3", "--passes", "1",
+            "--batch-sizes", str(batch)]
+    csv = kill_after_rows(argv, small_run)
+    assert small_run.hardware_ids()[0].endswith("-b2") == (batch == 2)
     store = ProfileStore(csv)
     partial = len(store.read())
     # drafts hot and after a verify, decode, verify, a cycle per draft_len

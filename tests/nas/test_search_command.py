@@ -394,3 +394,59 @@ def test_compile_picks_the_profile_of_compiled_or_eager_steps(tmp_path) -> None:
     run.predictor_json("cpu-x-1t-compiled").unlink()
     with pytest.raises(InputError, match="0 profiles of compiled steps .* --compile on"):
         hardware_of(root, None, "on")
+
+
+def test_batch_size_picks_the_profile_of_that_batch(tmp_path) -> None:
+    from dreams_nas.nas.commands.search import hardware_of, split_batch
+    from dreams_nas.supernet.core.errors import InputError
+
+    run = RunFolder(tmp_path / "run")
+    for hw in ("cpu-x-1t", "cpu-x-1t-b4", "cpu-x-1t-compiled-b4"):
+        run.predictor_json(hw).parent.mkdir(parents=True)
+        run.predictor_json(hw).write_text("{}")
+        run.profile_csv(hw).write_text("")
+    root = str(run.root)
+    assert split_batch("cpu-x-1t-compiled-b4") == ("cpu-x-1t-compiled", 4)
+    assert split_batch("cpu-x-1t") == ("cpu-x-1t", 1)
+    assert hardware_of(root, None, None, 1) == "cpu-x-1t"
+    assert hardware_of(root, None, "on", 4) == "cpu-x-1t-compiled-b4"
+    assert hardware_of(root, None, "off", 4) == "cpu-x-1t-b4"
+    assert hardware_of(root, "cpu-x-1t-b4", None, 4) == "cpu-x-1t-b4"
+    with pytest.raises(InputError, match="2 profiles of steps at batch 4 .* --compile"):
+        hardware_of(root, None, None, 4)
+    with pytest.raises(InputError, match=r"not a profile of steps at batch 8 \(--batch-size 8\)"):
+        hardware_of(root, "cpu-x-1t-b4", None, 8)
+    with pytest.raises(InputError, match="0 profiles of steps at batch 2 .* --batch-sizes 2"):
+        hardware_of(root, None, None, 2)
+
+
+def test_a_search_at_batch_b_prices_and_verifies_batches(tiny_run, cmd, monkeypatch) -> None:
+    """`search --batch-size 2` on the batch-2 profile: chains only (the space's trees left
+    out), its pick measured by batched decoding against plain batched decoding, its artefacts
+    under the batch's own hardware id."""
+    from dataclasses import replace
+
+    from _support.search import fit_synthetic_latency
+
+    run, _ = tiny_run
+    space = replace(SPACE, trees=((2, 1),))
+    run.save_space(space)
+    fit_synthetic_latency(run, space, HW, cycle=True)
+    fit_synthetic_latency(run, replace(space, trees=()), f"{HW}-b2", cycle=True, batch=2)
+    from dreams_nas.nas.stages import verify_batch
+
+    batches = []
+    real = verify_batch.measure_batched
+    monkeypatch.setattr(verify_batch, "measure_batched",
+                        lambda *a, **k: batches.append(k["batch"]) or real(*a, **k))
+    code, out, err = cmd("search", "--limit", "4", "--max-new-tokens", "12", "--device", "cpu",
+                         "--verify", "2", "--verify-prompts", "3", "--batch-size", "2")
+    assert code == 0, err
+    best = json.loads(run.best_json(f"{HW}-b2").read_text())
+    assert best["hardware"]["batch"] == 2 and best["hardware"]["hardware_id"] == f"{HW}-b2"
+    trials = pd.read_csv(run.trials_csv(f"{HW}-b2"))
+    assert len(trials) == SPACE.size and "t2x1" not in " ".join(trials["spec_id"])
+    measured = best["measured"]
+    assert measured["speedup"] > 0 and measured["identical_prompts"] == measured["prompts"] == 3
+    assert batches == [2]  # verified two requests at a time
+    assert not run.best_json(HW).exists()  # batch 1 untouched
