@@ -55,6 +55,7 @@ class BatchModelSteps(ModelSteps):
     def _positions(self, context_len: int) -> int:
         return max(self.positions, context_len + 9)
 
+    @torch.inference_mode()
     def fill_rows(self, context_len: int, force: bool = False) -> Any:
         """Every row holding the prompt of `context_len` positions; the prefill's output."""
         pre = self.prefilled(context_len)

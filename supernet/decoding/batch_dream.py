@@ -51,6 +51,7 @@ class BatchDreamDrafter:
     def _device(self) -> torch.device:
         return next(self.draft.parameters()).device
 
+    @torch.inference_mode()
     def start(self, batch: int, positions: int) -> None:
         """Empty rows for `batch` requests of up to `positions` positions each."""
         self.cache = self._cache(batch, capacity_for(positions))
@@ -139,6 +140,7 @@ class BatchDreamDrafter:
         self.prev = hidden.to(self._device, self.next_prev.dtype)
         self.valid = n.to(self._device) + 1
 
+    @torch.inference_mode()
     def select(self, index: list[int]) -> None:
         """Keep the rows `index`, in that order."""
         assert self.cache is not None and not self._rows

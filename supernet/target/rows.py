@@ -176,6 +176,7 @@ class RowSteps:
     def capacity(self) -> int:
         return 0 if self.rows is None else self.rows.capacity
 
+    @torch.inference_mode()  # the caches are made and written in inference mode
     def start(self, batch: int, positions: int) -> None:
         """An empty cache of `batch` rows, each for up to `positions` positions."""
         self.rows = self._cache(batch, capacity_for(positions))
@@ -189,6 +190,7 @@ class RowSteps:
                                        self.lm_head.weight.device)
         return self._pool[key]
 
+    @torch.inference_mode()  # the caches are made and written in inference mode
     def admit(self, row: int, adapter: Any, prefill: Any) -> None:
         """Row `row` holds the request `adapter` has just prefilled (`prefill` its output)."""
         assert self.rows is not None, "start() first"
@@ -203,6 +205,7 @@ class RowSteps:
         self.rows.admit(row, adapter.cache, length, delta)
         self.lengths[row] = length
 
+    @torch.inference_mode()  # the caches are made and written in inference mode
     def select(self, index: list[int]) -> None:
         """Keep the rows `index` (in that order): a smaller batch from the next step on."""
         assert self.rows is not None
@@ -234,6 +237,7 @@ class RowSteps:
         self.lengths = [n + k for n in self.lengths]
         return out
 
+    @torch.inference_mode()  # the caches are made and written in inference mode
     def keep(self, n: Tensor, k: int, counts: list[int]) -> None:
         """After a chain of k: row b keeps its first n[b] + 1 positions (n (B,) on the device,
         -1 keeps none); `counts` is the same on the host."""
