@@ -1,7 +1,8 @@
 """Batched decoding at several batch sizes: a searched pick against plain batched decoding and
 HF `generate` on the same padded batch, side by side in one run.
 
-    python benchmarks/bench_batch.py --spec <run>/specs/<id> [--batch-sizes 1 2 4 8]
+    python benchmarks/bench_batch.py --run <run> --hardware <id> [--batch-sizes 1 2 4 8]
+    python benchmarks/bench_batch.py --spec <run>/specs/<id> [--spec ...] [--batch-sizes 1 2 4 8]
         [--prompts 32] [--repeats 5] [--max-new-tokens 64] [--threads 1] [--compile off]
         [--json] [--out FILE]
 
@@ -9,7 +10,11 @@ At each batch size B the prompts are decoded B at a time, in order, by
   1. HF `model.generate(do_sample=False)` on the padded batch (left padding, the processor's
      own collation): its batched greedy decoding;
   2. our plain batched decoding (`supernet.decoding.batch_loop.generate_batch`, no drafter);
-  3. the pick: the same rows with the spec folder's draft (`BatchDreamDrafter`).
+  3. each pick: the same rows with a spec folder's draft (`BatchDreamDrafter`); several
+     `--spec`s (e.g. the picks of two batch sizes) measure what each loses at the other's.
+     `--run R --hardware ID` takes the search's pick of every batch size given (best.json of
+     ID at batch 1, of ID-b<B> past it), with its predicted speedup, and measures every pick
+     at every batch size.
 Within each repeat every chunk of B prompts runs all three, who goes first rotating.
 Throughput is every new token over the calls' wall time (prefill included), median over
 repeats; the decode phase is the tokens after each request's first over the time after the
@@ -53,7 +58,7 @@ def hf_batch(target: Any, examples: list[Any]) -> dict[str, Any]:
     return target._to_device(dict(batch))
 
 
-def methods(target: Any, max_new: int, spec_dir: str) -> dict[str, Callable]:
+def methods(target: Any, max_new: int, spec_dirs: list[str]) -> dict[str, Callable]:
     """name -> ((examples, inputs) -> (rows' tokens, whole seconds, decode seconds))."""
     import torch
     from dreams_nas.supernet.decoding.batch_dream import BatchDreamDrafter
@@ -61,8 +66,6 @@ def methods(target: Any, max_new: int, spec_dir: str) -> dict[str, Callable]:
     from dreams_nas.supernet.decoding.registry import load_drafter
 
     model, eos = target.model, target.eos_token_ids
-    one = load_drafter(spec_dir, target)
-    drafter = BatchDreamDrafter(one.draft, one.spec)
 
     def hf(examples: list[Any], inputs: list[dict]) -> tuple[list[list[int]], float, float]:
         batch = hf_batch(target, examples)
@@ -77,16 +80,21 @@ def methods(target: Any, max_new: int, spec_dir: str) -> dict[str, Callable]:
         rows = [_cut(row, eos) for row in out[:, batch["input_ids"].shape[1]:].tolist()]
         return rows, times[1], times[1] - times[0]
 
-    def ours(draft: Any) -> Callable:
+    def ours(spec_dir: str | None) -> Callable:
+        one = None if spec_dir is None else load_drafter(spec_dir, target)
+        draft = None if one is None else BatchDreamDrafter(one.draft, one.spec)
+        draft_len = 1 if one is None else one.spec.draft_len
+
         def run(examples: list[Any], inputs: list[dict]) -> tuple[list[list[int]], float, float]:
             start = time.perf_counter()
-            out = generate_batch(target, inputs, draft, draft_len=one.spec.draft_len,
+            out = generate_batch(target, inputs, draft, draft_len=draft_len,
                                  max_new_tokens=max_new, timed=True)
             return ([t.tolist() for t in out.tokens], time.perf_counter() - start,
                     out.stats.decode_s)
         return run
 
-    return {HF: hf, PLAIN: ours(None), f"the pick {Path(spec_dir).name}, batched": ours(drafter)}
+    return {HF: hf, PLAIN: ours(None),
+            **{f"the pick {Path(d).name}, batched": ours(d) for d in spec_dirs}}
 
 
 def measure(target: Any, runs: dict[str, Callable], examples: list[Any], inputs: list[dict],
@@ -136,6 +144,26 @@ def measure(target: Any, runs: dict[str, Callable], examples: list[Any], inputs:
     return rows
 
 
+def run_picks(run_dir: str, hardware: str, sizes: list[int]) -> tuple[list[str], dict]:
+    """The search's pick at each batch size (`search --batch-size`): its spec folders (each
+    once) and, per batch size, its spec id and predicted and measured speedups."""
+    from dreams_nas.supernet.core.runfolder import RunFolder
+
+    run = RunFolder(run_dir)
+    folders: list[str] = []
+    picks: dict[int, dict[str, Any]] = {}
+    for size in sizes:
+        hw = hardware if size == 1 else f"{hardware}-b{size}"
+        best = json.loads(run.best_json(hw).read_text())
+        folder = str(run.root / best["spec_dir"])
+        if folder not in folders:
+            folders.append(folder)
+        picks[size] = {"hardware_id": hw, "spec_id": best["spec_id"],
+                       "predicted": best["predicted"]["speedup"],
+                       "measured": (best.get("measured") or {}).get("speedup")}
+    return folders, picks
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| B | method | tokens/s (range) | vs plain | decode tokens/s (range) | vs plain "
              "| identical |", "|---|---|---|---|---|---|---|"]
@@ -149,7 +177,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def bench(spec_dir: str, *, target_name: str = "builtin", sizes: list[int], prompts: int,
+def bench(spec_dirs: list[str], *, target_name: str = "builtin", sizes: list[int], prompts: int,
           repeats: int, max_new_tokens: int, threads: int | None, compile: str) -> dict:
     import torch
     from dreams_nas.nas.stages.inputs import load_eval_examples
@@ -162,10 +190,11 @@ def bench(spec_dir: str, *, target_name: str = "builtin", sizes: list[int], prom
         target.use_steps("compiled" if compile == "on" else "static")
         examples = load_eval_examples("builtin", prompts, 0)
         inputs = [target.build_inputs(e.image_path, e.prompt) for e in examples]
-        rows = measure(target, methods(target, max_new_tokens, spec_dir), examples, inputs,
+        rows = measure(target, methods(target, max_new_tokens, spec_dirs), examples, inputs,
                        sizes, repeats, max_new_tokens)
         n_threads = torch.get_num_threads()
-    return {"target": target.describe(), "spec": Path(spec_dir).name, "prompts": len(inputs),
+    return {"target": target.describe(), "specs": [Path(d).name for d in spec_dirs],
+            "prompts": len(inputs),
             "repeats": repeats, "max_new_tokens": max_new_tokens, "threads": n_threads,
             "compile": compile, "torch": torch.__version__,
             "python": platform.python_version(), "rows": rows, "table": table(rows)}
@@ -173,7 +202,11 @@ def bench(spec_dir: str, *, target_name: str = "builtin", sizes: list[int], prom
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, metavar="SPEC_DIR")
+    parser.add_argument("--spec", action="append", default=[], metavar="SPEC_DIR",
+                        help="a pick's spec folder (repeat for several)")
+    parser.add_argument("--run", default=None, help="with --hardware: every batch size's pick")
+    parser.add_argument("--hardware", default=None,
+                        help="the batch-1 hardware id whose -b<B> searches hold the picks")
     parser.add_argument("--target", default="builtin")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--prompts", type=int, default=32)
@@ -184,10 +217,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    picks = None
+    if args.run:
+        folders, picks = run_picks(args.run, args.hardware, args.batch_sizes)
+        args.spec = [*args.spec, *(f for f in folders if f not in args.spec)]
+    if not args.spec:
+        parser.error("give --spec SPEC_DIR or --run RUN --hardware ID")
     result = bench(args.spec, target_name=args.target, sizes=args.batch_sizes,
                    prompts=args.prompts, repeats=args.repeats,
                    max_new_tokens=args.max_new_tokens, threads=args.threads,
                    compile=args.compile)
+    if picks is not None:
+        result["picks"] = picks
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "table"}) if args.json

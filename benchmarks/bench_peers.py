@@ -3,6 +3,11 @@
     dreams-nas train && dreams-nas profile --device cpu && dreams-nas search   # the run folder
     python benchmarks/bench_peers.py --run dreams-run [--prompts 16] [--max-new-tokens 64]
         [--repeats 5] [--threads 1] [--assistant builtin|none|DIR] [--json] [--out FILE.json]
+    python benchmarks/bench_peers.py --run dreams-run --hardware ID --batch-sizes 1 2 4 8
+
+With `--batch-sizes` the peers are batched instead (`bench_batch.py`): at each batch size, HF
+`generate` on the same padded batch, our plain batched decoding and every batch size's search
+pick (`search --batch-size`), side by side.
 
 Methods, all on the run's target and the same built-in evaluation prompts (the ones the search
 scored), interleaved per prompt within each repeat:
@@ -108,7 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true",
                         help="also print the result as one JSON line")
     parser.add_argument("--out", default=None, metavar="FILE.json", help="write the result there")
-    args = parser.parse_args(argv)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                        help="batched peers at these batch sizes (bench_batch.py)")
+    args, rest = parser.parse_known_args(argv)
+    if args.batch_sizes:
+        import bench_batch
+
+        return bench_batch.main(["--run", args.run, "--hardware", args.hardware or "",
+                                 "--batch-sizes", *map(str, args.batch_sizes),
+                                 "--prompts", str(args.prompts), "--repeats", str(args.repeats),
+                                 "--max-new-tokens", str(args.max_new_tokens),
+                                 "--threads", str(args.threads or 1),
+                                 *(["--json"] if args.json else []),
+                                 *(["--out", args.out] if args.out else []), *rest])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     result = bench(args.run, hardware=args.hardware, prompts=args.prompts,
                    max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                    assistant=args.assistant, hf_lookup_tokens=args.hf_lookup_tokens,

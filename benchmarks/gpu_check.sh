@@ -3,8 +3,8 @@
 #
 #   benchmarks/gpu_check.sh                 # cuda:0, the default built-in target
 #   benchmarks/gpu_check.sh --device cpu    # the dry run: the tiny built-in target on the CPU
-#   (--no-tests skips step 1, --passes a subset of "eager compiled fp32"; the suite's dry run,
-#   tests/nas/test_gpu_check.py, runs the compiled and float32 passes with
+#   (--no-tests skips step 1, --passes a subset of "eager compiled batch fp32"; the suite's dry
+#   run, tests/nas/test_gpu_check.py, runs the compiled, batch and float32 passes with
 #   DREAMS_NAS_COMPILE_BACKEND=eager: dynamo's capture without inductor's code generation)
 #
 # 1. the cuda-marked tests (skipped where torch sees no GPU);
@@ -18,6 +18,9 @@
 #    CUDA graphs; its own hardware id, <id>-compiled), side by side, and after each its best
 #    chain and its best token tree decode side by side (benchmarks/bench_trees.py: where a wide
 #    verify is nearly free, trees should win: the goal is the best tree >= 1.10x the chain);
+#    then (--passes batch) profiled and searched compiled at a batch of 8 requests (`profile
+#    --batch-sizes 8`, `<id>-compiled-b8`), its pick verified batched against plain batched
+#    decoding, beside the compiled pass's batch 1;
 # 3. prints per run the hardware id, the identical-prompt rate, predicted vs measured speedup
 #    and the draft and target step times; then checks the one-line error for a device that is
 #    not there.
@@ -29,7 +32,7 @@ DEVICE=cuda:0
 VARIANT=""
 OUT=""
 TESTS=1
-PASSES="eager compiled fp32"
+PASSES="eager compiled batch fp32"
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE=$2; shift 2 ;;
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
         --no-tests) TESTS=0; shift ;;
         --passes) PASSES=$2; shift 2 ;;
         *) echo "gpu_check.sh: unknown argument $1 (--device D, --variant V, --out DIR," \
-                "--no-tests, --passes 'eager compiled fp32')" >&2
+                "--no-tests, --passes 'eager compiled batch fp32')" >&2
            exit 2 ;;
     esac
 done
@@ -51,10 +54,10 @@ CLI=("$PY" -m dreams_nas.nas.cli)
 export DREAMS_NAS_DEMO_VARIANT=$VARIANT
 if [ "$VARIANT" = tiny ]; then  # test-size settings: the plumbing, not the figures
     STEPS=2; PROMPTS=4; LIMIT=2; TOKENS=8; CONTEXTS=(40 56); BUDGET=(4 4); REPEATS=(2 1 1)
-    TREE_REPEATS=1; VERIFY_REPEATS=1
+    TREE_REPEATS=1; VERIFY_REPEATS=1; BATCH=2
 else  # a GPU runs a model this small at its launch rate: ~0.7 s a training step, ~1 s a row
     STEPS=100; PROMPTS=128; LIMIT=16; TOKENS=48; CONTEXTS=(); BUDGET=(24 8); REPEATS=(10 2 3)
-    TREE_REPEATS=3; VERIFY_REPEATS=3
+    TREE_REPEATS=3; VERIFY_REPEATS=3; BATCH=8
 fi
 started=$(date +%s)
 
@@ -73,22 +76,24 @@ stage() {  # stage NAME COMMAND...: run one stage, then say how long it took
     echo "($name: $(( $(date +%s) - t0 )) s)" >&2
 }
 
-pipeline() {  # pipeline RUN BUDGET LIMIT [COMPILE]: profile (its steps eager, or compiled with
-    # COMPILE=on: a hardware id of its own), score, search into RUN; best.json's summary
-    local run=$1 budget=$2 limit=$3 compile=${4:-off} hw
+pipeline() {  # pipeline RUN BUDGET LIMIT [COMPILE [BATCH]]: profile (its steps eager, or
+    # compiled with COMPILE=on; at BATCH requests a step: each a hardware id of its own), score,
+    # search into RUN; best.json's summary
+    local run=$1 budget=$2 limit=$3 compile=${4:-off} batch=${5:-1} hw tag=""
+    if [ "$batch" != 1 ]; then tag=".b$batch"; fi
     stage profile "${CLI[@]}" profile --run "$run" --device "$DEVICE" --repeats "${REPEATS[0]}" \
         --passes "${REPEATS[1]}" --warmup "${REPEATS[2]}" \
         --budget "$budget" ${CONTEXTS[@]:+--context-lengths "${CONTEXTS[@]}"} \
-        --compile "$compile" --json -q > "$run.profile.json"
+        --compile "$compile" --batch-sizes "$batch" --json -q > "$run$tag.profile.json"
     hw=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["hardware_id"])' \
-        "$run.profile.json")
+        "$run$tag.profile.json")
     stage score "${CLI[@]}" score --run "$run" --device "$DEVICE" --limit "$limit" \
         --max-new-tokens "$TOKENS" --json -q
     stage search "${CLI[@]}" search --run "$run" --device "$DEVICE" --objective speedup \
         --hardware "$hw" --limit "$limit" --max-new-tokens "$TOKENS" --verify 1 \
         --verify-repeats "$VERIFY_REPEATS" --json -q \
-        > "$run.search.json"
-    "$PY" - "$run" "$run.search.json" <<'PYEOF'
+        > "$run$tag.search.json"
+    "$PY" - "$run" "$run$tag.search.json" <<'PYEOF'
 import json
 import sys
 from pathlib import Path
@@ -98,7 +103,8 @@ best = json.loads((run / "search" / search["hardware_id"] / "best.json").read_te
 predicted, measured = best["predicted"], best["measured"] or {}
 verified = (best["verified"] or [{}])[0]
 steps = verified.get("measured_ms", {})
-print(f"hardware id        {search['hardware_id']}  ({best['hardware'].get('name')})")
+print(f"hardware id        {search['hardware_id']}  ({best['hardware'].get('name')}, batch "
+      f"{best['hardware'].get('batch', 1)})")
 print(f"dtype              {best['dtype']}")
 print(f"best subnet        {best['spec_id']}")
 print(f"identical prompts  {measured.get('identical_prompts')} of {measured.get('prompts')}")
@@ -114,7 +120,7 @@ print(f"target step        predicted decode {predicted['decode_ms']:.3f} ms, ver
 if best["dtype"] == "float32" and measured.get("identical_prompts") != measured.get("prompts"):
     sys.exit("float32 decoding is not lossless: every prompt must be identical")
 PYEOF
-    if [ "$run" = "$HALF_RUN" ]; then  # the best chain against the best tree, side by side
+    if [ "$run" = "$HALF_RUN" ] && [ "$batch" = 1 ]; then  # best chain vs best tree
         stage trees "$PY" benchmarks/bench_trees.py --run "$run" --hardware "$hw" \
             --device "$DEVICE" --prompts "$limit" --max-new-tokens "$TOKENS" \
             --repeats "$TREE_REPEATS"
@@ -135,6 +141,10 @@ fi
 if runs compiled; then
     echo "== on $DEVICE, the same supernet and dtype, the steps compiled (--compile on)"
     pipeline "$HALF_RUN" "${BUDGET[0]}" "$LIMIT" on
+fi
+if runs batch; then
+    echo "== on $DEVICE, the same supernet and dtype, compiled, $BATCH requests at a time"
+    pipeline "$HALF_RUN" "${BUDGET[0]}" "$(( LIMIT > BATCH ? LIMIT : BATCH ))" on "$BATCH"
 fi
 if runs fp32; then
 echo "== on $DEVICE, the same supernet in float32, into $FP32_RUN"

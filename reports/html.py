@@ -350,7 +350,9 @@ def _cross_table(data: ReportData) -> str:
 </tr></thead><tbody>{"".join(rows)}</tbody></table></div>
 <p class="note">Expected speedup of each hardware's best subnet on every searched hardware,
 looked up in that hardware's trials.csv (– where it was not evaluated there); in brackets, the
-share of that hardware's own best.</p></section>"""
+share of that hardware's own best. An id ending in -b&lt;B&gt; is the same device searched for B
+requests decoded together (<code>search --batch-size</code>): its row is the pick for that
+batch size, and its share elsewhere what that pick loses at the other batch sizes.</p></section>"""
 
 
 def render_html(data: ReportData, figures: Sequence[RenderedFigure],

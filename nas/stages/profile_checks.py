@@ -132,7 +132,9 @@ def compile_seconds(adapter: Any) -> dict[str, float]:
     static = getattr(adapter, "static", None)
     if static is None or not static.compiled:
         return {}
-    out = {f"target:{k}": v for k, v in static.warmup_s.items()}
+    rows = getattr(adapter, "_rows", None)  # batched steps (`profile --batch-sizes`)
+    out = {f"target:{k}": v for k, v in {**static.warmup_s,
+                                          **(rows.warmup_s if rows else {})}.items()}
     out.update({f"draft:{k}": v for k, v in WARMUP_S.items()})
     return {k: round(v, 2) for k, v in out.items()}
 

@@ -1,5 +1,5 @@
-"""`benchmarks/gpu_check.sh`'s CPU dry run: the GPU check's compiled and float32 passes run and
-print what a device run records, on the tiny built-in target (the session's), the compiled
+"""`benchmarks/gpu_check.sh`'s CPU dry run: the GPU check's compiled, batch and float32 passes
+run and print what a device run records, on the tiny built-in target (the session's), the compiled
 steps in dynamo's capture (`DREAMS_NAS_COMPILE_BACKEND=eager`): the plumbing, not the figures.
 The eager 16-bit pass is the compiled one with `--compile off` (the demo's tests run that path
 in bfloat16); leaving it out keeps the suite's time."""
@@ -18,21 +18,23 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.sh"
 
 
-@pytest.mark.slow  # trains, profiles, scores and searches three times at test size
+@pytest.mark.slow  # trains once, profiles, scores and searches three times at test size
 def test_the_gpu_check_dry_run_prints_each_pass(tmp_path, builtin_cache) -> None:
     env = {**os.environ, "DREAMS_NAS_CACHE": str(builtin_cache), "PY": sys.executable,
            "DREAMS_NAS_COMPILE_BACKEND": "eager", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", str(SCRIPT), "--device", "cpu", "--no-tests", "--passes",
-                           "compiled fp32", "--out", str(tmp_path)], cwd=SCRIPT.parents[1],
+                           "compiled batch fp32", "--out", str(tmp_path)], cwd=SCRIPT.parents[1],
                           env=env, text=True, capture_output=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     hardware = re.findall(r"^hardware id\s+(\S+)", out, re.M)
-    # 16-bit compiled (its own id), then float32 eager
-    assert len(hardware) == 2 and hardware[0] == f"{hardware[1]}-compiled", out
-    assert len(re.findall(r"^identical prompts\s+\d+ of \d+", out, re.M)) == 2, out
-    assert len(re.findall(r"^speedup\s+predicted [\d.]+x, measured [\d.]+x", out, re.M)) == 2
-    assert len(re.findall(r"^draft step\s+predicted [\d.]+ ms", out, re.M)) == 2
+    # 16-bit compiled (its own id), the same at a batch of 2 (another), then float32 eager
+    assert hardware == [f"{hardware[2]}-compiled", f"{hardware[2]}-compiled-b2",
+                        hardware[2]], out
+    assert len(re.findall(r"^hardware id\s+\S+\s+\(.*, batch 2\)", out, re.M)) == 1, out
+    assert len(re.findall(r"^identical prompts\s+\d+ of \d+", out, re.M)) == 3, out
+    assert len(re.findall(r"^speedup\s+predicted [\d.]+x, measured [\d.]+x", out, re.M)) == 3
+    assert len(re.findall(r"^draft step\s+predicted [\d.]+ ms", out, re.M)) == 3
     # the best chain against the best tree after the 16-bit pass, decoded compiled
     assert len(re.findall(r"^tree / chain measured: [\d.]+x", out, re.M)) == 1, out
     assert "compiled steps" in out
