@@ -83,11 +83,11 @@ def methods(target: Any, max_new: int, spec_dirs: list[str]) -> dict[str, Callab
     def ours(spec_dir: str | None) -> Callable:
         one = None if spec_dir is None else load_drafter(spec_dir, target)
         draft = None if one is None else BatchDreamDrafter(one.draft, one.spec)
-        draft_len = 1 if one is None else one.spec.draft_len
+        shape = 1 if one is None else one.spec.shape
 
         def run(examples: list[Any], inputs: list[dict]) -> tuple[list[list[int]], float, float]:
             start = time.perf_counter()
-            out = generate_batch(target, inputs, draft, draft_len=draft_len,
+            out = generate_batch(target, inputs, draft, shape=shape,
                                  max_new_tokens=max_new, timed=True)
             return ([t.tolist() for t in out.tokens], time.perf_counter() - start,
                     out.stats.decode_s)

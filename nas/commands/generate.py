@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ HELP = ("generate an answer about an image with a target VLM and a drafter "
         "(lossless speculative decoding)")
 
 _NAMED_DRAFTERS = ("lookup", "oracle", "none")
-log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,9 +98,6 @@ def _check_batch_args(args: argparse.Namespace) -> None:
     if args.drafter in ("lookup", "oracle"):
         raise InputError(f"--drafter {args.drafter} drafts one request at a time; with "
                          "--prompts draft with a spec folder (specs/<spec_id>/) or none")
-    if args.tree is not None:
-        raise InputError(f"--tree {args.tree}: batched decoding drafts chains; give "
-                         "--draft-len instead")
 
 
 def check_positions(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
@@ -189,25 +184,26 @@ def _run_file(args: argparse.Namespace, target: Any, sampling: Any, steps: str) 
     from dreams_nas.supernet.decoding.batch_dream import BatchDreamDrafter
     from dreams_nas.supernet.decoding.registry import load_drafter
 
-    drafter = None
+    drafter = one = None
     if args.drafter != "none":
         one = load_drafter(args.drafter, target, max_new_tokens=args.max_new_tokens)
         drafter = BatchDreamDrafter(one.draft, one.spec)
-        if one.default_tree is not None and args.draft_len is None:
-            log.warning("the spec drafts tree %s; batched decoding drafts the chain of its "
-                        "draft_len %d", one.default_tree.label, one.default_tree.draft_len)
-    draft_len = args.draft_len or getattr(drafter, "default_draft_len", None) or 5
+    tree = _tree_of(args, one)
+    draft_len = (tree.draft_len if tree is not None
+                 else args.draft_len or getattr(drafter, "default_draft_len", None) or 5)
     generator = torch.Generator(device=target.device).manual_seed(args.seed)
     out = sys.stdout if args.out == "-" else Path(args.out).expanduser().open(
         "w", encoding="utf-8")
     try:
-        how = Decoding(args.batch_size, draft_len, args.max_new_tokens, sampling, generator)
+        how = Decoding(args.batch_size, tree or draft_len, args.max_new_tokens, sampling,
+                       generator)
         summary = generate_file(target, Path(args.prompts).expanduser(), drafter, how, out,
                                 check_positions)
     finally:
         if out is not sys.stdout:
             out.close()
     return {**summary, "drafter": args.drafter, "draft_len": draft_len if drafter else 0,
+            "tree": tree.label if tree is not None and drafter is not None else "",
             "out": args.out, "target": target.describe(), "device": str(target.device),
             "steps": steps, "dtype": str(target.dtype).removeprefix("torch.")}
 

@@ -45,7 +45,7 @@ class Decoding:
     """How every batch decodes."""
 
     batch_size: int
-    draft_len: int
+    shape: Any  # what each cycle drafts: a chain's draft_len, or a TokenTree
     max_new_tokens: int
     sampling: SamplingConfig
     generator: torch.Generator | None = None
@@ -79,7 +79,7 @@ def generate_file(target: TargetAdapter, prompts: str | Path, drafter: Any | Non
                 failed += 1
         if ready:
             result = generate_batch(target, [inputs for _, inputs in ready], drafter,
-                                    draft_len=how.draft_len, max_new_tokens=max_new_tokens,
+                                    shape=how.shape, max_new_tokens=max_new_tokens,
                                     sampling=how.sampling, generator=how.generator)
             for (i, _), tokens in zip(ready, result.tokens, strict=True):
                 ids = tokens.tolist()

@@ -71,7 +71,7 @@ def measure_batched(target: Any, supernet: Any, specs: Sequence[SubnetSpec],
     def decode(chunk: list[dict[str, Any]], spec: SubnetSpec | None, timed: bool) -> Any:
         drafter = None if spec is None else drafters[spec]
         return generate_batch(target, chunk, drafter,
-                              draft_len=1 if spec is None else spec.draft_len,
+                              shape=1 if spec is None else spec.shape,
                               max_new_tokens=max_new_tokens, timed=timed)
 
     for spec in (None, *specs):  # warm-up: first calls (a GPU's kernels, compilation)

@@ -1,4 +1,5 @@
-"""The DREAM-S draft for several requests at once: one chain per row, every row at its own pace.
+"""The DREAM-S draft for several requests at once: a chain or a token tree per row, every row at
+its own pace.
 
     drafter = BatchDreamDrafter(draft, spec)
     drafter.start(batch, positions)               # rows' caches, empty
@@ -12,7 +13,8 @@ draft's cache) and is copied into its row (`RowDraftCache`, the memory padded to
 length and masked). A cycle's first step runs every row's true positions -- the tokens the
 last verify kept, n_b + 1 of them, then padding up to draft_len + 1 -- at one shape, keeps
 n_b + 1 of them in row b's cache and reads row b's feature at its last true position
-(`DraftSteps.run(pick=)`); then draft_len - 1 one-position steps draft every row's chain.
+(`DraftSteps.pick`); then draft_len - 1 one-position steps draft every row's chain, or one step
+per level every row's tree (`propose_tree`, each level seeing its ancestors).
 Nothing is read back to the host: the loop's one copy per cycle is its own. A row that stopped
 (n = -1 in `update`) keeps what it holds and costs only its share of each batched step until
 the loop drops it (`select`).
@@ -25,9 +27,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from dreams_nas.supernet.core.spec import SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.dream import DraftRow, DreamDrafter
-from dreams_nas.supernet.decoding.protocol import Proposal
+from dreams_nas.supernet.decoding.protocol import Proposal, TreeProposal
 from dreams_nas.supernet.decoding.sampling import SamplingConfig, logits_to_probs, sample
+from dreams_nas.supernet.decoding.tree_sampling import sample_without_replacement
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.row_cache import RowDraftCache
 from dreams_nas.supernet.draft.state import Memory
@@ -86,10 +90,9 @@ class BatchDreamDrafter:
         self.ids: Tensor | None = None  # set by `update`: the tokens the last verify kept
         self._rows = []
 
-    @torch.inference_mode()
-    def propose(self, last: Tensor, draft_len: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> Proposal:
-        """A chain of `draft_len` tokens after each row's `last` (B, 1) token."""
+    def _first(self, last: Tensor, draft_len: int) -> tuple[Tensor, Tensor]:
+        """The cycle's first step over every row's true positions (padded to draft_len + 1):
+        each row's feature (B, 1, hidden) and logits (B, vocab) at its last true one."""
         if self._rows:
             self._assemble()
         assert self.cache is not None
@@ -104,14 +107,21 @@ class BatchDreamDrafter:
                                  f"{self.ids.shape[1] - 1})")
             ids, prev, valid = self.ids, self.prev, self.valid
         positions = self.pos[:, None] + torch.arange(width, device=self._device)
+        out = self.steps.pick(self.draft, ids, prev, positions, self.memory, self.cache,
+                              (valid - 1).clamp(min=0))
+        self.committed = self.committed + valid
+        self.cache.crop(self.committed)
+        self.pos = self.pos + valid
+        return out
+
+    @torch.inference_mode()
+    def propose(self, last: Tensor, draft_len: int, sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Proposal:
+        """A chain of `draft_len` tokens after each row's `last` (B, 1) token."""
         tokens: list[Tensor] = []
         probs: list[Tensor] = []
         with self.draft.using(self.spec):
-            feature, logits = self.steps.pick(self.draft, ids, prev, positions, self.memory,
-                                              self.cache, (valid - 1).clamp(min=0))
-            self.committed = self.committed + valid
-            self.cache.crop(self.committed)
-            self.pos = self.pos + valid
+            feature, logits = self._first(last, draft_len)
             for i in range(draft_len):
                 if sampling.greedy:
                     token = logits.argmax(-1, keepdim=True)
@@ -126,6 +136,39 @@ class BatchDreamDrafter:
                                                      self.cache, last=True)
         draft_probs = torch.stack(probs, dim=1) if probs else None
         return Proposal(torch.cat(tokens, dim=1), draft_probs)
+
+    @torch.inference_mode()
+    def propose_tree(self, last: Tensor, tree: TokenTree, sampling: SamplingConfig,
+                     generator: torch.Generator | None) -> TreeProposal:
+        """A token tree after each row's `last` (B, 1) token, as `DreamDrafter.propose_tree`
+        drafts one: the first step, then one step per level over every row's nodes of that
+        level, each seeing its row's true positions and its own ancestors."""
+        ancestors = self.one._ancestor_mask(tree)
+        levels: list[Tensor] = []
+        probs: list[Tensor] = []
+        batch = last.shape[0]
+        with self.draft.using(self.spec):
+            feats, logits = self._first(last, tree.draft_len)  # (B, 1, hidden), (B, vocab)
+            logits = logits[:, None]
+            for d, width in enumerate(tree.branching, start=1):
+                flat = logits.reshape(-1, logits.shape[-1])  # a row per node of level d - 1
+                if sampling.greedy:  # best first, ties toward the lower id
+                    children = flat.sort(dim=-1, descending=True, stable=True).indices[:, :width]
+                else:
+                    p = logits_to_probs(flat, sampling)
+                    children = sample_without_replacement(p, width, generator)
+                    probs.append(p.view(batch, -1, p.shape[-1]))
+                tokens = children.reshape(batch, -1)  # parent-major, rank-minor: breadth first
+                levels.append(tokens)
+                if d == tree.draft_len:
+                    break
+                level = tree.nodes_at(d)
+                pos = (self.pos - 1 + d)[:, None].expand_as(tokens).contiguous()
+                feats, logits = self.steps.run(
+                    self.draft, tokens, feats.repeat_interleave(width, dim=1), pos, self.memory,
+                    self.cache, tree_mask=ancestors[level.start:level.stop, 1:level.stop])
+        draft_probs = torch.cat(probs, dim=1) if probs else None  # (B, inner nodes, vocab)
+        return TreeProposal(tree, torch.cat(levels, dim=1), draft_probs)
 
     @torch.inference_mode()
     def update(self, kept: Tensor, n: Tensor, hidden: Tensor) -> None:

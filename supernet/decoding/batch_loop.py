@@ -1,8 +1,8 @@
 """Several requests at once: batched speculative decoding whose rows advance on their own, and
 plain batched decoding through the same rows (its fair denominator).
 
-    prefill each request alone -> repeat { draft a chain per row, verify every row's
-    draft_len + 1 positions in one batched forward, each row keeps its own accepted prefix }
+    prefill each request alone -> repeat { draft a chain (or a token tree) per row, verify
+    every row's positions in one batched forward, each row keeps its own accepted prefix }
 
 Each row keeps what the batch-1 rules keep (`loop`: greedy's longest matching prefix plus the
 target's token, or the rejection rule with sampling), so every row's output is the target's:
@@ -17,12 +17,14 @@ length and tokens back.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from dreams_nas.supernet.core.errors import InputError
-from dreams_nas.supernet.decoding.loop import _Clock, _truncate_at_eos
+from dreams_nas.supernet.core.tree import TokenTree
+from dreams_nas.supernet.decoding.loop import _Clock, _truncate_at_eos, tree_fallback
 from dreams_nas.supernet.decoding.sampling import (
     SamplingConfig,
     greedy_accepted_length,
@@ -33,6 +35,8 @@ from dreams_nas.supernet.decoding.sampling import (
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.target.rows import RowSteps
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -141,21 +145,29 @@ class _Rows:
 
 @torch.inference_mode()
 def generate_batch(target: TargetAdapter, requests: list[dict[str, Tensor]],
-                   drafter: Any | None = None, *, draft_len: int = 5, max_new_tokens: int = 64,
-                   sampling: SamplingConfig = SamplingConfig(),
+                   drafter: Any | None = None, *, shape: int | TokenTree = 5,
+                   max_new_tokens: int = 64, sampling: SamplingConfig = SamplingConfig(),
                    generator: torch.Generator | None = None, timed: bool = False) -> BatchResult:
     """Speculative decoding of `requests` (each `TargetAdapter.build_inputs`' dict) as one
     batch with `drafter` (a `batch_dream.BatchDreamDrafter`; None: plain batched decoding),
-    chains of `draft_len`. The target's step mode (`use_steps`) picks eager or compiled
-    row steps; `timed` as in `loop.generate`."""
+    each cycle drafting `shape`: a chain of that many tokens, or a token tree (a chain of its
+    draft_len where the target's family verifies no tree). The target's step mode
+    (`use_steps`) picks eager or compiled row steps; `timed` as in `loop.generate`."""
     if not requests:
         raise InputError("no requests to decode; give at least one")
+    tree = shape if isinstance(shape, TokenTree) and not shape.is_chain else None
+    draft_len = shape.draft_len if isinstance(shape, TokenTree) else int(shape)
+    if tree is not None and drafter is not None:
+        why = tree_fallback(target, drafter)
+        if why:
+            log.warning("tree %s drafted as a chain of %d: %s", tree.label, draft_len, why)
+            tree = None
     if max_new_tokens < 1 or (drafter is not None and draft_len < 1):
         raise InputError(f"max_new_tokens {max_new_tokens} and draft_len {draft_len} must "
                          "be >= 1")
     clock = _Clock(target.device, timed)
     rows = RowSteps.of(target)
-    width = draft_len + 1 if drafter is not None else 1
+    width = (tree.nodes + 1 if tree is not None else draft_len + 1) if drafter is not None else 1
     positions = max(int(r["input_ids"].shape[-1]) for r in requests) + max_new_tokens + width
     rows.start(len(requests), positions)
     if drafter is not None:
@@ -175,8 +187,8 @@ def generate_batch(target: TargetAdapter, requests: list[dict[str, Tensor]],
     steps: list[int] = []
     last = _shrink(book, rows, drafter, last)
     while last is not None:
-        n, kept, table = batch_cycle(rows, drafter, last, draft_len, sampling, generator,
-                                     book.alive(last.device), clock)
+        n, kept, table = batch_cycle(rows, drafter, last, tree or draft_len, sampling,
+                                     generator, book.alive(last.device), clock)
         steps.append(len(table))
         book.take([row[0] for row in table], [row[1:] for row in table])
         last = kept.gather(1, n.clamp(min=0)[:, None])
@@ -185,17 +197,22 @@ def generate_batch(target: TargetAdapter, requests: list[dict[str, Tensor]],
     return _result(book, steps, clock, drafted=drafter is not None)
 
 
-def batch_cycle(rows: RowSteps, drafter: Any | None, last: Tensor, draft_len: int,
+def batch_cycle(rows: RowSteps, drafter: Any | None, last: Tensor, shape: int | TokenTree,
                 sampling: SamplingConfig, generator: torch.Generator | None, alive: Tensor,
                 clock: _Clock | None = None) -> tuple[Tensor, Tensor, list[list[int]]]:
-    """One cycle of every row: draft `draft_len` tokens after each row's `last` (B, 1) token
-    (plain decoding: none), verify them in one batched forward, keep each row's accepted
-    prefix (rows where `alive` is False keep nothing), update the drafter. Returns (n (B,),
-    kept (B, k + 1), on the host [n, kept...] per row: the cycle's one copy). The latency
-    profile times this very function at batch B (`latency.measure.batch_steps`)."""
+    """One cycle of every row: draft `shape` (a chain of that many tokens, or a token tree:
+    `batch_tree.batch_tree_cycle`) after each row's `last` (B, 1) token (plain decoding:
+    none), verify in one batched forward, keep each row's accepted prefix (rows where `alive`
+    is False keep nothing), update the drafter. Returns (n (B,), kept (B, k + 1), on the host
+    [n, kept...] per row: the cycle's one copy). The latency profile times this very function
+    at batch B (`latency.measure.batch_steps`)."""
     lap = clock.lap if clock is not None else (lambda name: None)
+    if isinstance(shape, TokenTree):
+        from dreams_nas.supernet.decoding.batch_tree import batch_tree_cycle
+
+        return batch_tree_cycle(rows, drafter, last, shape, sampling, generator, alive, lap)
     if drafter is not None:
-        proposal = drafter.propose(last, draft_len, sampling, generator)
+        proposal = drafter.propose(last, shape, sampling, generator)
         lap("draft")
         drafts = proposal.tokens.to(last.device)
         logits, hidden = rows.chain(torch.cat((last, drafts), dim=1))

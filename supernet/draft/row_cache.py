@@ -73,13 +73,20 @@ class RowDraftCache:
         return self.keys[layer], self.values[layer]
 
     def mask(self, seq: int, device: torch.device, tree_mask: Tensor | None = None) -> Tensor:
-        """bool (batch, 1, seq, capacity): query i of row b sees its row's slots up to its own."""
-        if tree_mask is not None:
-            raise ValueError("batched drafting drafts chains; token trees are drafted one "
-                             "request at a time")
+        """bool (batch, 1, seq, capacity): query i of row b sees its row's slots up to its own;
+        with `tree_mask` (seq, t) the row's last t slots up to its newest query (a token
+        tree's nodes so far and the new ones) are as it says."""
         query = self.lengths[:, None] + torch.arange(seq, device=device)  # (B, seq)
         cols = torch.arange(self.capacity, device=device)
-        return (cols[None, None] <= query[:, :, None])[:, None]
+        mask = cols[None, None] <= query[:, :, None]  # (B, seq, capacity)
+        if tree_mask is not None:
+            t = tree_mask.shape[-1]
+            rel = cols[None] - (self.lengths + seq - t)[:, None]  # (B, capacity)
+            inside = (rel >= 0) & (rel < t)
+            index = rel.clamp(0, t - 1)[:, None, :].expand(-1, seq, -1)
+            chosen = tree_mask.to(device)[None].expand(self.batch, -1, -1).gather(2, index)
+            mask = torch.where(inside[:, None, :], chosen, mask)
+        return mask[:, None]
 
     def advance(self, n: int) -> None:
         self.lengths.add_(n)

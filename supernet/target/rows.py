@@ -219,14 +219,24 @@ class RowSteps:
     def chain(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
         """k tokens (B, k) after each row's own positions: (float logits (B, k, vocab), the
         final-normed hidden states (B, k, hidden)). Every row's length grows by k."""
+        return self._run(tokens, None, None)
+
+    def tree(self, tokens: Tensor, levels: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        """A token tree's n nodes (B, n) after each row's own positions, breadth first with
+        node 0 the root: node i at position length + levels[i], seeing the row's cache and the
+        nodes where bias (n, n) is 0 (`tree_attention.TreeLayout`); follow with `keep_paths`."""
+        return self._run(tokens, levels, bias)
+
+    def _run(self, tokens: Tensor, levels: Tensor | None, bias: Tensor | None
+             ) -> tuple[Tensor, Tensor]:
         assert self.rows is not None, "start() first"
         batch, k = tokens.shape
         if max(self.lengths) + k > self.capacity:
             raise RuntimeError(f"a step of {k} positions after {max(self.lengths)} passes the "
                                f"rows' capacity {self.capacity}; start() with more positions")
-        key = (batch, k)
+        key = (batch, k, levels is not None)
         fn = self._step(key)
-        args = (tokens,)
+        args = (tokens, levels, bias)
         warm = (key, id(self.rows), signature(*args)) if self.compiled else None
         if warm is not None and warm in self._warm:
             out = warm_call(fn, *args)
@@ -238,6 +248,25 @@ class RowSteps:
         return out
 
     @torch.inference_mode()  # the caches are made and written in inference mode
+    def keep_paths(self, index: Tensor, n: Tensor, k: int, counts: list[int]) -> None:
+        """After a `tree` of k nodes: row b keeps the nodes index[b, :n[b] + 1] (its accepted
+        root-to-node path; (B, depth + 1), padded past it), packed right after its length
+        before the tree; n[b] = -1 keeps none. `counts` is n on the host."""
+        assert self.rows is not None
+        rows = self.rows
+        start = rows.lengths - k  # (B,) each row's length before the tree
+        source = start[:, None] + index  # (B, depth + 1) cache slots
+        target = start[:, None] + torch.arange(index.shape[1], device=index.device)
+        for layer in rows.cache.layers:
+            for buffer in (layer.keys, layer.values):
+                shape = (-1, buffer.shape[1], -1, buffer.shape[3])
+                picked = buffer.gather(2, source[:, None, :, None].expand(*shape))
+                buffer.scatter_(2, target[:, None, :, None].expand(*shape), picked)
+        rows.lengths.copy_(start + n + 1)
+        self.lengths = [length - k + c + 1 for length, c in zip(self.lengths, counts,
+                                                                strict=True)]
+
+    @torch.inference_mode()  # the caches are made and written in inference mode
     def keep(self, n: Tensor, k: int, counts: list[int]) -> None:
         """After a chain of k: row b keeps its first n[b] + 1 positions (n (B,) on the device,
         -1 keeps none); `counts` is the same on the host."""
@@ -246,11 +275,11 @@ class RowSteps:
         self.lengths = [length - (k - 1 - c) for length, c in zip(self.lengths, counts,
                                                                   strict=True)]
 
-    def _step(self, key: tuple[int, int]) -> Callable[..., tuple[Tensor, Tensor]]:
+    def _step(self, key: tuple[int, int, bool]) -> Callable[..., tuple[Tensor, Tensor]]:
         fn = self._steps.get(key)
         if fn is not None:
             return fn
-        raw = self._make()
+        raw = self._make(tree=key[2])
         if self.compiled:
             config = torch._dynamo.config
             config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
@@ -262,27 +291,34 @@ class RowSteps:
             start = time.perf_counter()
             out = raw(*args)
             if self.compiled:
-                self.warmup_s[f"rows{key[0]}x{key[1]}"] = time.perf_counter() - start
+                name = f"rows{key[0]}x{'tree' if key[2] else ''}{key[1]}"
+                self.warmup_s[name] = time.perf_counter() - start
             self._steps[key] = raw
             return out
 
         return first
 
-    def _make(self) -> Callable[[Tensor], tuple[Tensor, Tensor]]:
+    def _make(self, tree: bool) -> Callable[..., tuple[Tensor, Tensor]]:
         model, lm_head, mrope, window, mixed = (self.model, self.lm_head, self.mrope,
                                                 self.window, self.mixed)
 
-        def step(tokens: Tensor) -> tuple[Tensor, Tensor]:
+        def step(tokens: Tensor, levels: Tensor | None,
+                 bias: Tensor | None) -> tuple[Tensor, Tensor]:
             rows = self.rows
             assert rows is not None
             k = tokens.shape[1]
             starts = rows.lengths
-            positions = starts[:, None] + torch.arange(k, device=tokens.device)  # (B, k)
             dtype = lm_head.weight.dtype
-            mask: Any = row_mask(starts, k, rows.capacity, None if mixed else window, dtype)
-            if mixed:
-                mask = {"full_attention": mask,
-                        "sliding_attention": row_mask(starts, k, rows.capacity, window, dtype)}
+            if tree:
+                assert levels is not None and bias is not None
+                positions = starts[:, None] + levels[None]  # (B, k)
+                mask: Any = row_tree_mask(starts, bias, rows.capacity)
+            else:
+                positions = starts[:, None] + torch.arange(k, device=tokens.device)  # (B, k)
+                mask = row_mask(starts, k, rows.capacity, None if mixed else window, dtype)
+                if mixed:
+                    mask = {"full_attention": mask, "sliding_attention": row_mask(
+                        starts, k, rows.capacity, window, dtype)}
             if mrope:
                 positions = (positions + rows.deltas[:, None])[None].expand(3, -1, -1)
             out = model.model(input_ids=tokens, position_ids=positions, attention_mask=mask,
@@ -292,3 +328,18 @@ class RowSteps:
             return lm_head(hidden).float(), hidden
 
         return step
+
+
+def row_tree_mask(starts: Tensor, bias: Tensor, capacity: int) -> Tensor:
+    """(B, 1, n, capacity) additive: a tree's node i of row b (its nodes at slots starts[b] ..
+    starts[b] + n) sees the row's slots before starts[b] and the nodes where bias (n, n) is 0
+    (`static.tree_mask` per row)."""
+    n = bias.shape[0]
+    cols = torch.arange(capacity, device=bias.device)
+    rel = cols[None] - starts[:, None]  # (B, capacity): the column's node, where 0 <= rel < n
+    inside = (rel >= 0) & (rel < n)
+    nodes = bias[None].expand(rel.shape[0], -1, -1).gather(
+        2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # (B, n, capacity)
+    blocked = torch.finfo(bias.dtype).min
+    before = torch.where(rel < 0, 0.0, blocked).to(bias.dtype)[:, None, :].expand(-1, n, -1)
+    return torch.where(inside[:, None, :], nodes, before)[:, None]

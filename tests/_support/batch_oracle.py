@@ -9,7 +9,7 @@ drafter's calls (`supernet.decoding.batch_dream.BatchDreamDrafter`)."""
 from __future__ import annotations
 
 import torch
-from dreams_nas.supernet.decoding.protocol import Proposal
+from dreams_nas.supernet.decoding.protocol import Proposal, TreeProposal
 
 
 class BatchOracle:
@@ -34,6 +34,23 @@ class BatchOracle:
         tokens = self.table.gather(1, index.clamp(max=self.table.shape[1] - 1))
         tokens = torch.where(index % 3 == 2, (tokens + 1) % self.vocab, tokens)
         return Proposal(tokens.to(last.device))
+
+    def propose_tree(self, last, tree, sampling, generator) -> TreeProposal:
+        """The tree's nodes: at level d the row's true token (wrong where the chain's would
+        be) sits under the true path at rank d % width, its siblings and every other node
+        other tokens."""
+        on_path = torch.zeros(self.table.shape[0], dtype=torch.long)
+        levels = []
+        for d, width in enumerate(tree.branching, start=1):
+            m = len(tree.nodes_at(d))
+            index = (self.offset + d - 1).clamp(max=self.table.shape[1] - 1)
+            true = self.table.gather(1, index[:, None])[:, 0]
+            true = torch.where(index % 3 == 2, (true + 1) % self.vocab, true)
+            tokens = (true[:, None] + 1 + torch.arange(m)) % self.vocab
+            on_path = on_path * width + d % width
+            tokens = tokens.scatter(1, on_path[:, None], true[:, None])
+            levels.append(tokens)
+        return TreeProposal(tree, torch.cat(levels, dim=1).to(last.device))
 
     def update(self, kept, n, hidden) -> None:
         self.offset = self.offset + n.cpu().clamp(min=-1) + 1

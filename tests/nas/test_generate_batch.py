@@ -57,6 +57,9 @@ def test_each_line_is_the_requests_own_answer(prompts, capsys, tmp_path) -> None
     for batch in ("3", "4"):
         lines, summary = _generate(capsys, *base, "--batch-size", batch, "--drafter", str(spec))
         assert lines == alone and summary["draft_len"] == 3 and summary["tau"] >= 1.0
+    lines, summary = _generate(capsys, *base, "--batch-size", "3", "--drafter", str(spec),
+                               "--tree", "2x1")  # a token tree per row
+    assert lines == alone and summary["tree"] == "2x1" and summary["draft_len"] == 2
     # --out: the lines in a file, the summary alone on stdout
     out = tmp_path / "answers.jsonl"
     lines, summary = _generate(capsys, *base, "--batch-size", "2", "--out", str(out))
@@ -70,7 +73,6 @@ def test_each_line_is_the_requests_own_answer(prompts, capsys, tmp_path) -> None
 
 @pytest.mark.parametrize(("extra", "match"), [
     (["--drafter", "lookup"], "--drafter lookup drafts one request at a time"),
-    (["--tree", "2x2"], "--tree 2x2: batched decoding drafts chains"),
     (["--image", "x.png"], "drop --image/--prompt"),
     (["--batch-size", "0"], "argument --batch-size: 0 is out of range"),
 ])

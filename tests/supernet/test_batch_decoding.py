@@ -14,6 +14,7 @@ from _support.drafts import second_token_law, train_tiny_draft
 from _support.models import FAMILIES, PROMPTS, build_tiny_llava, tiny_image, tiny_prompts
 from dreams_nas.supernet.core.errors import InputError
 from dreams_nas.supernet.core.spec import SubnetSpec
+from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.batch_dream import BatchDreamDrafter
 from dreams_nas.supernet.decoding.batch_loop import generate_batch
 from dreams_nas.supernet.decoding.dream import DreamDrafter
@@ -46,10 +47,15 @@ def test_each_row_is_its_requests_own_output(family, tiny_vlm) -> None:
     assert [t.tolist() for t in plain.tokens] == refs
     adapter.use_steps("static")
     oracle = BatchOracle(refs, adapter.vocab_size)
-    spec = generate_batch(adapter, requests, oracle, draft_len=3, max_new_tokens=MAX_NEW)
+    spec = generate_batch(adapter, requests, oracle, shape=3, max_new_tokens=MAX_NEW)
     assert [t.tolist() for t in spec.tokens] == refs
     assert len(set(spec.stats.cycle_lengths)) > 1  # rows kept different amounts
     assert spec.stats.steps[0] == 3 and len(spec.stats.steps) < len(plain.stats.steps)
+    assert adapter.supports_trees  # every tiny config verifies trees
+    tree = generate_batch(adapter, requests, BatchOracle(refs, adapter.vocab_size),
+                          shape=TokenTree((2, 2, 1)), max_new_tokens=MAX_NEW)
+    assert [t.tolist() for t in tree.tokens] == refs
+    assert {1, 2, 3} <= set(tree.stats.cycle_lengths)  # paths through rank 0 and rank 1 nodes
     adapter.use_steps("dynamic")
 
 
@@ -83,8 +89,8 @@ def trained():
 @pytest.mark.parametrize("mode", ["static", "compiled"])
 def test_the_draft_drafts_in_a_batch_what_it_drafts_alone(trained, mode) -> None:
     """Per request the same tokens and the same accepted lengths, cycle for cycle, as the
-    batch-1 loop with the same subnet; compiled (dynamo's capture), a second batch of the
-    same shapes compiles nothing."""
+    batch-1 loop with the same subnet, chains and a token tree; compiled (dynamo's capture), a
+    second batch of the same shapes compiles nothing."""
     from torch._dynamo.utils import counters
 
     shared, draft, prompts = trained
@@ -92,25 +98,28 @@ def test_the_draft_drafts_in_a_batch_what_it_drafts_alone(trained, mode) -> None
     adapter.use_steps(mode, backend="eager")
     spec = SubnetSpec(4, 1.0, 2, 4)
     requests = prompts[:5]
-    alone = [generate(adapter, r, DreamDrafter(draft, spec), shape=4, max_new_tokens=12)
-             for r in requests]
-    graphs = []
-    for _ in range(2):
-        before = counters["stats"]["unique_graphs"]
-        out = generate_batch(adapter, requests, BatchDreamDrafter(draft, spec), draft_len=4,
-                             max_new_tokens=12)
-        graphs.append(counters["stats"]["unique_graphs"] - before)
-        assert [t.tolist() for t in out.tokens] == [a.tokens.tolist() for a in alone]
-        assert sorted(out.stats.cycle_lengths) == sorted(
-            c for a in alone for c in a.stats.cycle_lengths)
-    assert max(out.stats.cycle_lengths) > 2  # the draft's tokens were accepted
-    assert graphs[1] == 0 and (graphs[0] > 0) == (mode == "compiled")
+    for shape in (4, TokenTree((2, 2, 1))):
+        alone = [generate(adapter, r, DreamDrafter(draft, spec), shape=shape,
+                          max_new_tokens=12) for r in requests]
+        graphs = []
+        for _ in range(2):
+            before = counters["stats"]["unique_graphs"]
+            out = generate_batch(adapter, requests, BatchDreamDrafter(draft, spec), shape=shape,
+                                 max_new_tokens=12)
+            graphs.append(counters["stats"]["unique_graphs"] - before)
+            assert [t.tolist() for t in out.tokens] == [a.tokens.tolist() for a in alone]
+            assert sorted(out.stats.cycle_lengths) == sorted(
+                c for a in alone for c in a.stats.cycle_lengths), shape
+        assert max(out.stats.cycle_lengths) > 2  # the draft's tokens were accepted
+        assert graphs[1] == 0 and (graphs[0] > 0) == (mode == "compiled")
     adapter.use_steps("dynamic")
 
 
-def test_sampled_rows_keep_the_targets_distribution(trained) -> None:
+@pytest.mark.parametrize("shape", [2, TokenTree((3, 1))], ids=["chain", "tree-3x1"])
+def test_sampled_rows_keep_the_targets_distribution(trained, shape) -> None:
     """Eight rows of one prompt, sampled: the second token (the first a draft proposes) over
-    every row of many seeded batches vs its exact law."""
+    every row of many seeded batches vs its exact law; with a tree, siblings sampled without
+    replacement and tried by recursive rejection."""
     from scipy.stats import chisquare
 
     adapter, draft, prompts = trained
@@ -122,7 +131,7 @@ def test_sampled_rows_keep_the_targets_distribution(trained) -> None:
     accepted = 0
     drafter = BatchDreamDrafter(draft, SubnetSpec(4, 1.0, 2, 2))
     for _ in range(30):
-        out = generate_batch(adapter, [prompt] * 8, drafter, draft_len=2, max_new_tokens=3,
+        out = generate_batch(adapter, [prompt] * 8, drafter, shape=shape, max_new_tokens=3,
                              sampling=sampling, generator=gen)
         for tokens in out.tokens:
             counts[tokens[1]] += 1
@@ -140,4 +149,29 @@ def test_bad_arguments(tiny_target) -> None:
         generate_batch(adapter, [], None)
     inputs = adapter.build_inputs(tiny_image(0), PROMPTS[0])
     with pytest.raises(InputError, match="draft_len 0"):
-        generate_batch(adapter, [inputs], BatchOracle([[1, 2]], 10), draft_len=0)
+        generate_batch(adapter, [inputs], BatchOracle([[1, 2]], 10), shape=0)
+
+
+def test_the_demo_target_decodes_each_request_as_at_batch_1(builtin_cache) -> None:
+    """The built-in target (its test-size build) on its own evaluation prompts: batches of 4,
+    plain and speculative (a chain drafted by the supernet's largest subnet, untrained here),
+    give every request the tokens batch-1 decoding gives it: the batched products' other
+    summation order flips no token."""
+    from dreams_nas.latency.measure.steps import build_supernet
+    from dreams_nas.nas.stages.inputs import load_eval_examples
+    from dreams_nas.supernet.builtin.cache import ensure_builtin_target
+    from dreams_nas.supernet.core.space import SearchSpace
+    from dreams_nas.supernet.decoding.loop import plain_generate
+
+    adapter = TargetAdapter.load(ensure_builtin_target(builtin_cache, variant="tiny"))
+    examples = load_eval_examples("builtin", 8, 0)
+    requests = [adapter.build_inputs(e.image_path, e.prompt) for e in examples]
+    alone = [plain_generate(adapter, r, max_new_tokens=16).tokens.tolist() for r in requests]
+    space = SearchSpace.default_for(adapter.num_layers, 4)
+    supernet = build_supernet(adapter.model, space)
+    drafter = BatchDreamDrafter(supernet, space.largest())
+    for drafted in (None, drafter):
+        for start in (0, 4):
+            out = generate_batch(adapter, requests[start:start + 4], drafted, shape=3,
+                                 max_new_tokens=16)
+            assert [t.tolist() for t in out.tokens] == alone[start:start + 4]
