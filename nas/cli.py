@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "score": "dreams_nas.nas.commands.score",
     "search": "dreams_nas.nas.commands.search",
     "report": "dreams_nas.nas.commands.report",
+    "export": "dreams_nas.nas.commands.export",
     "demo": "dreams_nas.nas.commands.demo",
 }
 

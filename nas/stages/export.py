@@ -101,9 +101,12 @@ def write_spec_dir(folder: Path, c: Candidate, record: SearchRecord,
                    write_draft: DraftWriter | None = None) -> Path:
     """specs/<spec_id>/: spec.json (+ the extracted draft when `write_draft` is given, in
     `record.dtype`, the run's: the one its latency and acceptance were measured in)."""
+    from dreams_nas.supernet.decoding.hf_entry import write_shim
+
     folder.mkdir(parents=True, exist_ok=True)
     if write_draft is not None:
         write_draft(c.spec, folder)
+        write_shim(folder)  # model.generate(custom_generate=folder, trust_remote_code=True)
     atomic_write_json(folder / "spec.json", {  # RunFolder.spec_json
         "schema_version": SPEC_SCHEMA_VERSION, "spec": c.spec.to_dict(), "spec_id": c.spec.id,
         "target": dict(record.target), "supernet_hash": record.supernet_hash,

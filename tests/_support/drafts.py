@@ -105,3 +105,20 @@ def second_token_law(adapter, prompt, sampling):
         adapter.prefill(prompt)
         law += p1[t1] * logits_to_probs(adapter.verify(t1.view(1, 1)).logits[0, -1], sampling)
     return law
+
+
+def random_spec_folder(adapter, where, draft_len: int = 3):
+    """A random draft of `adapter`'s target, extracted and saved as search exports one."""
+    from dreams_nas.latency.measure.steps import build_supernet
+    from dreams_nas.supernet.core.io import atomic_write_json
+    from dreams_nas.supernet.core.space import SearchSpace
+    from dreams_nas.supernet.decoding.hf_entry import write_shim
+    from dreams_nas.supernet.draft.extract import extract
+
+    space = SearchSpace.default_for(adapter.num_layers, 4)
+    spec = space.largest().replace(draft_len=draft_len, tree=())
+    extract(build_supernet(adapter.model, space), spec).save_pretrained(where)
+    atomic_write_json(where / "spec.json", {"schema_version": 1, "spec": spec.to_dict(),
+                                            "target": adapter.describe()})
+    write_shim(where)
+    return where
