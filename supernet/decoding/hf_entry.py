@@ -99,7 +99,8 @@ def _options(model: Any, kwargs: Mapping[str, Any]) -> Any:
             raise InputError(f"{name}={value!r} is not supported by the dreams-nas draft's "
                              f"generate; drop it (default {default!r}) or call generate without "
                              "custom_generate")
-    for name in ("logits_processor", "stopping_criteria"):
+    for name in ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                 "negative_prompt_ids"):
         if kwargs.get(name):
             raise InputError(f"{name} is not supported by the dreams-nas draft's generate; "
                              "call generate without custom_generate to use it")

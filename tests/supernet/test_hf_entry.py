@@ -101,3 +101,30 @@ def test_sampling_through_generate_keeps_the_targets_distribution(tmp_path) -> N
     assert counts[~support].sum() == 0
     _, p = chisquare(counts[support].numpy(), expected[support].numpy() * 200)
     assert p > 1e-3, (counts[support], expected[support] * 200)
+
+
+def test_a_text_iterator_streamer_yields_the_returned_text(tiny_vlm, tiny_target,
+                                                           tmp_path) -> None:
+    import threading
+
+    from transformers import TextIteratorStreamer
+
+    model, processor = tiny_vlm("llava")
+    adapter = tiny_target("llava")
+    folder = random_spec_folder(adapter, tmp_path / "spec")
+    inputs = adapter.build_inputs(tiny_image(1), PROMPTS[1])
+    streamer = TextIteratorStreamer(processor.tokenizer, skip_prompt=True)
+    out: dict = {}
+
+    def run() -> None:
+        with torch.inference_mode():
+            out["ids"] = model.generate(**inputs, custom_generate=str(folder),
+                                        trust_remote_code=True, max_new_tokens=12,
+                                        streamer=streamer)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    text = "".join(streamer)
+    thread.join()
+    new = out["ids"][0, inputs["input_ids"].shape[1]:]
+    assert text.strip() == processor.tokenizer.decode(new).strip() != ""
