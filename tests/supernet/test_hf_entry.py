@@ -128,3 +128,26 @@ def test_a_text_iterator_streamer_yields_the_returned_text(tiny_vlm, tiny_target
     thread.join()
     new = out["ids"][0, inputs["input_ids"].shape[1]:]
     assert text.strip() == processor.tokenizer.decode(new).strip() != ""
+
+
+def test_eos_token_id_and_generation_config_as_in_generate(tiny_vlm, tiny_target,
+                                                            tmp_path) -> None:
+    import copy
+
+    model, _ = tiny_vlm("llava")
+    adapter = tiny_target("llava")
+    folder = random_spec_folder(adapter, tmp_path / "spec")
+    inputs = adapter.build_inputs(tiny_image(2), PROMPTS[2])
+    prompt = inputs["input_ids"].shape[1]
+    config = copy.deepcopy(model.generation_config)
+    config.max_new_tokens, config.do_sample = 5, False
+    with torch.inference_mode():
+        full = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+        eos = int(full[0, prompt + 3])
+        for kwargs in ({"eos_token_id": eos, "max_new_tokens": 12, "do_sample": False},
+                       {"generation_config": config}):
+            ref = model.generate(**inputs, **kwargs)
+            got = model.generate(**inputs, custom_generate=str(folder), trust_remote_code=True,
+                                 **kwargs)
+            assert got.tolist() == ref.tolist(), kwargs
+    assert got.shape[1] == prompt + 5 and ref.shape[1] <= full.shape[1]
