@@ -19,7 +19,6 @@ Batched decoding drafts chains, so no tree key is timed at B > 1 (the plan leave
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -101,22 +100,13 @@ class BatchModelSteps(ModelSteps):
         steps = DraftSteps.of(draft)
         # the mode the batched loop's drafter runs in: the target's (`DraftSteps.fresh_cache`)
         steps.configure(self.adapter.step_mode, self.rows.backend)
-        b, ctx, n_vis, dev = self.batch, key.context_len, self.visual_tokens, self.device
-        visual = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
-        visual[0, 1:1 + n_vis] = True
-        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
-        hidden = torch.randn(1, ctx, self.hidden, generator=self.generator).to(dev, self.dtype)
-        memory = draft.memory(hidden, visual, scores)
-        expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
-        assert memory is None or abs(memory.length - expected) <= 1
-        if memory is not None:
+        b, ctx, dev = self.batch, key.context_len, self.device
+        memory, own, text = self.draft_prompt(draft, steps, key)
+        if memory is not None:  # every row's the same
             from dreams_nas.supernet.draft.state import Memory
 
-            memory = steps.padded(memory)
             memory = Memory(*(t.expand(b, *t.shape[1:]).contiguous()
                               for t in (memory.keys, memory.values, memory.mask)), padded=True)
-        own = draft.draft_positions(visual, scores)[0]
-        text = int(own.sum())
         cache = RowDraftCache(b, capacity_for(self._positions(ctx)), dev)
         positions = torch.arange(ctx, device=dev)[own][None].expand(b, -1)
         prev = torch.randn(1, text, self.hidden, generator=self.generator).to(dev, self.dtype)

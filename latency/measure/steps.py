@@ -312,9 +312,8 @@ class ModelSteps:
     def _draft_steps(self, key: StepKey, width: int = 1, level: bool = False,
                      first_width: int | None = None
                      ) -> tuple[Callable[[], object], Callable[[], object] | None]:
-        """`_draft_step`'s step, and (only when `first_width` is given) a first draft step over
-        that many positions on the same draft cache and memory (both crop the cache back to the
-        prompt)."""
+        """`_draft_step`'s step, and with `first_width` a first draft step over that many
+        positions on the same cache and memory (both crop the cache back to the prompt)."""
         from dreams_nas.supernet.decoding.draft_steps import DraftSteps
         from dreams_nas.supernet.target.static import capacity_for
 
@@ -324,22 +323,8 @@ class ModelSteps:
         static = getattr(self.adapter, "static", None)
         steps.configure(getattr(self.adapter, "step_mode", "dynamic") if static else "dynamic",
                         static.backend if static else None)
-        n_vis, ctx = self.visual_tokens, key.context_len
-        dev = self.device
-        # The prompt: BOS, the image's visual tokens, then text.
-        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
-        visual_mask[0, 1:1 + n_vis] = True
-        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
-        layer_hidden = torch.randn(1, ctx, self.hidden,
-                                   generator=self.generator).to(dev, self.dtype)
-        memory = draft.memory(layer_hidden, visual_mask, scores)  # kept visual + text positions
-        expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
-        assert memory is None or abs(memory.length - expected) <= 1
-        memory = steps.padded(memory) if memory is not None else None
-        # The draft's own cache over the prompt positions its sequence holds (the text, and
-        # the kept visual tokens in a draft that keeps them there).
-        own = draft.draft_positions(visual_mask, scores)[0]
-        text = int(own.sum())
+        ctx, dev = key.context_len, self.device
+        memory, own, text = self.draft_prompt(draft, steps, key)
         cache = (steps.fresh_cache(self.adapter, key.spec) if steps.mode == "dynamic" else
                  steps.static_cache(capacity_for(max(self.positions, ctx + width)), key.spec))
         positions = torch.arange(ctx, device=dev)[own][None]  # (1, text)
@@ -369,11 +354,27 @@ class ModelSteps:
 
         return draft_forward(steps, draft, (token, feature, position), memory, cache, text), first
 
+    def draft_prompt(self, draft: nn.Module, steps: Any, key: StepKey) -> tuple[Any, Any, int]:
+        """A prompt of `key`'s context (BOS, the visual tokens, text) for `draft`: its memory
+        (padded as `steps` pad it), the positions of the draft's own sequence (bool: the text
+        and, where the draft keeps them there, the kept visual tokens) and their count."""
+        assert key.spec is not None
+        n_vis, ctx, dev = self.visual_tokens, key.context_len, self.device
+        visual_mask = torch.zeros(1, ctx, dtype=torch.bool, device=dev)
+        visual_mask[0, 1:1 + n_vis] = True
+        scores = torch.rand(1, ctx, generator=self.generator).to(dev)
+        hidden = torch.randn(1, ctx, self.hidden, generator=self.generator).to(dev, self.dtype)
+        memory = draft.memory(hidden, visual_mask, scores)
+        expected = ctx - n_vis + (math.ceil(key.spec.visual_keep * n_vis - 1e-9) if n_vis else 0)
+        assert memory is None or abs(memory.length - expected) <= 1
+        memory = steps.padded(memory) if memory is not None else None
+        own = draft.draft_positions(visual_mask, scores)[0]
+        return memory, own, int(own.sum())
+
     def _first_on(self, steps: Any, draft: nn.Module, memory: Any, cache: Any, text: int,
                   ctx: int, width: int, pad_to: int) -> Callable[[], object]:
-        """A first draft step over `width` positions (static steps: padded to `pad_to`, the
-        cycle's draft_len + 1, as the loop runs it) on `draft`'s given cache and memory,
-        cropped back to the `text` prompt positions after each call."""
+        """A first draft step over `width` positions (static steps: padded to `pad_to`, as the
+        loop runs it) on `draft`'s cache and memory, cropped back to the `text` prompt after."""
         dev = self.device
         token = self._ids(width)
         feature = torch.randn(1, width, self.hidden, generator=self.generator).to(dev, self.dtype)

@@ -27,10 +27,10 @@ from dreams_nas.supernet.core.tree import TokenTree
 from dreams_nas.supernet.decoding.loop import _Clock, _truncate_at_eos, tree_fallback
 from dreams_nas.supernet.decoding.sampling import (
     SamplingConfig,
+    choose,
     greedy_accepted_length,
     logits_to_probs,
     rejection_accept,
-    sample,
 )
 from dreams_nas.supernet.target.adapter import TargetAdapter
 from dreams_nas.supernet.target.rows import RowSteps
@@ -99,14 +99,6 @@ def _accept(drafts: Tensor, draft_probs: Tensor | None, logits: Tensor,
     return n, kept
 
 
-def _choose(logits: Tensor, sampling: SamplingConfig,
-            generator: torch.Generator | None) -> Tensor:
-    """(B, vocab) -> (B, 1)."""
-    if sampling.greedy:
-        return logits.argmax(-1, keepdim=True)
-    return sample(logits_to_probs(logits, sampling), generator).view(-1, 1)
-
-
 def _bucket(n: int, compiled: bool) -> int:
     """The batch the rows left go on at: n, or compiled the next power of two."""
     return 1 << (n - 1).bit_length() if compiled else n
@@ -121,6 +113,7 @@ class _Rows:
         self.done: list[bool] = []
         self.max_new, self.eos = max_new, eos
         self.cycles: list[int] = []
+        self._alive: tuple[tuple[bool, ...], Tensor] | None = None
         for token in firsts:
             kept, ended = _truncate_at_eos([token], eos)
             self.out.append(kept)
@@ -140,7 +133,11 @@ class _Rows:
         return [row for row, request in enumerate(self.order) if not self.done[request]]
 
     def alive(self, device: torch.device) -> Tensor:
-        return torch.tensor([not self.done[r] for r in self.order], device=device)
+        """Which rows still decode, on the device: made again only when that changed."""
+        flags = tuple(not self.done[r] for r in self.order)
+        if self._alive is None or self._alive[0] != flags:
+            self._alive = (flags, torch.tensor(flags, device=device))
+        return self._alive[1]
 
 
 @torch.inference_mode()
@@ -177,7 +174,7 @@ def generate_batch(target: TargetAdapter, requests: list[dict[str, Tensor]],
     for b, inputs in enumerate(requests):
         pre = target.prefill(inputs, layers=layers)
         rows.admit(b, target, pre)
-        firsts.append(_choose(pre.logits, sampling, generator))
+        firsts.append(choose(pre.logits, sampling, generator))
         clock.lap("prefill")
         if drafter is not None:
             drafter.admit(b, target, pre)
@@ -219,7 +216,7 @@ def batch_cycle(rows: RowSteps, drafter: Any | None, last: Tensor, shape: int | 
         n, kept = _accept(drafts, proposal.draft_probs, logits, sampling, generator)
     else:
         logits, hidden = rows.chain(last)
-        kept = _choose(logits[:, 0], sampling, generator)
+        kept = choose(logits[:, 0], sampling, generator)
         n = torch.zeros_like(kept[:, 0])
     n = torch.where(alive, n, -1)
     table = torch.cat((n[:, None], kept), dim=1).tolist()  # the cycle's one wait
@@ -249,17 +246,9 @@ def _shrink(book: _Rows, rows: RowSteps, drafter: Any | None, last: Tensor) -> T
 
 
 def _result(book: _Rows, steps: list[int], clock: _Clock, drafted: bool) -> BatchResult:
-    phases, total = clock.stop()
-
-    def t(name: str) -> float:
-        if clock.timed or (name == "draft_prefill" and not drafted):
-            return phases.get(name, 0.0)
-        return float("nan")
-
+    times, total = clock.phase_seconds(drafted)
     stats = BatchStats(
         batch=len(book.out), new_tokens=sum(len(o) for o in book.out), steps=tuple(steps),
-        cycle_lengths=tuple(book.cycles), prefill_s=t("prefill"),
-        draft_prefill_s=t("draft_prefill"), draft_s=t("draft"), verify_s=t("verify"),
-        other_s=t("other"), total_s=total)
+        cycle_lengths=tuple(book.cycles), total_s=total, **times)
     tokens = [torch.tensor(o, dtype=torch.long, device="cpu") for o in book.out]
     return BatchResult(tokens, stats)

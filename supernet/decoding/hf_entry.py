@@ -180,14 +180,16 @@ class _Streaming:
             self.streamer.put(torch.tensor(out, dtype=torch.long, device="cpu"))
             self.sent += len(out)
 
-    def propose(self, last: Tensor, *args: Any) -> Any:
+    def _opening(self, last: Tensor) -> None:
         if self.sent == 0:
-            self.send(last.view(-1).tolist())  # the prefill's token
+            self.send(last.view(-1).tolist())  # the prefill's token: the first cycle's last
+
+    def propose(self, last: Tensor, *args: Any) -> Any:
+        self._opening(last)
         return self._inner.propose(last, *args)
 
     def propose_tree(self, last: Tensor, *args: Any) -> Any:
-        if self.sent == 0:
-            self.send(last.view(-1).tolist())
+        self._opening(last)
         return self._inner.propose_tree(last, *args)
 
     def update(self, tokens: Tensor, n: int, verify: Any) -> None:

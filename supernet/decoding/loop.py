@@ -120,6 +120,19 @@ class _Clock:
         self.totals[name] = self.totals.get(name, 0.0) + now - self._t
         self._t = now
 
+    def phase_seconds(self, drafted: bool) -> tuple[dict[str, float], float]:
+        """`stop`, as the stats fields: {"prefill_s", "draft_prefill_s", "draft_s", "verify_s",
+        "other_s"} (NaN when untimed; a phase plain decoding lacks is 0) and the whole call."""
+        phases, total = self.stop()
+
+        def t(name: str) -> float:
+            if self.timed or (name == "draft_prefill" and not drafted):
+                return phases.get(name, 0.0)
+            return float("nan")
+
+        names = ("prefill", "draft_prefill", "draft", "verify", "other")
+        return {f"{name}_s": t(name) for name in names}, total
+
     def stop(self) -> tuple[dict[str, float], float]:
         """(seconds per phase, empty when untimed; the whole call's seconds)."""
         if self.timed:
@@ -313,18 +326,9 @@ def plain_generate(target: TargetAdapter, inputs: dict[str, Tensor], *, max_new_
 
 def _result(tokens: list[int], lengths: list[int], proposed: list[int], clock: _Clock,
             drafted: bool) -> GenerationResult:
-    phases, total = clock.stop()
-
-    def t(name: str) -> float:  # untimed phases are NaN, a phase plain decoding lacks is 0
-        if clock.timed or (name == "draft_prefill" and not drafted):
-            return phases.get(name, 0.0)
-        return float("nan")
-
+    times, total = clock.phase_seconds(drafted)
     stats = GenerationStats(
         new_tokens=len(tokens), target_forwards=1 + len(lengths), cycle_lengths=tuple(lengths),
-        proposed=tuple(proposed), prefill_s=t("prefill"), draft_s=t("draft"),
-        verify_s=t("verify"), other_s=t("other"), total_s=total,
-        draft_prefill_s=t("draft_prefill"),
-    )
+        proposed=tuple(proposed), total_s=total, **times)
     # the result is on the CPU whatever the default device
     return GenerationResult(torch.tensor(tokens, dtype=torch.long, device="cpu"), stats)

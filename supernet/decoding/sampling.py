@@ -112,7 +112,7 @@ def rejection_accept(draft_tokens: Tensor, draft_probs: Tensor, target_probs: Te
 
 
 def choose(logits: Tensor, sampling: SamplingConfig, generator: torch.Generator | None) -> Tensor:
-    """(1, vocab) logits -> (1, 1) next token (argmax when greedy, else a draw)."""
+    """(B, vocab) logits -> (B, 1) next tokens (argmax when greedy, else a draw per row)."""
     if sampling.greedy:
         return logits.argmax(-1, keepdim=True)
-    return sample(logits_to_probs(logits, sampling), generator).view(1, 1)
+    return sample(logits_to_probs(logits, sampling), generator).view(-1, 1)

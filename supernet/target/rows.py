@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 from dreams_nas.supernet.target.static import (
-    RECOMPILE_LIMIT,
     capacity_for,
-    compile_mode,
+    compile_step,
     signature,
+    tree_mask,
     warm_call,
 )
 from dreams_nas.supernet.target.tree_attention import sliding_window
@@ -281,11 +281,7 @@ class RowSteps:
             return fn
         raw = self._make(tree=key[2])
         if self.compiled:
-            config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-            mode = None if self.backend else compile_mode(self.lm_head.weight.device)
-            raw = torch.compile(raw, backend=self.backend or "inductor", dynamic=False,
-                                fullgraph=True, mode=mode)
+            raw = compile_step(raw, self.backend, self.lm_head.weight.device)
 
         def first(*args: Tensor) -> tuple[Tensor, Tensor]:
             start = time.perf_counter()
@@ -312,7 +308,7 @@ class RowSteps:
             if tree:
                 assert levels is not None and bias is not None
                 positions = starts[:, None] + levels[None]  # (B, k)
-                mask: Any = row_tree_mask(starts, bias, rows.capacity)
+                mask: Any = tree_mask(bias, starts, rows.capacity)
             else:
                 positions = starts[:, None] + torch.arange(k, device=tokens.device)  # (B, k)
                 mask = row_mask(starts, k, rows.capacity, None if mixed else window, dtype)
@@ -328,18 +324,3 @@ class RowSteps:
             return lm_head(hidden).float(), hidden
 
         return step
-
-
-def row_tree_mask(starts: Tensor, bias: Tensor, capacity: int) -> Tensor:
-    """(B, 1, n, capacity) additive: a tree's node i of row b (its nodes at slots starts[b] ..
-    starts[b] + n) sees the row's slots before starts[b] and the nodes where bias (n, n) is 0
-    (`static.tree_mask` per row)."""
-    n = bias.shape[0]
-    cols = torch.arange(capacity, device=bias.device)
-    rel = cols[None] - starts[:, None]  # (B, capacity): the column's node, where 0 <= rel < n
-    inside = (rel >= 0) & (rel < n)
-    nodes = bias[None].expand(rel.shape[0], -1, -1).gather(
-        2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # (B, n, capacity)
-    blocked = torch.finfo(bias.dtype).min
-    before = torch.where(rel < 0, 0.0, blocked).to(bias.dtype)[:, None, :].expand(-1, n, -1)
-    return torch.where(inside[:, None, :], nodes, before)[:, None]

@@ -133,6 +133,17 @@ def compile_backend(backend: str | None = None) -> str | None:
 _SAID: set[str] = set()
 
 
+def compile_step(fn: Callable[..., Any], backend: str | None,
+                 device: torch.device) -> Callable[..., Any]:
+    """`fn` compiled as every decoding step is: one fixed-shape graph per shape (no dynamic
+    shapes, no graph break), `backend` (None: inductor, CUDA graphs on CUDA), and room for the
+    many graphs one step function holds (`RECOMPILE_LIMIT`)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, backend=backend or "inductor", dynamic=False, fullgraph=True,
+                         mode=None if backend else compile_mode(device))
+
+
 def compile_mode(device: torch.device) -> str | None:
     """`torch.compile`'s mode for `device`: CUDA graphs on CUDA, plain inductor elsewhere."""
     return "reduce-overhead" if device.type == "cuda" else None
@@ -232,12 +243,7 @@ class StaticSteps:
         self._hook(layers)
         raw = self._make(layers, tree)
         if self.compiled:
-            device = self.lm_head.weight.device
-            limit = torch._dynamo.config
-            limit.recompile_limit = max(limit.recompile_limit, RECOMPILE_LIMIT)
-            raw = torch.compile(raw, backend=self.backend or "inductor", dynamic=False,
-                                fullgraph=True,
-                                mode=None if self.backend else compile_mode(device))
+            raw = compile_step(raw, self.backend, self.lm_head.weight.device)
         label = f"{key[0]}{key[1]}"
 
         def first(*args: Tensor) -> tuple:
@@ -299,13 +305,16 @@ class StaticSteps:
 
 
 def tree_mask(bias: Tensor, start: Tensor, capacity: int) -> Tensor:
-    """(1, 1, n, capacity) additive: every node sees the cache's first `start` positions, the
-    nodes where `bias` (n, n) is 0 (placed at start..start+n) and nothing after."""
+    """(B, 1, n, capacity) additive: every node sees the cache's first `start` positions, the
+    nodes where `bias` (n, n) is 0 (placed at start..start+n) and nothing after. `start`: 0-d
+    (one request, B = 1) or (B,), each row's own (`rows.RowSteps.tree`)."""
     n = bias.shape[0]
+    starts = start.reshape(-1)
     cols = torch.arange(capacity, device=bias.device)
-    rel = cols - start  # (capacity,) the column's node, where 0 <= rel < n
+    rel = cols[None] - starts[:, None]  # (B, capacity): the column's node, where 0 <= rel < n
     inside = (rel >= 0) & (rel < n)
-    nodes = bias.gather(1, rel.clamp(0, n - 1)[None].expand(n, -1))  # (n, capacity)
+    nodes = bias[None].expand(rel.shape[0], -1, -1).gather(
+        2, rel.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # (B, n, capacity)
     blocked = torch.finfo(bias.dtype).min
-    before = torch.where(rel < 0, 0.0, blocked).to(bias.dtype)[None].expand(n, -1)
-    return torch.where(inside[None], nodes, before)[None, None]
+    before = torch.where(rel < 0, 0.0, blocked).to(bias.dtype)[:, None, :].expand(-1, n, -1)
+    return torch.where(inside[:, None, :], nodes, before)[:, None]
