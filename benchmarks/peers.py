@@ -199,11 +199,15 @@ def hf_method(name: str, model: Any, prompts: Sequence[Mapping[str, Any]], max_n
 
 def hf_compile_config(device: Any, backend: str = "inductor") -> Any:
     """HF's own compile settings for `generate`: as it picks them on CUDA (CUDA graphs), and
-    on the CPU inductor's default mode, with the flag HF asks for to compile there."""
+    on the CPU inductor with the options our compiled steps use (`static.compile_options`: its
+    C++ wrapper), with the flag HF asks for to compile there."""
+    from dreams_nas.supernet.target.static import compile_mode, compile_options
     from transformers import CompileConfig
 
-    config = CompileConfig(backend=backend,
-                           mode="reduce-overhead" if device.type == "cuda" else "default")
+    inductor = backend == "inductor"
+    mode = compile_mode(device) if inductor else None
+    config = CompileConfig(backend=backend, mode=mode,
+                           options=compile_options(device) if inductor and mode is None else None)
     config._compile_all_devices = True  # HF compiles on CUDA/XPU only unless told
     return config
 
@@ -273,7 +277,8 @@ def peer_methods(target: Any, supernet: Any, setup: PeerSetup, prompts: Sequence
         "HF static cache + compile", model, prompts, n, cache_implementation="static",
         compile_config=hf_compile_config(target.device, hf_compile_backend),
         note="HF's own recipe: StaticCache, the decode step torch.compile'd (CUDA graphs on "
-             "a GPU; on the CPU inductor, with _compile_all_devices); compiled in the warm-up"))
+             "a GPU; on the CPU inductor with its C++ wrapper, as our steps, and "
+             "_compile_all_devices); compiled in the warm-up"))
     if assistant is not None:
         methods.append(hf_method(
             "HF assisted (small VLM)", model, prompts, n, assistant_model=assistant,

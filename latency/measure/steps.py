@@ -45,12 +45,12 @@ from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.core.tree import TokenTree
 from torch import nn
 
-# How this program runs the steps it times, as a number raised whenever a change makes a timed
-# step cost differently: 1, every profile before it was recorded; 2, the draft's weights kept
-# per subnet (a cheaper draft step on the CPU); 3, compiled steps skip dynamo's guards once
-# warm (`static.warm_call`). A profile records it in its fingerprint (predictor.json), and a
-# search on a profile of another revision warns that its prices are another program's.
-STEP_REVISION = 3
+# How this program runs the steps it times, raised whenever a change makes a timed step cost
+# differently: 1, every profile before it was recorded; 2, the draft's weights kept per subnet;
+# 3, compiled steps skip dynamo's guards once warm (`static.warm_call`); 4, inductor's C++
+# wrapper on the CPU (`static.compile_options`), a static first draft step's LM head over its
+# last true position only. A profile records it (predictor.json); a search on another warns.
+STEP_REVISION = 4
 
 
 def first_positions(draft_len: int) -> int:

@@ -8,8 +8,8 @@ fixed-capacity cache with each step's shape compiled once (`TargetAdapter.use_st
 
 A step is the draft's forward over some positions and its logits (of the last position with
 `last`, else of every one): the first step of a cycle (`first`: the true positions, 1 ..
-draft_len + 1 of them, padded to draft_len + 1 in static steps), a chain's later step (one
-position) and a tree level (its width).
+draft_len + 1 of them, padded to draft_len + 1 in static steps, the logits of the last true
+one only), a chain's later step (one position) and a tree level (its width).
 With static steps the cross-attention memory is padded to a multiple of the target's
 `CAPACITY_STEP` (its length is a shape too, and differs with every prompt) and masked, and the
 draft cache has the target cache's capacity; compiled, the step is `torch.compile`d with the
@@ -29,9 +29,8 @@ from dreams_nas.supernet.core.spec import SubnetSpec
 from dreams_nas.supernet.draft.model import DreamDraft
 from dreams_nas.supernet.draft.state import DraftCache, Memory, StaticDraftCache
 from dreams_nas.supernet.target.static import (
-    RECOMPILE_LIMIT,
     capacity_for,
-    compile_mode,
+    compile_step,
     signature,
     warm_call,
 )
@@ -62,6 +61,8 @@ class DraftSteps:
         self.mode = "dynamic"
         self.backend: str | None = None
         self._seen: set[tuple] = set()
+        self._fns: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}  # `_fn`'s, this request's
+        self._last: dict[tuple[int, torch.device], Tensor] = {}  # `first`'s last true position
         self._cache: StaticDraftCache | None = None  # the request's: one of `_caches`
         self._caches: dict[tuple[int, int, int, str], StaticDraftCache] = {}
 
@@ -78,6 +79,7 @@ class DraftSteps:
     def configure(self, mode: str, backend: str | None = None) -> None:
         """Run the steps in `mode` (`STEP_MODES`) with torch.compile's `backend` from now on."""
         self.mode, self.backend = mode, backend
+        self._fns.clear()
 
     def static_cache(self, capacity: int, spec: SubnetSpec) -> StaticDraftCache:
         """An empty static cache of `capacity` positions for subnet `spec`: reused while the
@@ -88,6 +90,7 @@ class DraftSteps:
         if self._cache is None:
             self._cache = self._caches[key] = StaticDraftCache(capacity)
         self._cache.crop(0)
+        self._fns.clear()  # the draft may have moved since the last request
         return self._cache
 
     def padded(self, memory: Memory) -> Memory:
@@ -127,7 +130,9 @@ class DraftSteps:
         ids, prev, positions = inputs
         if self.mode == "dynamic" or memory is None:
             return _step(draft, ids, prev, positions, memory, cache, how, tree_mask, pick)
-        fn = self._fn(how)
+        fn = self._fns.get(how)
+        if fn is None:
+            fn = self._fns[how] = self._fn(how)
         args = (self.draft, _canonical(ids), _canonical(prev), _canonical(positions),
                 memory.keys, memory.values, memory.mask, tree_mask, cache, pick)
         if self.mode != "compiled":
@@ -157,11 +162,17 @@ class DraftSteps:
             return self.run(draft, ids, prev, positions, memory, cache, last=True)
         pad = width - n
         more = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
-        feature, logits = self.run(draft, torch.nn.functional.pad(ids, (0, pad)),
-                                   torch.nn.functional.pad(prev, (0, 0, 0, pad)),
-                                   torch.cat((positions, more), dim=1), memory, cache)
+        inputs = (torch.nn.functional.pad(ids, (0, pad)),
+                  torch.nn.functional.pad(prev, (0, 0, 0, pad)),
+                  torch.cat((positions, more), dim=1))
+        # the LM head of the last true position only (at a 32,000-token vocabulary the others'
+        # logits would cost more than the rest of the step): which one is a tensor, one shape
+        at = self._last.get((n, ids.device))
+        if at is None:
+            at = self._last[(n, ids.device)] = torch.full((1,), n - 1, device=ids.device)
+        feature, logits = self._run(draft, inputs, memory, cache, "pick", None, at)
         cache.crop(committed + n)
-        return feature[:, n - 1:n], logits[:, n - 1]
+        return feature, logits
 
     def _fn(self, how: str) -> Callable[..., tuple[Tensor, Tensor]]:
         """The static step, compiled in compiled mode: one function for every draft, which it
@@ -173,14 +184,7 @@ class DraftSteps:
         key = (self.backend, device.type, how)
         fn = _COMPILED.get(key)
         if fn is None:
-            config = torch._dynamo.config
-            config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-            config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
-                                                     4 * RECOMPILE_LIMIT)
-            fn = _COMPILED[key] = torch.compile(
-                _STATIC[how], backend=self.backend or "inductor",
-                dynamic=False, fullgraph=True,
-                mode=None if self.backend else compile_mode(device))
+            fn = _COMPILED[key] = compile_step(_STATIC[how], self.backend, device)
         return fn
 
 
@@ -208,7 +212,7 @@ def _canonical(t: Tensor) -> Tensor:
 
 def _label(key: tuple) -> str:
     n, how, tree, spec = key
-    name = "level" if tree else {"last": "step", "all": "first", "pick": "rows"}[how]
+    name = "level" if tree else {"last": "step", "all": "all", "pick": "first"}[how]
     return f"{spec.id}:{name}{n}"
 
 

@@ -186,3 +186,18 @@ def test_tree_mask_is_the_layouts_mask_padded_to_the_capacity() -> None:
         expected = torch.full((1, 1, 5, 16), torch.finfo(torch.float32).min)
         expected[..., :start + 5] = layout.mask(start)
         assert torch.equal(mask, expected)
+
+
+def test_steps_compile_with_inductors_cpp_wrapper_on_the_cpu(monkeypatch) -> None:
+    """Inductor on the CPU calls a step's kernels from its C++ wrapper (no mode there); CUDA
+    takes CUDA graphs (a mode, which excludes options); a named backend gets neither."""
+    from dreams_nas.supernet.target import static
+
+    seen: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    static.compile_step(abs, None, torch.device("cpu"))
+    static.compile_step(abs, None, torch.device("cuda"))
+    static.compile_step(abs, "eager", torch.device("cpu"))
+    picked = [(kw["backend"], kw["mode"], kw["options"]) for kw in seen]
+    assert picked == [("inductor", None, {"cpp_wrapper": True}),
+                      ("inductor", "reduce-overhead", None), ("eager", None, None)]
