@@ -199,15 +199,12 @@ def hf_method(name: str, model: Any, prompts: Sequence[Mapping[str, Any]], max_n
 
 def hf_compile_config(device: Any, backend: str = "inductor") -> Any:
     """HF's own compile settings for `generate`: as it picks them on CUDA (CUDA graphs), and
-    on the CPU inductor with the options our compiled steps use (`static.compile_options`: its
+    on the CPU inductor with the options our compiled steps use (`static.compile_settings`: its
     C++ wrapper), with the flag HF asks for to compile there."""
-    from dreams_nas.supernet.target.static import compile_mode, compile_options
+    from dreams_nas.supernet.target.static import compile_settings
     from transformers import CompileConfig
 
-    inductor = backend == "inductor"
-    mode = compile_mode(device) if inductor else None
-    config = CompileConfig(backend=backend, mode=mode,
-                           options=compile_options(device) if inductor and mode is None else None)
+    config = CompileConfig(**compile_settings(None if backend == "inductor" else backend, device))
     config._compile_all_devices = True  # HF compiles on CUDA/XPU only unless told
     return config
 

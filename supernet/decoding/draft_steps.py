@@ -61,7 +61,7 @@ class DraftSteps:
         self.mode = "dynamic"
         self.backend: str | None = None
         self._seen: set[tuple] = set()
-        self._fns: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}  # `_fn`'s, this request's
+        self._device = next(draft.parameters()).device  # the draft's, as of `configure`
         self._last: dict[tuple[int, torch.device], Tensor] = {}  # `first`'s last true position
         self._cache: StaticDraftCache | None = None  # the request's: one of `_caches`
         self._caches: dict[tuple[int, int, int, str], StaticDraftCache] = {}
@@ -79,7 +79,7 @@ class DraftSteps:
     def configure(self, mode: str, backend: str | None = None) -> None:
         """Run the steps in `mode` (`STEP_MODES`) with torch.compile's `backend` from now on."""
         self.mode, self.backend = mode, backend
-        self._fns.clear()
+        self._device = next(self.draft.parameters()).device  # once a request, not once a step
 
     def static_cache(self, capacity: int, spec: SubnetSpec) -> StaticDraftCache:
         """An empty static cache of `capacity` positions for subnet `spec`: reused while the
@@ -90,7 +90,6 @@ class DraftSteps:
         if self._cache is None:
             self._cache = self._caches[key] = StaticDraftCache(capacity)
         self._cache.crop(0)
-        self._fns.clear()  # the draft may have moved since the last request
         return self._cache
 
     def padded(self, memory: Memory) -> Memory:
@@ -130,9 +129,7 @@ class DraftSteps:
         ids, prev, positions = inputs
         if self.mode == "dynamic" or memory is None:
             return _step(draft, ids, prev, positions, memory, cache, how, tree_mask, pick)
-        fn = self._fns.get(how)
-        if fn is None:
-            fn = self._fns[how] = self._fn(how)
+        fn = self._fn(how)
         args = (self.draft, _canonical(ids), _canonical(prev), _canonical(positions),
                 memory.keys, memory.values, memory.mask, tree_mask, cache, pick)
         if self.mode != "compiled":
@@ -180,11 +177,10 @@ class DraftSteps:
         depth and widths, extracted or not) share its graphs."""
         if self.mode != "compiled":
             return _STATIC[how]
-        device = next(self.draft.parameters()).device
-        key = (self.backend, device.type, how)
+        key = (self.backend, self._device.type, how)
         fn = _COMPILED.get(key)
         if fn is None:
-            fn = _COMPILED[key] = compile_step(_STATIC[how], self.backend, device)
+            fn = _COMPILED[key] = compile_step(_STATIC[how], self.backend, self._device)
         return fn
 
 

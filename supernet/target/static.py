@@ -143,9 +143,15 @@ def compile_step(fn: Callable[..., Any], backend: str | None,
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
                                              4 * RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=False, fullgraph=True, **compile_settings(backend, device))
+
+
+def compile_settings(backend: str | None, device: torch.device) -> dict[str, Any]:
+    """torch.compile's `backend`, `mode` and `options` for a step on `device`: a named backend
+    as it is; inductor (None) with CUDA graphs on CUDA, else with `compile_options`."""
     mode = None if backend else compile_mode(device)
-    return torch.compile(fn, backend=backend or "inductor", dynamic=False, fullgraph=True,
-                         mode=mode, options=None if backend or mode else compile_options(device))
+    return {"backend": backend or "inductor", "mode": mode,
+            "options": None if backend or mode else compile_options(device)}
 
 
 def compile_mode(device: torch.device) -> str | None:
